@@ -1,0 +1,613 @@
+"""The aggregator: one request's transfer, fanned out to every connector, tracked by name.
+
+Rules, in one place (docs/concepts.md explains them at length):
+
+* **Ignore, don't crash.** A transfer report is applied only when its request is held, live, and
+  awaits that name. Everything else is ignored with a typed :class:`Outcome`, counted per kind
+  and per connector, and logged at debug level.
+* **Nothing freed early.** A request reaches ``finished`` only when every name that committed to
+  an asynchronous save reported, or was unregistered. Duplicate and phantom reports cannot
+  shorten the wait: the awaited set holds names, not a count.
+* **The unregister rule.** Unregistering a connector releases every request awaiting it: the name
+  moves from ``awaiting`` to ``abandoned`` (its later reports are ignored as ``unregistered``) and
+  a request with nothing left to await becomes ``finished``. A connector that is gone can never
+  report, so waiting for it would strand the request forever; unregister a connector only once it
+  no longer touches KV blocks (after its shutdown, say). ``abandoned`` tells the caller which
+  saves were never confirmed.
+* **No state outlives its request.** Terminal requests are held until :meth:`MultiConnector.take`
+  hands them back, then dropped.
+* **Atomic per request, no global lock.** Each request's transitions happen under one of a fixed
+  set of striped locks chosen by the request id's hash. Connectors are never called under a lock,
+  so a connector may call back into the aggregator.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, final
+
+import attrs
+
+from ._validate import bad_name, bad_request_id, check_blocks, check_int, shown
+from .errors import (
+    ConnectorFailures,
+    DuplicateRequestError,
+    InvalidArgumentError,
+    InvalidParamsError,
+    KeyClashError,
+    UnknownRequestError,
+)
+from .machine import TERMINAL, RequestTransferState, State, Step, step
+from .outcome import Outcome
+from .params import merge_transfer_params
+from .registry import Connector, ConnectorRegistry, Entry
+
+__all__ = ["MultiConnector"]
+
+logger: Final = logging.getLogger("multiconnector")
+
+_APPLIED: Final = Outcome.applied
+_FINISHING: Final = State.finishing
+_FINISHED: Final = State.finished
+_CANCELLED: Final = State.cancelled
+#: Counter key for events that concern a request, not a connector.
+_NO_NAME: Final = ""
+
+
+@final
+class MultiConnector:
+    """Fans each request out to the connectors of a :class:`ConnectorRegistry` and tracks it.
+
+    >>> from multiconnector import ConnectorRegistry, MultiConnector
+    >>> class Saver:
+    ...     def request_finished(self, request_id, blocks):
+    ...         return True, {"saved_by": "disk"}
+    >>> mc = MultiConnector(ConnectorRegistry({"disk": Saver(), "broken": None}))
+    >>> mc.begin("r1")
+    >>> mc.request_finished("r1", [0, 1])
+    (<Outcome.applied: 'applied'>, {'saved_by': 'disk'})
+    >>> mc.transfer_finished("r1", "broken")        # a None slot: ignored, not a crash
+    <Outcome.not_ready: 'not_ready'>
+    >>> mc.transfer_finished("r1", "disk")
+    <Outcome.applied: 'applied'>
+    >>> [(r.request_id, r.state.value) for r in mc.take()]
+    [('r1', 'finished')]
+    >>> len(mc)
+    0
+
+    ``trace=True`` records each request's applied transitions in its ``history`` (off by default:
+    then it costs one attribute test per transition). ``allow_equal_params`` is passed to
+    :func:`merge_transfer_params`. ``stripes`` is the number of request locks, a power of two.
+
+    .. versionadded:: 0.1.0
+    """
+
+    __slots__ = (
+        "_allow_equal",
+        "_counts",
+        "_done",
+        "_locks",
+        "_mask",
+        "_registry",
+        "_requests",
+        "_trace",
+    )
+
+    def __init__(
+        self,
+        registry: ConnectorRegistry | Mapping[str, Connector | None] | None = None,
+        *,
+        trace: bool = False,
+        allow_equal_params: bool = False,
+        stripes: int = 64,
+    ) -> None:
+        if registry is None:
+            registry = ConnectorRegistry()
+        elif isinstance(registry, Mapping):
+            registry = ConnectorRegistry(registry)
+        elif not isinstance(registry, ConnectorRegistry):
+            raise InvalidArgumentError(
+                f"registry={shown(registry)} must be a ConnectorRegistry, a Mapping or None"
+            )
+        for argument, value in (("trace", trace), ("allow_equal_params", allow_equal_params)):
+            if not isinstance(value, bool):
+                raise InvalidArgumentError(f"{argument}={shown(value)} must be a bool")
+        check_int(stripes, "stripes", minimum=1)
+        if stripes & (stripes - 1):
+            raise InvalidArgumentError(f"stripes={stripes!r} must be a power of two")
+        self._registry = registry
+        self._trace = trace
+        self._allow_equal = allow_equal_params
+        self._requests: dict[str, RequestTransferState] = {}
+        self._done: deque[RequestTransferState] = deque()
+        self._locks = tuple(threading.Lock() for _ in range(stripes))
+        self._mask = stripes - 1
+        # One counter dict per stripe, only ever written under that stripe's lock.
+        self._counts: tuple[dict[tuple[Outcome, str], int], ...] = tuple({} for _ in range(stripes))
+        registry.subscribe(self._connector_gone)
+
+    # -- connectors ----------------------------------------------------------------------------
+
+    @property
+    def registry(self) -> ConnectorRegistry:
+        """The registry; changing it directly is safe (unregistering applies the rule above)."""
+        return self._registry
+
+    def register(self, name: str, connector: Connector | None) -> None:
+        """Same as ``self.registry.register(name, connector)``."""
+        self._registry.register(name, connector)
+
+    def unregister(self, name: str) -> Connector | None:
+        """Unregister ``name``, releasing every request awaiting it (the unregister rule).
+
+        Requests awaiting ``name`` stop awaiting it: the name moves to their ``abandoned``, and
+        one with nothing left to await becomes ``finished``. Returns the connector.
+        """
+        return self._registry.unregister(name)
+
+    def _connector_gone(self, entry: Entry) -> None:
+        # Called under the registry lock, after `entry` was removed: no request_finished can
+        # newly await it (the apply step checks the registration), so one scan suffices.
+        name = entry.name
+        candidates = [r for r in list(self._requests.values()) if name in r.awaiting]
+        for record in candidates:
+            index = hash(record.request_id) & self._mask
+            with self._locks[index]:
+                if name not in record.awaiting:
+                    continue
+                dest = step(record, "connector_gone", name)
+                if dest is None:  # cancelled: keep what it was awaiting, for the record
+                    continue
+                self._transition(record, "connector_gone", dest, name)
+                record.awaiting = tuple(n for n in record.awaiting if n != name)
+                record.abandoned = (*record.abandoned, name)
+                self._count(index, Outcome.applied, name)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def begin(self, request_id: str) -> None:
+        """Start tracking ``request_id`` in ``pending``.
+
+        Raises :class:`DuplicateRequestError` while the id is still held (live, or terminal and
+        not yet taken): that would discard the first request's bookkeeping. Nothing changes then.
+        """
+        if type(request_id) is not str or not request_id:
+            bad_request_id(request_id)
+        record = RequestTransferState(request_id)
+        if self._trace:
+            record.history = []
+        if self._requests.setdefault(request_id, record) is not record:
+            raise DuplicateRequestError(f"request_id={request_id!r} is already held")
+
+    def request_finished(
+        self, request_id: str, blocks: Sequence[int] = ()
+    ) -> tuple[Outcome, dict[str, Any] | None]:
+        """The request finished generating: ask every ready connector, then update it once.
+
+        Each ready connector's ``request_finished(request_id, blocks)`` is called in registration
+        order and answers ``(saves_asynchronously, params)``. With no asynchronous saver the
+        request becomes ``finished``; otherwise ``finishing``, awaiting exactly those names.
+        Params are merged by :func:`merge_transfer_params`. Returns ``(outcome, merged params)``.
+
+        All answers are gathered first and the state changes once, so a failure cannot leave a
+        committed save untracked. When a connector raises (or answers garbage) it counts as not
+        saving, the others are still asked and applied, and :class:`ConnectorFailures` is raised
+        afterwards. On a params clash the request is still updated from every answer (finishing
+        and awaiting every saver: no save goes untracked, no block is freed early), its params
+        stay ``None``, and :class:`KeyClashError` is raised (inside ``ConnectorFailures`` when a
+        connector also failed). Either error's ``result``/state is final: later events follow
+        the normal rules.
+        """
+        if type(request_id) is not str:
+            bad_request_id(request_id)
+        if type(blocks) is not list and type(blocks) is not tuple:
+            check_blocks(blocks)
+        index = hash(request_id) & self._mask
+        lock = self._locks[index]
+        with lock:
+            record = self._requests.get(request_id)
+            refused = self._refuse_finish(record)
+            if refused is not None:
+                self._count(index, refused, _NO_NAME)
+                self._log_ignored("request_finished", request_id, None, refused)
+                return refused, None
+        assert record is not None
+        savers: list[Entry] = []
+        contributions: list[tuple[str, Any]] = []
+        errors: list[Exception] = []
+        failed: list[str] = []
+        for entry in self._registry.ready_entries():
+            try:
+                saves, params = entry.request_finished(request_id, blocks)  # type: ignore[misc]
+                if saves is not True and saves is not False:
+                    raise InvalidArgumentError(
+                        f"connector {entry.name!r} answered saves={shown(saves)}; must be a bool"
+                    )
+            except Exception as exc:
+                errors.append(exc)
+                failed.append(entry.name)
+                continue
+            if saves:
+                savers.append(entry)
+            contributions.append((entry.name, params))
+        merged: dict[str, Any] | None = None
+        try:
+            merged = merge_transfer_params(contributions, allow_equal=self._allow_equal)
+        except (KeyClashError, InvalidParamsError) as exc:
+            errors.append(exc)
+        registry = self._registry
+        with lock:
+            if self._requests.get(request_id) is not record:
+                outcome = Outcome.unknown_request  # cancelled and taken while we asked
+            else:
+                outcome = self._apply_finish(record, savers, registry, merged)
+            self._count(index, outcome, _NO_NAME)
+        result = (outcome, merged if outcome is _APPLIED else None)
+        if errors:
+            if len(errors) == 1 and not failed:
+                raise errors[0]  # a lone KeyClashError or InvalidParamsError
+            raise ConnectorFailures(
+                f"{len(errors)} failure(s) while finishing request {request_id!r}",
+                errors,
+                failed=failed,
+                result=result,
+            )
+        return result
+
+    def _refuse_finish(self, record: RequestTransferState | None) -> Outcome | None:
+        if record is None:
+            return Outcome.unknown_request
+        if step(record, "request_finished", ()) is not None:
+            return None
+        return Outcome.terminal if record.state in TERMINAL else Outcome.duplicate
+
+    def _apply_finish(
+        self,
+        record: RequestTransferState,
+        savers: list[Entry],
+        registry: ConnectorRegistry,
+        merged: dict[str, Any] | None,
+    ) -> Outcome:
+        # A saver unregistered while we asked it can never report: abandoned at once.
+        awaited = tuple(e.name for e in savers if registry.entry(e.name) is e)
+        dest = step(record, "request_finished", awaited)
+        if dest is None:
+            refused = self._refuse_finish(record)
+            assert refused is not None
+            return refused
+        self._transition(record, "request_finished", dest, None)
+        record.awaiting = record.expected = awaited
+        if len(awaited) != len(savers):
+            record.expected = tuple(e.name for e in savers)
+            record.abandoned = tuple(n for n in record.expected if n not in awaited)
+        record.params = merged
+        return _APPLIED
+
+    def transfer_finished(self, request_id: str, name: str, blocks: Sequence[int] = ()) -> Outcome:
+        """Connector ``name`` reports that it finished saving ``request_id``'s KV.
+
+        Applied only when the request is live and awaits ``name``: the name stops being awaited,
+        the connector's ``on_finished(request_id, blocks)`` is called (after the update, outside
+        any lock), and a request with nothing left to await becomes ``finished``. Any other
+        report is ignored; the returned :class:`Outcome` says why.
+
+        Raises :class:`InvalidNameError` when ``name`` is not a ``str`` (an ``int`` index, say)
+        and :class:`InvalidArgumentError` for a bad ``request_id`` or ``blocks``.
+        """
+        if type(name) is not str:
+            bad_name(name)
+        if type(request_id) is not str:
+            bad_request_id(request_id)
+        if blocks.__class__ is not tuple and blocks.__class__ is not list:
+            check_blocks(blocks)
+        index = hash(request_id) & self._mask
+        with self._locks[index]:
+            record = self._requests.get(request_id)
+            if record is None:
+                outcome = Outcome.unknown_request
+            else:
+                awaiting = record.awaiting
+                dest = step(record, "transfer_finished", name) if name in awaiting else None
+                if dest is None:
+                    outcome = self._classify(record, name)
+                else:
+                    outcome = _APPLIED
+                    self._transition(record, "transfer_finished", dest, name)
+                    record.awaiting = tuple([n for n in awaiting if n != name])
+            self._count(index, outcome, name)
+        if outcome is not _APPLIED:
+            self._log_ignored("transfer_finished", request_id, name, outcome)
+            return outcome
+        entry = self._registry.entry(name)
+        if entry is not None and entry.on_finished is not None:
+            self._call_back(entry, entry.on_finished, request_id, blocks)
+        return outcome
+
+    def _classify(self, record: RequestTransferState, name: str) -> Outcome:
+        """Why a report from ``name`` for ``record`` is ignored."""
+        if record.state in TERMINAL:
+            return Outcome.terminal
+        if name in record.abandoned:
+            return Outcome.unregistered
+        if name in record.expected:
+            return Outcome.duplicate
+        entry = self._registry.entry(name)
+        if entry is None:
+            return Outcome.unknown_connector
+        if entry.connector is None:
+            return Outcome.not_ready
+        return Outcome.phantom
+
+    def cancel(self, request_id: str) -> Outcome:
+        """Cancel a live request: it becomes ``cancelled`` and every later event is ignored.
+
+        Cancelling is the caller's decision to stop waiting: a cancelled request is handed back
+        by :meth:`take` at once, whatever it still awaited (kept in ``awaiting`` for the record).
+        """
+        if type(request_id) is not str:
+            bad_request_id(request_id)
+        index = hash(request_id) & self._mask
+        with self._locks[index]:
+            record = self._requests.get(request_id)
+            if record is None:
+                outcome = Outcome.unknown_request
+            elif (dest := step(record, "cancel", None)) is None:
+                outcome = Outcome.terminal
+            else:
+                self._transition(record, "cancel", dest, None)
+                outcome = _APPLIED
+            self._count(index, outcome, _NO_NAME)
+        if outcome is not _APPLIED:
+            self._log_ignored("cancel", request_id, None, outcome)
+        return outcome
+
+    def take(self) -> list[RequestTransferState]:
+        """Hand back every request that reached a terminal state, and forget it.
+
+        Free a request's KV blocks once it is taken: ``finished`` means every connector that
+        saved asynchronously reported (see ``abandoned`` for the exceptions), ``cancelled`` means
+        the caller cancelled it. Each terminal request is handed back exactly once, in the order
+        it became terminal.
+        """
+        taken: list[RequestTransferState] = []
+        pop = self._done.popleft
+        requests = self._requests
+        while True:
+            try:
+                record = pop()
+            except IndexError:
+                return taken
+            if requests.get(record.request_id) is record:
+                del requests[record.request_id]
+            taken.append(record)
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def match_tokens(self, request_id: str, num_computed_tokens: int = 0) -> int | None:
+        """How many tokens can be loaded for a pending request, choosing the loader by name.
+
+        Ready connectors that have ``get_num_new_matched_tokens`` are asked in registration
+        order. If any answers ``None`` ("not known yet") the answer is ``None`` and nothing is
+        remembered. Otherwise the first connector with more than 0 tokens is remembered as the
+        request's ``loader`` and its count returned; 0 means nothing to load. A connector that
+        raises counts as 0 and :class:`ConnectorFailures` is raised after the others were asked.
+
+        Raises :class:`UnknownRequestError` for a request that is not held; returns 0 for one
+        that is no longer pending.
+        """
+        if type(request_id) is not str:
+            bad_request_id(request_id)
+        check_int(num_computed_tokens, "num_computed_tokens")
+        record = self._requests.get(request_id)
+        if record is None:
+            raise UnknownRequestError(f"request_id={request_id!r} is not held")
+        if record.state is not State.pending:
+            return 0
+        unknown = False
+        chosen: tuple[str, int] | None = None
+        errors: list[Exception] = []
+        failed: list[str] = []
+        for entry in self._registry.ready_entries():
+            if entry.get_num_new_matched_tokens is None:
+                continue
+            try:
+                tokens = entry.get_num_new_matched_tokens(request_id, num_computed_tokens)
+                if tokens is not None and (type(tokens) is not int or tokens < 0):
+                    raise InvalidArgumentError(
+                        f"connector {entry.name!r} answered tokens={shown(tokens)}; "
+                        "must be an int >= 0 or None"
+                    )
+            except Exception as exc:
+                errors.append(exc)
+                failed.append(entry.name)
+                continue
+            if tokens is None:
+                unknown = True
+            elif tokens > 0 and chosen is None:
+                chosen = (entry.name, tokens)
+        result: int | None
+        if unknown:
+            result = None
+        else:
+            index = hash(request_id) & self._mask
+            with self._locks[index]:
+                if record.state is State.pending:
+                    record.loader = chosen[0] if chosen else None
+                    record.loaded = False
+            result = chosen[1] if chosen else 0
+        if errors:
+            raise ConnectorFailures(
+                f"{len(errors)} connector(s) failed to answer for request {request_id!r}",
+                errors,
+                failed=failed,
+                result=result,
+            )
+        return result
+
+    def load_finished(self, request_id: str, name: str) -> Outcome:
+        """Connector ``name`` reports that it finished loading ``request_id``'s KV.
+
+        Applied once, from the chosen loader, while the request is live; the connector's
+        ``on_load_finished(request_id)`` is then called. A duplicate, late, or phantom load
+        report is ignored like any other.
+        """
+        if type(name) is not str:
+            bad_name(name)
+        if type(request_id) is not str:
+            bad_request_id(request_id)
+        index = hash(request_id) & self._mask
+        with self._locks[index]:
+            record = self._requests.get(request_id)
+            if record is None:
+                outcome = Outcome.unknown_request
+            elif record.state in TERMINAL:
+                outcome = Outcome.terminal
+            elif record.loader == name:
+                outcome = Outcome.duplicate if record.loaded else _APPLIED
+                record.loaded = True
+            else:
+                outcome = self._classify(record, name)
+            self._count(index, outcome, name)
+        if outcome is not _APPLIED:
+            self._log_ignored("load_finished", request_id, name, outcome)
+            return outcome
+        entry = self._registry.entry(name)
+        if entry is not None and entry.on_load_finished is not None:
+            self._call_back(entry, entry.on_load_finished, request_id)
+        return outcome
+
+    # -- inspection ----------------------------------------------------------------------------
+
+    def get(self, request_id: str) -> RequestTransferState | None:
+        """A copy of the request's record, or ``None`` if it is not held."""
+        record = self._requests.get(request_id)
+        if record is None:
+            return None
+        with self._locks[hash(request_id) & self._mask]:
+            copy = attrs.evolve(record)
+            if record.history is not None:
+                copy.history = list(record.history)
+            return copy
+
+    def __len__(self) -> int:
+        """How many requests are held (live, or terminal and not yet taken)."""
+        return len(self._requests)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._requests
+
+    def request_ids(self) -> list[str]:
+        """The ids of every held request."""
+        return list(self._requests)
+
+    def counts(self) -> dict[Outcome, int]:
+        """How many events had each outcome, since this aggregator was made."""
+        totals: dict[Outcome, int] = {}
+        for (outcome, _), n in self._merged_counts().items():
+            totals[outcome] = totals.get(outcome, 0) + n
+        return totals
+
+    def connector_counts(self) -> dict[str, dict[Outcome, int]]:
+        """Event outcomes per connector name (reports and load reports)."""
+        per: dict[str, dict[Outcome, int]] = {}
+        for (outcome, name), n in self._merged_counts().items():
+            if name:
+                per.setdefault(name, {})[outcome] = n
+        return per
+
+    def _merged_counts(self) -> dict[tuple[Outcome, str], int]:
+        merged: dict[tuple[Outcome, str], int] = {}
+        for lock, counts in zip(self._locks, self._counts, strict=True):
+            with lock:
+                items = list(counts.items())
+            for key, n in items:
+                merged[key] = merged.get(key, 0) + n
+        return merged
+
+    def stats(self) -> dict[str, Any]:
+        """Each ready connector's ``get_stats()``, keyed by its registration name.
+
+        Two connectors of one class never collide: the key is the name. A connector that raises
+        is left out and :class:`ConnectorFailures` (``result``: the others' stats) is raised.
+        """
+        stats: dict[str, Any] = {}
+        errors: list[Exception] = []
+        failed: list[str] = []
+        for entry in self._registry.ready_entries():
+            get_stats = getattr(entry.connector, "get_stats", None)
+            if get_stats is None:
+                continue
+            try:
+                stats[entry.name] = get_stats()
+            except Exception as exc:
+                errors.append(exc)
+                failed.append(entry.name)
+        if errors:
+            raise ConnectorFailures(
+                "connectors failed to give stats", errors, failed=failed, result=stats
+            )
+        return stats
+
+    def shutdown(self) -> None:
+        """Call ``shutdown()`` on every ready connector that has one; raise every failure.
+
+        Every connector is attempted even when earlier ones raise; the failures are raised
+        together as :class:`ConnectorFailures`, in registration order.
+        """
+        errors: list[Exception] = []
+        failed: list[str] = []
+        for entry in self._registry.ready_entries():
+            shutdown = getattr(entry.connector, "shutdown", None)
+            if shutdown is None:
+                continue
+            try:
+                shutdown()
+            except Exception as exc:
+                errors.append(exc)
+                failed.append(entry.name)
+        if errors:
+            raise ConnectorFailures(
+                f"{len(errors)} connector(s) failed to shut down: {', '.join(failed)}",
+                errors,
+                failed=failed,
+            )
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _transition(
+        self, record: RequestTransferState, event: str, dest: State, name: str | None
+    ) -> None:
+        """Move ``record`` to ``dest``; caller holds its lock."""
+        source = record.state
+        record.state = dest
+        if record.history is not None:
+            record.history.append(Step(event, source, dest, name))
+        if dest is not source and (dest is _FINISHED or dest is _CANCELLED):
+            self._done.append(record)
+
+    def _count(self, index: int, outcome: Outcome, name: str) -> None:
+        counts = self._counts[index]
+        key = (outcome, name)
+        counts[key] = counts.get(key, 0) + 1
+
+    @staticmethod
+    def _log_ignored(event: str, request_id: str, name: str | None, outcome: Outcome) -> None:
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "ignored %s for request %r from %r: %s", event, request_id, name, outcome.value
+            )
+
+    @staticmethod
+    def _call_back(entry: Entry, method: Any, *args: Any) -> None:
+        try:
+            method(*args)
+        except Exception as exc:
+            raise ConnectorFailures(
+                f"connector {entry.name!r} raised in its callback", [exc], failed=[entry.name]
+            ) from None
+
+    def __repr__(self) -> str:
+        return f"MultiConnector({self._registry!r}, held={len(self._requests)})"

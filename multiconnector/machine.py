@@ -1,0 +1,233 @@
+"""The request transfer state machine: declared once, here.
+
+Every request the aggregator holds is a :class:`RequestTransferState` record whose ``state``
+moves through::
+
+    pending ──request_finished──▶ finishing ──transfer_finished / connector_gone (last)──▶ finished
+       │   └──request_finished (no async saver)──────────────────────────────────────▶ finished
+       └──────────────cancel──────────────▶ cancelled ◀──────────cancel──────────────┘
+
+:data:`TRANSITIONS` is the single declaration, in the format of the ``transitions`` package. It is
+read by three things that must never disagree:
+
+* the runtime, through :data:`TABLE`, a plain dict compiled from the declaration at import time
+  (firing an event on a ``transitions.Machine`` costs ~15 µs; a dict lookup costs ~50 ns);
+* :func:`build_machine`, a real ``transitions.Machine`` used by the model checker, the diagram
+  generator and the test that proves runtime and declaration agree on every (state, event) pair;
+* the guards, which are methods of :class:`RequestTransferState` so that the compiled table and
+  the ``transitions`` machine call the very same code.
+
+Terminal states (``finished``, ``cancelled``) have no outgoing transitions: they are absorbing.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from typing import Any, Final, NamedTuple, final
+
+import attrs
+from transitions import Machine
+
+__all__ = [
+    "EVENTS",
+    "STATES",
+    "TABLE",
+    "TERMINAL",
+    "TRANSITIONS",
+    "RequestTransferState",
+    "State",
+    "Step",
+    "build_machine",
+    "step",
+]
+
+
+class State(enum.StrEnum):
+    """The four states of a request's transfer.
+
+    Members are ``str``: ``State.finished == "finished"``.
+
+    .. versionadded:: 0.1.0
+    """
+
+    pending = "pending"
+    """Begun; the request has not finished generating."""
+    finishing = "finishing"
+    """Finished generating; waiting for every connector that saves asynchronously to report."""
+    finished = "finished"
+    """Every awaited connector reported (or was unregistered): its KV blocks may be freed."""
+    cancelled = "cancelled"
+    """Cancelled by the caller: every later event for it is ignored."""
+
+
+STATES: Final[tuple[State, ...]] = tuple(State)
+TERMINAL: Final[frozenset[State]] = frozenset({State.finished, State.cancelled})
+
+#: The declaration. Events are named after the aggregator's methods; ``connector_gone`` is fired
+#: for each request still awaiting a connector when that connector is unregistered.
+#: ``"="`` is the ``transitions`` spelling of "stay in the same state".
+TRANSITIONS: Final[tuple[Mapping[str, Any], ...]] = (
+    {"trigger": "request_finished", "source": "pending", "dest": "finishing",
+     "conditions": "has_savers"},
+    {"trigger": "request_finished", "source": "pending", "dest": "finished",
+     "unless": "has_savers"},
+    {"trigger": "transfer_finished", "source": "finishing", "dest": "finished",
+     "conditions": "is_last"},
+    {"trigger": "transfer_finished", "source": "finishing", "dest": "=",
+     "unless": "is_last"},
+    {"trigger": "connector_gone", "source": "finishing", "dest": "finished",
+     "conditions": "is_last"},
+    {"trigger": "connector_gone", "source": "finishing", "dest": "=",
+     "unless": "is_last"},
+    {"trigger": "cancel", "source": ["pending", "finishing"], "dest": "cancelled"},
+)  # fmt: skip
+
+INITIAL: Final = State.pending
+
+
+def _events() -> tuple[str, ...]:
+    seen: dict[str, None] = {}
+    for t in TRANSITIONS:
+        seen.setdefault(t["trigger"], None)
+    return tuple(seen)
+
+
+EVENTS: Final[tuple[str, ...]] = _events()
+
+
+class Step(NamedTuple):
+    """One applied transition in a request's opt-in history."""
+
+    event: str
+    source: State
+    dest: State
+    name: str | None
+    """The connector the event concerned, when it concerned one."""
+
+
+@final
+@attrs.define(slots=True, eq=False, weakref_slot=False, repr=True)
+class RequestTransferState:
+    """The transfer bookkeeping of one request.
+
+    One small slotted record per request, driven by the compiled table of the one shared
+    declaration: no ``transitions.Machine`` and no ``add_model`` per request, which would cost tens
+    of microseconds and kilobytes each.
+
+    Records are owned by the aggregator while the request is held; :meth:`MultiConnector.take
+    <multiconnector.MultiConnector.take>` hands terminal ones over, after which nothing refers
+    to them. Read them, don't mutate them.
+
+    .. versionadded:: 0.1.0
+    """
+
+    request_id: str
+    state: State = State.pending
+    #: Names still owing a "transfer finished" report, in registration order.
+    awaiting: tuple[str, ...] = ()
+    #: Names that said, at request finished, that they save asynchronously.
+    expected: tuple[str, ...] = ()
+    #: Awaited names whose connector was unregistered before reporting.
+    abandoned: tuple[str, ...] = ()
+    #: The connector chosen to load this request's KV, if any.
+    loader: str | None = None
+    #: Whether the chosen loader reported its load finished.
+    loaded: bool = False
+    #: The merged transfer params returned at request finished.
+    params: dict[str, Any] | None = None
+    #: Applied transitions, when the aggregator traces; ``None`` otherwise.
+    history: list[Step] | None = None
+
+    # Guards. They are read by name from TRANSITIONS, by the compiled table and by transitions.
+    def has_savers(self, savers: tuple[str, ...]) -> bool:
+        """Some connector said it saves asynchronously."""
+        return len(savers) > 0
+
+    def is_last(self, name: str) -> bool:
+        """``name`` is the only name still awaited."""
+        return self.awaiting == (name,)
+
+    @property
+    def reported(self) -> tuple[str, ...]:
+        """Names that reported their transfer finished."""
+        return tuple(n for n in self.expected if n not in self.awaiting and n not in self.abandoned)
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the request reached ``finished`` or ``cancelled``."""
+        return self.state in TERMINAL
+
+
+Guard = Callable[[RequestTransferState, Any], bool]
+#: A compiled transition: one guard (``None``: always), the value it must return, destination.
+Compiled = tuple[Guard | None, bool, State]
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _guard(conds: list[str], unless: list[str]) -> tuple[Guard | None, bool]:
+    """Fold a transition's guards into one callable and the value it must return."""
+    if not conds and not unless:
+        return None, True
+    if len(conds) + len(unless) == 1:
+        name = (conds or unless)[0]
+        return getattr(RequestTransferState, name), bool(conds)
+    yes = [getattr(RequestTransferState, g) for g in conds]
+    no = [getattr(RequestTransferState, g) for g in unless]
+
+    def combined(record: RequestTransferState, arg: Any) -> bool:
+        return all(g(record, arg) for g in yes) and not any(g(record, arg) for g in no)
+
+    return combined, True
+
+
+def _compile() -> dict[State, dict[str, tuple[Compiled, ...]]]:
+    table: dict[State, dict[str, list[Compiled]]] = {s: {} for s in STATES}
+    for t in TRANSITIONS:
+        guard, want = _guard(_as_list(t.get("conditions")), _as_list(t.get("unless")))
+        for source in (State(s) for s in _as_list(t["source"])):
+            dest = source if t["dest"] == "=" else State(t["dest"])
+            table[source].setdefault(t["trigger"], []).append((guard, want, dest))
+    return {s: {e: tuple(ts) for e, ts in events.items()} for s, events in table.items()}
+
+
+#: ``TABLE[state][event]`` lists the candidate transitions in declaration order.
+TABLE: Final[Mapping[State, Mapping[str, tuple[Compiled, ...]]]] = _compile()
+
+
+def step(record: RequestTransferState, event: str, arg: Any) -> State | None:
+    """The state ``event`` leads ``record`` to, or ``None`` when no transition applies.
+
+    Does not change ``record``: the aggregator applies the result together with its own
+    bookkeeping, under the request's lock. The first candidate whose guards hold wins, exactly as
+    in ``transitions``.
+    """
+    for guard, want, dest in TABLE[record.state].get(event, ()):
+        if guard is None or guard(record, arg) is want:
+            return dest
+    return None
+
+
+def build_machine(**kwargs: Any) -> Machine:
+    """A ``transitions.Machine`` built from the declaration, with no model attached.
+
+    Fire events on any object that has a ``state`` attribute and the guard methods (a
+    :class:`RequestTransferState` does) with ``machine.events[event].trigger(obj, arg)``. Extra
+    keyword arguments go to the machine class; pass ``machine_cls`` to pick one (a
+    ``GraphMachine`` for diagrams, say).
+    """
+    machine_cls = kwargs.pop("machine_cls", Machine)
+    return machine_cls(  # type: ignore[no-any-return]
+        model=None,
+        states=[s.value for s in STATES],
+        initial=INITIAL.value,
+        transitions=[dict(t) for t in TRANSITIONS],
+        auto_transitions=False,
+        ignore_invalid_triggers=False,
+        **kwargs,
+    )

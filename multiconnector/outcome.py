@@ -1,0 +1,42 @@
+"""What happened to an event: applied, or which of the ignore rules it fell under."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["Outcome"]
+
+
+class Outcome(enum.StrEnum):
+    """The outcome of one event delivered to :class:`~multiconnector.MultiConnector`.
+
+    Only :attr:`applied` changed anything. Every other member names the rule under which the
+    event was ignored: no exception, no state change, one count under that member and the
+    connector's name, one debug log line. Events that arrive late, twice, or from nowhere are
+    normal in a distributed server, so ignoring them is not an error; a wrong argument *type* is,
+    and raises instead.
+
+    .. versionadded:: 0.1.0
+    """
+
+    applied = "applied"
+    """The event changed the request's bookkeeping."""
+    unknown_request = "unknown_request"
+    """No request is held under this id (never begun, or already taken)."""
+    terminal = "terminal"
+    """The request is already ``finished`` or ``cancelled``: terminal states are absorbing."""
+    duplicate = "duplicate"
+    """This connector already reported this (or ``request_finished`` was already applied)."""
+    phantom = "phantom"
+    """A ready connector reported something it never committed to for this request."""
+    unknown_connector = "unknown_connector"
+    """No connector is registered under this name."""
+    not_ready = "not_ready"
+    """The name is registered with ``None``: a connector that is not ready."""
+    unregistered = "unregistered"
+    """The request awaited this connector, but it was unregistered before it reported."""
+
+    @property
+    def ignored(self) -> bool:
+        """Whether the event was ignored."""
+        return self is not Outcome.applied

@@ -1,0 +1,228 @@
+"""Connectors addressed by name.
+
+vLLM's ``MultiConnector`` keeps its connectors in a list and refers to them by position, so a
+completion for index 3 of a two-element list, or for a slot that holds ``None`` because that
+connector failed to start, crashes the server. Here every connector has a unique name, and a name
+may be registered with ``None``: known, but not ready. Nothing is ever looked up by position.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, final, runtime_checkable
+
+import attrs
+
+from ._validate import check_name, shown
+from .errors import DuplicateConnectorError, InvalidArgumentError, UnknownConnectorError
+
+__all__ = ["Connector", "ConnectorRegistry"]
+
+
+@runtime_checkable
+class Connector(Protocol):
+    """What the aggregator needs of a connector. Only :meth:`request_finished` is required.
+
+    Optional methods, used when present (looked up once, at registration):
+
+    * ``get_num_new_matched_tokens(request_id, num_computed_tokens) -> int | None``: how many
+      tokens this connector can load for the request (``None``: not known yet);
+    * ``on_finished(request_id, blocks) -> None``: called once its transfer report was applied;
+    * ``on_load_finished(request_id) -> None``: called once its load report was applied;
+    * ``get_stats() -> Any``: anything; reported under the connector's registration name;
+    * ``shutdown() -> None``: called by :meth:`MultiConnector.shutdown`.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def request_finished(
+        self, request_id: str, blocks: Sequence[int]
+    ) -> tuple[bool, Mapping[str, Any] | None]:
+        """Whether this connector saves the request's KV asynchronously, and its params.
+
+        Returning ``True`` is a promise: the connector will report
+        :meth:`MultiConnector.transfer_finished` for this request, under its name, after this
+        call has returned. Until then the request's blocks are not released.
+        """
+        ...
+
+
+_Optional = Callable[..., Any] | None
+
+
+@final
+@attrs.frozen(slots=True, eq=False, weakref_slot=False)
+class Entry:
+    """One registration: a name, the connector (``None``: not ready), its resolved methods.
+
+    A new object for every registration, so that ``entry is registry.entry(name)`` tells whether
+    a name still refers to the same registration (unregistering and registering a name again
+    gives a new one).
+    """
+
+    name: str
+    connector: Connector | None
+    request_finished: _Optional = None
+    get_num_new_matched_tokens: _Optional = None
+    on_finished: _Optional = None
+    on_load_finished: _Optional = None
+
+    @classmethod
+    def of(cls, name: str, connector: Connector | None) -> Entry:
+        if connector is None:
+            return cls(name, None)
+
+        def method(attr: str) -> _Optional:
+            found = getattr(connector, attr, None)
+            return found if callable(found) else None
+
+        return cls(
+            name,
+            connector,
+            method("request_finished"),
+            method("get_num_new_matched_tokens"),
+            method("on_finished"),
+            method("on_load_finished"),
+        )
+
+
+Listener = Callable[[Entry], None]
+
+
+@final
+class ConnectorRegistry:
+    """Connectors under unique, non-empty string names, in registration order.
+
+    A name may map to ``None``: a connector that is known but not ready (it failed to start, say).
+    Such a name is never asked anything, never awaited, and reports under it are ignored.
+
+    Registering and unregistering are thread-safe and may happen while requests are in flight.
+    Readers never lock: every change publishes a new immutable snapshot.
+
+    Several workers or ranks of one connector are simply several names (``"pd@0"``, ``"pd@1"``):
+    each is awaited and reports on its own.
+
+    >>> registry = ConnectorRegistry({"cache": None})
+    >>> registry.names()
+    ('cache',)
+
+    .. versionadded:: 0.1.0
+    """
+
+    __slots__ = ("__weakref__", "_entries", "_listeners", "_lock", "_ready")
+
+    def __init__(
+        self,
+        connectors: Mapping[str, Connector | None] | Iterable[tuple[str, Connector | None]] = (),
+    ) -> None:
+        self._lock = threading.RLock()
+        self._entries: dict[str, Entry] = {}
+        self._ready: tuple[Entry, ...] = ()
+        self._listeners: tuple[Listener, ...] = ()
+        items = connectors.items() if isinstance(connectors, Mapping) else connectors
+        for name, connector in items:
+            self.register(name, connector)
+
+    # -- changes -------------------------------------------------------------------------------
+
+    def register(self, name: str, connector: Connector | None) -> None:
+        """Register ``connector`` under ``name``; ``None`` registers it as not ready.
+
+        Raises :class:`InvalidNameError` for a name that is not a non-empty ``str``,
+        :class:`DuplicateConnectorError` if the name is taken, and
+        :class:`~multiconnector.errors.InvalidArgumentError` for an object with no callable
+        ``request_finished``. Nothing changes when it raises.
+        """
+        name = check_name(name)
+        entry = Entry.of(name, connector)
+        if connector is not None and entry.request_finished is None:
+            raise InvalidArgumentError(
+                f"connector={shown(connector)} must have a callable request_finished"
+            )
+        with self._lock:
+            if name in self._entries:
+                raise DuplicateConnectorError(f"name={name!r} is already registered")
+            entries = dict(self._entries)
+            entries[name] = entry
+            self._publish(entries)
+
+    def unregister(self, name: str) -> Connector | None:
+        """Remove ``name`` and return its connector (``None`` if it was not ready).
+
+        Requests awaiting this name stop awaiting it (see :meth:`MultiConnector.unregister
+        <multiconnector.MultiConnector.unregister>` for the rule); its later reports are ignored.
+        Raises :class:`UnknownConnectorError` if ``name`` is not registered.
+        """
+        name = check_name(name)
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is None:
+                raise UnknownConnectorError(f"name={name!r} is not registered")
+            entries = dict(self._entries)
+            del entries[name]
+            self._publish(entries)
+            for listener in self._listeners:
+                listener(entry)
+        return entry.connector
+
+    def _publish(self, entries: dict[str, Entry]) -> None:
+        self._entries = entries
+        self._ready = tuple(e for e in entries.values() if e.connector is not None)
+
+    def subscribe(self, listener: Listener) -> None:
+        """Call ``listener(entry)`` after each unregistration, under the registry's lock.
+
+        The aggregator uses this so that a connector unregistered directly on the registry still
+        releases the requests awaiting it.
+        """
+        with self._lock:
+            self._listeners = (*self._listeners, listener)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def entry(self, name: str) -> Entry | None:
+        """The current registration of ``name``, or ``None``. Never raises."""
+        return self._entries.get(name)
+
+    def ready_entries(self) -> tuple[Entry, ...]:
+        """Registrations whose connector is not ``None``, in registration order."""
+        return self._ready
+
+    def names(self) -> tuple[str, ...]:
+        """Every registered name, ready or not, in registration order."""
+        return tuple(self._entries)
+
+    def ready(self) -> tuple[str, ...]:
+        """Names whose connector is not ``None``, in registration order."""
+        return tuple(e.name for e in self._ready)
+
+    def get(self, name: str, default: Connector | None = None) -> Connector | None:
+        entry = self._entries.get(name)
+        return default if entry is None else entry.connector
+
+    def __getitem__(self, name: str) -> Connector | None:
+        name = check_name(name)
+        entry = self._entries.get(name)
+        if entry is None:
+            raise UnknownConnectorError(f"name={name!r} is not registered")
+        return entry.connector
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(tuple(self._entries))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def items(self) -> tuple[tuple[str, Connector | None], ...]:
+        return tuple((e.name, e.connector) for e in self._entries.values())
+
+    def __repr__(self) -> str:
+        inner = ", ".join(
+            f"{e.name!r}: {'None' if e.connector is None else type(e.connector).__name__}"
+            for e in self._entries.values()
+        )
+        return f"ConnectorRegistry({{{inner}}})"
