@@ -31,9 +31,12 @@ $(VLLM): $(SETUP) $(wildcard requirements/vllm*.txt)
 
 vllm: $(VLLM)
 
-## run: the main job
+## run: the main job: a simulated serving workload with faults, the model check, the diagrams
 run: setup
-	$(VENV)/bin/multiconnector demo
+	mkdir -p $(BUILD)
+	$(VENV)/bin/multiconnector simulate --json $(BUILD)/simulate.json
+	$(VENV)/bin/multiconnector check --json $(BUILD)/check.json
+	$(MAKE) --no-print-directory diagrams
 
 demo: setup
 	$(VENV)/bin/multiconnector demo
@@ -45,6 +48,27 @@ test: setup $(VLLM)
 ## test-deep: the hypothesis properties with many more examples
 test-deep: setup
 	HYPOTHESIS_PROFILE=deep $(PY) -m pytest tests -m "not vllm"
+
+## check: the model check at its default bound
+check: setup
+	$(VENV)/bin/multiconnector check
+
+## diagrams: the state diagrams, generated from the machine, into build/
+diagrams: setup
+	mkdir -p $(BUILD)
+	$(VENV)/bin/multiconnector diagram --format mermaid -o $(BUILD)/machine.mmd
+	$(VENV)/bin/multiconnector diagram --format dot -o $(BUILD)/machine.dot
+	$(VENV)/bin/multiconnector diagram --format svg -o $(BUILD)/machine.svg
+	$(VENV)/bin/multiconnector diagram --format md -o $(BUILD)/machine.md
+
+## docs: the documentation site, warnings are errors
+docs: setup
+	$(VENV)/bin/mkdocs build --strict
+
+## bench: the benchmarks; prints a table and writes build/bench.json
+bench: setup
+	mkdir -p $(BUILD)
+	$(PY) bench/run.py --json $(BUILD)/bench.json
 
 lint: setup
 	$(VENV)/bin/ruff check multiconnector tests bench
