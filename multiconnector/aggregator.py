@@ -54,7 +54,7 @@ _FINISHING: Final = State.finishing
 _FINISHED: Final = State.finished
 _CANCELLED: Final = State.cancelled
 #: Counter key for events that concern a request, not a connector.
-_NO_NAME: Final = ""
+_NO_NAME: Final = None
 
 
 @final
@@ -126,7 +126,9 @@ class MultiConnector:
         self._locks = tuple(threading.Lock() for _ in range(stripes))
         self._mask = stripes - 1
         # One counter dict per stripe, only ever written under that stripe's lock.
-        self._counts: tuple[dict[tuple[Outcome, str], int], ...] = tuple({} for _ in range(stripes))
+        self._counts: tuple[dict[tuple[Outcome, str | None], int], ...] = tuple(
+            {} for _ in range(stripes)
+        )
         registry.subscribe(self._connector_gone)
 
     # -- connectors ----------------------------------------------------------------------------
@@ -514,12 +516,12 @@ class MultiConnector:
         """Event outcomes per connector name (reports and load reports)."""
         per: dict[str, dict[Outcome, int]] = {}
         for (outcome, name), n in self._merged_counts().items():
-            if name:
+            if name is not None:
                 per.setdefault(name, {})[outcome] = n
         return per
 
-    def _merged_counts(self) -> dict[tuple[Outcome, str], int]:
-        merged: dict[tuple[Outcome, str], int] = {}
+    def _merged_counts(self) -> dict[tuple[Outcome, str | None], int]:
+        merged: dict[tuple[Outcome, str | None], int] = {}
         for lock, counts in zip(self._locks, self._counts, strict=True):
             with lock:
                 items = list(counts.items())
@@ -588,7 +590,7 @@ class MultiConnector:
         if dest is not source and (dest is _FINISHED or dest is _CANCELLED):
             self._done.append(record)
 
-    def _count(self, index: int, outcome: Outcome, name: str) -> None:
+    def _count(self, index: int, outcome: Outcome, name: str | None) -> None:
         counts = self._counts[index]
         key = (outcome, name)
         counts[key] = counts.get(key, 0) + 1

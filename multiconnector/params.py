@@ -95,5 +95,6 @@ def merge_transfer_params(
                 differing.add(key)
     if differing:
         # In merged order, so the message is deterministic.
-        raise KeyClashError({k: tuple(v) for k, v in suppliers.items() if k in differing})
+        assert merged is not None
+        raise KeyClashError({k: tuple(suppliers[k]) for k in merged if k in differing})
     return merged

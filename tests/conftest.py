@@ -6,7 +6,11 @@ from hypothesis import HealthCheck, settings
 
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.register_profile(
-    "ci", max_examples=150, deadline=None, derandomize=True, print_blob=True,
+    "ci",
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("deep", max_examples=3000, deadline=None)

@@ -1,0 +1,392 @@
+"""MultiConnector: the guarded aggregation rules, one behaviour per test."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from multiconnector import (
+    ConnectorFailures,
+    ConnectorRegistry,
+    DuplicateRequestError,
+    KeyClashError,
+    MultiConnector,
+    Outcome,
+    State,
+    UnknownRequestError,
+)
+from tests.connectors import Scripted
+
+
+def make(**connectors: Any) -> MultiConnector:
+    return MultiConnector(ConnectorRegistry(connectors))
+
+
+def finishing(mc: MultiConnector, rid: str = "r") -> None:
+    mc.begin(rid)
+    mc.request_finished(rid, [1, 2])
+
+
+def test_none_slot_never_raises() -> None:
+    mc = make(a=Scripted(), dead=None)
+    finishing(mc)
+    assert mc.transfer_finished("r", "dead") is Outcome.not_ready
+    assert mc.load_finished("r", "dead") is Outcome.not_ready
+    assert mc.get("r").awaiting == ("a",)  # type: ignore[union-attr]
+    assert mc.transfer_finished("r", "a") is Outcome.applied
+
+
+def test_after_cancel_late_completions_are_ignored_and_change_nothing() -> None:
+    mc = make(a=Scripted(), b=Scripted())
+    finishing(mc)
+    assert mc.cancel("r") is Outcome.applied
+    before = mc.get("r")
+    for event in (
+        lambda: mc.transfer_finished("r", "a"),
+        lambda: mc.transfer_finished("r", "b", [9]),
+        lambda: mc.load_finished("r", "a"),
+        lambda: mc.cancel("r"),
+        lambda: mc.request_finished("r")[0],
+    ):
+        assert event() is Outcome.terminal
+    assert mc.get("r") == before or vars_equal(mc.get("r"), before)
+    (taken,) = mc.take()
+    assert taken.state is State.cancelled and taken.awaiting == ("a", "b")
+    assert mc.transfer_finished("r", "a") is Outcome.unknown_request
+
+
+def vars_equal(a: Any, b: Any) -> bool:
+    import attrs
+
+    return attrs.asdict(a) == attrs.asdict(b)
+
+
+def test_every_awaited_connector_finished_means_awaiting_empty() -> None:
+    mc = make(a=Scripted(), b=Scripted(saves=False), c=Scripted())
+    finishing(mc)
+    record = mc.get("r")
+    assert record is not None and record.awaiting == ("a", "c") and record.expected == ("a", "c")
+    mc.transfer_finished("r", "c")
+    mc.transfer_finished("r", "a")
+    (done,) = mc.take()
+    assert done.state is State.finished and done.awaiting == () and done.reported == ("a", "c")
+
+
+@pytest.mark.parametrize("reporter", ["a", "b", "dead", "ghost", "", "A"])
+def test_duplicate_and_phantom_reports_never_finish_early(reporter: str) -> None:
+    mc = make(a=Scripted(), b=Scripted(saves=False), c=Scripted(), dead=None)
+    finishing(mc)
+    if reporter == "a":
+        assert mc.transfer_finished("r", "a") is Outcome.applied
+    for _ in range(5):
+        outcome = mc.transfer_finished("r", reporter)
+        assert outcome.ignored
+    assert mc.take() == []
+    assert mc.get("r").state is State.finishing  # type: ignore[union-attr]
+    expected = {
+        "a": Outcome.duplicate,
+        "b": Outcome.phantom,
+        "dead": Outcome.not_ready,
+        "ghost": Outcome.unknown_connector,
+        "": Outcome.unknown_connector,
+        "A": Outcome.unknown_connector,
+    }[reporter]
+    assert mc.connector_counts()[reporter][expected] == 5
+
+
+def test_no_async_saver_finishes_at_once() -> None:
+    mc = make(a=Scripted(saves=False, params={"x": 1}))
+    mc.begin("r")
+    assert mc.request_finished("r") == (Outcome.applied, {"x": 1})
+    (done,) = mc.take()
+    assert done.state is State.finished and done.params == {"x": 1}
+
+
+def test_begin_twice_is_an_error_and_changes_nothing() -> None:
+    mc = make(a=Scripted())
+    finishing(mc)
+    before = mc.get("r")
+    with pytest.raises(DuplicateRequestError, match="request_id='r'"):
+        mc.begin("r")
+    assert vars_equal(mc.get("r"), before)
+    mc.cancel("r")
+    with pytest.raises(DuplicateRequestError):
+        mc.begin("r")  # terminal but not yet taken: still held
+    mc.take()
+    mc.begin("r")  # taken: the id may be used again
+    assert mc.get("r").state is State.pending  # type: ignore[union-attr]
+
+
+def test_request_finished_twice_is_a_duplicate_and_asks_nobody() -> None:
+    a = Scripted()
+    mc = make(a=a)
+    finishing(mc)
+    assert mc.request_finished("r") == (Outcome.duplicate, None)
+    assert len(a.finished_calls) == 1
+    assert mc.request_finished("nope") == (Outcome.unknown_request, None)
+
+
+def test_params_from_several_connectors_are_merged_without_mutation() -> None:
+    pa, pb = {"a": 1}, {"b": 2}
+    mc = make(a=Scripted(params=pa), b=Scripted(params=pb), n=Scripted(params=None))
+    mc.begin("r")
+    outcome, params = mc.request_finished("r")
+    assert params == {"a": 1, "b": 2} and pa == {"a": 1} and params is not pa
+
+
+def test_clash_leaves_request_finishing_awaiting_every_saver() -> None:
+    mc = make(
+        a=Scripted(params={"k": 1}),
+        b=Scripted(saves=False, params={"k": 2, "j": 0}),
+        c=Scripted(params={"j": 1}),
+    )
+    mc.begin("r")
+    with pytest.raises(KeyClashError) as info:
+        mc.request_finished("r")
+    assert info.value.clashes == {"k": ("a", "b"), "j": ("b", "c")}
+    record = mc.get("r")
+    assert record is not None
+    assert (record.state, record.awaiting, record.params) == (State.finishing, ("a", "c"), None)
+    # later events follow the normal rules
+    assert mc.request_finished("r")[0] is Outcome.duplicate
+    assert mc.transfer_finished("r", "b") is Outcome.phantom
+    assert mc.transfer_finished("r", "a") is Outcome.applied
+    assert mc.take() == []
+    assert mc.transfer_finished("r", "c") is Outcome.applied
+    assert [r.state for r in mc.take()] == [State.finished]
+
+
+def test_raising_connector_does_not_stop_the_others() -> None:
+    boom = RuntimeError("disk full")
+    a, bad, c = Scripted(params={"a": 1}), Scripted(raises=boom), Scripted(params={"c": 1})
+    mc = make(a=a, bad=bad, c=c)
+    mc.begin("r")
+    with pytest.raises(ConnectorFailures) as info:
+        mc.request_finished("r")
+    assert info.value.exceptions == (boom,) and info.value.failed == ("bad",)
+    assert info.value.result == (Outcome.applied, {"a": 1, "c": 1})
+    assert len(a.finished_calls) == len(c.finished_calls) == 1
+    record = mc.get("r")
+    assert record is not None and record.awaiting == ("a", "c")  # the failed one made no promise
+    assert mc.transfer_finished("r", "bad") is Outcome.phantom
+
+
+def test_garbage_answers_are_connector_failures() -> None:
+    class Garbage:
+        def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
+            return "yes", None
+
+    class NotATuple:
+        def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
+            return None
+
+    mc = make(g=Garbage(), n=NotATuple(), a=Scripted(params=[1]))  # type: ignore[arg-type]
+    mc.begin("r")
+    with pytest.raises(ConnectorFailures) as info:
+        mc.request_finished("r")
+    assert info.value.failed == ("g", "n")
+    assert len(info.value.exceptions) == 3  # g, n, and a's params (a list) rejected by the merge
+    assert "saves='yes'" in str(info.value.exceptions[0])
+    assert mc.get("r").awaiting == ("a",)  # type: ignore[union-attr]
+
+
+def test_unregister_releases_requests_awaiting_it() -> None:
+    mc = make(a=Scripted(), b=Scripted())
+    finishing(mc, "r1")
+    finishing(mc, "r2")
+    mc.transfer_finished("r2", "a")
+    mc.unregister("b")
+    r1 = mc.get("r1")
+    assert r1 is not None and (r1.state, r1.awaiting, r1.abandoned) == (
+        State.finishing,
+        ("a",),
+        ("b",),
+    )
+    (r2,) = mc.take()
+    assert (r2.request_id, r2.state, r2.abandoned) == ("r2", State.finished, ("b",))
+    assert mc.transfer_finished("r1", "b") is Outcome.unregistered
+    mc.register("b", Scripted())  # a new registration does not revive the old promise
+    assert mc.transfer_finished("r1", "b") is Outcome.unregistered
+    assert mc.transfer_finished("r1", "a") is Outcome.applied
+    assert [r.request_id for r in mc.take()] == ["r1"]
+
+
+def test_unregister_directly_on_the_registry_applies_the_rule_too() -> None:
+    registry = ConnectorRegistry({"a": Scripted()})
+    mc = MultiConnector(registry)
+    finishing(mc)
+    registry.unregister("a")
+    assert [r.state for r in mc.take()] == [State.finished]
+
+
+def test_connector_unregistered_while_being_asked_is_not_awaited() -> None:
+    holder: dict[str, MultiConnector] = {}
+
+    class Leaving(Scripted):
+        def request_finished(
+            self, request_id: str, blocks: Sequence[int]
+        ) -> tuple[bool, Mapping[str, Any] | None]:
+            holder["mc"].unregister("leaving")  # re-entrant call: no lock is held
+            return True, None
+
+    mc = make(a=Scripted(), leaving=Leaving())
+    holder["mc"] = mc
+    finishing(mc)
+    record = mc.get("r")
+    assert record is not None
+    assert (record.awaiting, record.expected, record.abandoned) == (
+        ("a",),
+        ("a", "leaving"),
+        ("leaving",),
+    )
+
+
+def test_connector_reporting_from_inside_a_callback_does_not_deadlock() -> None:
+    mc = make(a=Scripted(), b=Scripted())
+    finishing(mc, "other")
+
+    class Chatty(Scripted):
+        def on_finished(self, request_id: str, blocks: Sequence[int]) -> None:
+            super().on_finished(request_id, blocks)
+            mc.transfer_finished("other", "b")
+
+    mc.register("c", Chatty())
+    finishing(mc, "r")
+    assert mc.transfer_finished("r", "c") is Outcome.applied
+    assert mc.get("other").awaiting == ("a",)  # type: ignore[union-attr]
+
+
+def test_ranks_are_plain_names() -> None:
+    mc = make(**{"pd@0": Scripted(), "pd@1": Scripted(saves=True)})
+    finishing(mc)
+    assert mc.transfer_finished("r", "pd@0") is Outcome.applied
+    assert mc.transfer_finished("r", "pd@0") is Outcome.duplicate
+    assert mc.take() == []
+    assert mc.transfer_finished("r", "pd@1") is Outcome.applied
+    assert len(mc.take()) == 1
+
+
+def test_take_hands_each_terminal_request_back_once_in_order() -> None:
+    mc = make(a=Scripted())
+    for rid in ("r1", "r2", "r3"):
+        finishing(mc, rid)
+    mc.transfer_finished("r2", "a")
+    mc.cancel("r3")
+    mc.transfer_finished("r1", "a")
+    assert [(r.request_id, r.state) for r in mc.take()] == [
+        ("r2", State.finished),
+        ("r3", State.cancelled),
+        ("r1", State.finished),
+    ]
+    assert mc.take() == [] and len(mc) == 0 and mc.request_ids() == []
+
+
+def test_on_finished_called_once_after_the_update() -> None:
+    a = Scripted()
+    mc = make(a=a)
+    finishing(mc)
+    mc.transfer_finished("r", "a", [4, 5])
+    mc.transfer_finished("r", "a", [4, 5])
+    assert a.on_finished_calls == [("r", (4, 5))]
+
+
+def test_failing_callback_is_raised_after_the_state_changed() -> None:
+    class Failing(Scripted):
+        def on_finished(self, request_id: str, blocks: Sequence[int]) -> None:
+            raise OSError("callback")
+
+    mc = make(a=Failing())
+    finishing(mc)
+    with pytest.raises(ConnectorFailures) as info:
+        mc.transfer_finished("r", "a")
+    assert info.value.failed == ("a",)
+    assert [r.state for r in mc.take()] == [State.finished]
+
+
+def test_load_selection_by_name() -> None:
+    a, b, c = Scripted(tokens=0), Scripted(tokens=8), Scripted(tokens=16)
+    mc = make(a=a, dead=None, b=b, c=c)
+    mc.begin("r")
+    assert mc.match_tokens("r", 4) == 8
+    assert mc.get("r").loader == "b"  # type: ignore[union-attr]
+    assert mc.load_finished("r", "c") is Outcome.phantom
+    assert mc.load_finished("r", "b") is Outcome.applied
+    assert mc.load_finished("r", "b") is Outcome.duplicate
+    assert b.loads == ["r"]
+    mc.cancel("r")
+    assert mc.load_finished("r", "b") is Outcome.terminal
+    assert mc.load_finished("nope", "b") is Outcome.unknown_request
+
+
+def test_load_not_known_yet_remembers_nothing() -> None:
+    a, b = Scripted(tokens=8), Scripted(tokens=None)
+    mc = make(a=a, b=b)
+    mc.begin("r")
+    assert mc.match_tokens("r") is None
+    assert mc.get("r").loader is None  # type: ignore[union-attr]
+    b.tokens = 0
+    assert mc.match_tokens("r") == 8
+    a.tokens = 0
+    assert mc.match_tokens("r") == 0 and mc.get("r").loader is None  # type: ignore[union-attr]
+    with pytest.raises(UnknownRequestError):
+        mc.match_tokens("nope")
+
+
+def test_load_fan_out_isolation() -> None:
+    boom = ValueError("boom")
+    mc = make(bad=Scripted(raises=boom), b=Scripted(tokens=3))
+    mc.begin("r")
+    with pytest.raises(ConnectorFailures) as info:
+        mc.match_tokens("r")
+    assert info.value.result == 3 and info.value.failed == ("bad",)
+    assert mc.get("r").loader == "b"  # type: ignore[union-attr]
+
+
+def test_stats_keyed_by_registration_name() -> None:
+    one, two = Scripted(), Scripted(saves=False)  # same class, two names
+    mc = make(one=one, two=two, dead=None)
+    finishing(mc)
+    assert mc.stats() == {"one": {"finished": 1}, "two": {"finished": 1}}
+
+
+def test_shutdown_attempts_every_connector_and_reports_every_failure() -> None:
+    e1, e2 = RuntimeError("one"), OSError("two")
+    a, b, c = Scripted(raises=e1), Scripted(), Scripted(raises=e2)
+    mc = make(a=a, b=b, c=c)
+    with pytest.raises(ConnectorFailures) as info:
+        mc.shutdown()
+    assert (a.shut, b.shut, c.shut) == (1, 1, 1)
+    assert info.value.exceptions == (e1, e2) and info.value.failed == ("a", "c")
+    assert isinstance(info.value, ExceptionGroup)
+
+
+def test_history_is_opt_in() -> None:
+    mc = make(a=Scripted())
+    finishing(mc)
+    assert mc.get("r").history is None  # type: ignore[union-attr]
+    traced = MultiConnector(ConnectorRegistry({"a": Scripted()}), trace=True)
+    finishing(traced)
+    traced.transfer_finished("r", "a")
+    traced.transfer_finished("r", "a")  # ignored: not in the history
+    (done,) = traced.take()
+    assert [(s.event, s.source, s.dest, s.name) for s in done.history or ()] == [
+        ("request_finished", State.pending, State.finishing, None),
+        ("transfer_finished", State.finishing, State.finished, "a"),
+    ]
+
+
+def test_counts_per_kind_and_connector(caplog: pytest.LogCaptureFixture) -> None:
+    mc = make(a=Scripted())
+    finishing(mc)
+    with caplog.at_level(logging.DEBUG, logger="multiconnector"):
+        mc.transfer_finished("r", "zz")
+        mc.transfer_finished("r", "a")
+        mc.transfer_finished("r", "a")
+    counts = mc.counts()
+    assert counts[Outcome.unknown_connector] == 1 and counts[Outcome.terminal] == 1
+    assert mc.connector_counts()["a"] == {Outcome.applied: 1, Outcome.terminal: 1}
+    ignored = [r.getMessage() for r in caplog.records]
+    assert len(ignored) == 2 and "unknown_connector" in ignored[0] and "'zz'" in ignored[0]

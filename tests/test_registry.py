@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import pytest
+
+from multiconnector import (
+    ConnectorRegistry,
+    DuplicateConnectorError,
+    InvalidArgumentError,
+    InvalidNameError,
+    MultiConnectorError,
+    UnknownConnectorError,
+)
+from tests.connectors import Scripted
+
+
+def test_names_in_registration_order_with_none_slots() -> None:
+    a, b = Scripted(), Scripted()
+    registry = ConnectorRegistry([("b", b), ("dead", None), ("a", a)])
+    assert registry.names() == ("b", "dead", "a")
+    assert registry.ready() == ("b", "a")
+    assert list(registry) == ["b", "dead", "a"]
+    assert registry["dead"] is None and registry["a"] is a
+    assert "dead" in registry and "zz" not in registry and len(registry) == 3
+
+
+def test_register_and_unregister_at_run_time() -> None:
+    registry = ConnectorRegistry()
+    c = Scripted()
+    registry.register("x", c)
+    first = registry.entry("x")
+    assert registry.unregister("x") is c
+    assert registry.names() == ()
+    registry.register("x", c)
+    assert registry.entry("x") is not first  # a new registration is a new entry
+
+
+def test_errors_are_distinct_and_subclass_builtins() -> None:
+    registry = ConnectorRegistry({"x": None})
+    with pytest.raises(DuplicateConnectorError) as dup:
+        registry.register("x", Scripted())
+    with pytest.raises(UnknownConnectorError) as unknown:
+        registry.unregister("nope")
+    with pytest.raises(InvalidNameError) as bad:
+        registry.register(3, Scripted())  # type: ignore[arg-type]
+    assert isinstance(dup.value, ValueError)
+    assert isinstance(unknown.value, KeyError)
+    assert isinstance(bad.value, TypeError)
+    assert len({type(dup.value), type(unknown.value), type(bad.value)}) == 3
+    for exc in (dup.value, unknown.value, bad.value):
+        assert isinstance(exc, MultiConnectorError)
+    assert str(unknown.value) == "name='nope' is not registered"
+    assert "name=3 (type int) must be a non-empty str" in str(bad.value)
+    assert registry.names() == ("x",)
+
+
+@pytest.mark.parametrize("name", ["", None, 0, b"x", ("a",)])
+def test_bad_names_rejected_and_nothing_changes(name: object) -> None:
+    registry = ConnectorRegistry({"x": None})
+    with pytest.raises(InvalidNameError, match="name="):
+        registry.register(name, Scripted())  # type: ignore[arg-type]
+    with pytest.raises(InvalidNameError):
+        registry.unregister(name)  # type: ignore[arg-type]
+    assert registry.names() == ("x",)
+
+
+def test_object_without_request_finished_is_rejected() -> None:
+    registry = ConnectorRegistry()
+    with pytest.raises(InvalidArgumentError, match="connector=.*request_finished"):
+        registry.register("x", object())  # type: ignore[arg-type]
+    assert registry.names() == ()
