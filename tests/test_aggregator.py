@@ -6,6 +6,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
 import pytest
 
 from multiconnector import (
@@ -52,15 +53,13 @@ def test_after_cancel_late_completions_are_ignored_and_change_nothing() -> None:
         lambda: mc.request_finished("r")[0],
     ):
         assert event() is Outcome.terminal
-    assert mc.get("r") == before or vars_equal(mc.get("r"), before)
+    assert vars_equal(mc.get("r"), before)
     (taken,) = mc.take()
     assert taken.state is State.cancelled and taken.awaiting == ("a", "b")
     assert mc.transfer_finished("r", "a") is Outcome.unknown_request
 
 
 def vars_equal(a: Any, b: Any) -> bool:
-    import attrs
-
     return attrs.asdict(a) == attrs.asdict(b)
 
 
@@ -133,7 +132,7 @@ def test_params_from_several_connectors_are_merged_without_mutation() -> None:
     pa, pb = {"a": 1}, {"b": 2}
     mc = make(a=Scripted(params=pa), b=Scripted(params=pb), n=Scripted(params=None))
     mc.begin("r")
-    outcome, params = mc.request_finished("r")
+    _, params = mc.request_finished("r")
     assert params == {"a": 1, "b": 2} and pa == {"a": 1} and params is not pa
 
 

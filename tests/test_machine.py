@@ -62,7 +62,7 @@ def test_runtime_table_agrees_with_transitions_machine(state: State, event: str)
 
 
 def test_terminal_states_are_absorbing() -> None:
-    assert TERMINAL == {State.finished, State.cancelled}
+    assert {State.finished, State.cancelled} == TERMINAL
     for state in TERMINAL:
         assert dict(TABLE[state]) == {}
         for event in EVENTS:

@@ -65,6 +65,6 @@ def test_bad_names_rejected_and_nothing_changes(name: object) -> None:
 
 def test_object_without_request_finished_is_rejected() -> None:
     registry = ConnectorRegistry()
-    with pytest.raises(InvalidArgumentError, match="connector=.*request_finished"):
+    with pytest.raises(InvalidArgumentError, match=r"connector=.*request_finished"):
         registry.register("x", object())  # type: ignore[arg-type]
     assert registry.names() == ()
