@@ -1,0 +1,552 @@
+"""``multiconnector diagram``: the transfer state machine, drawn from its one declaration.
+
+Nothing here is drawn by hand. Every format comes from the ``transitions`` machine that
+:func:`~multiconnector.machine.build_machine` builds from the one declaration,
+:data:`~multiconnector.machine.TRANSITIONS`:
+
+* ``mermaid``: a ``stateDiagram-v2``, from the ``transitions`` mermaid engine (no other package);
+* ``dot``: Graphviz DOT text, from the ``transitions`` graphviz engine (the ``graphviz`` Python
+  package, in the ``diagrams`` extra);
+* ``svg``: that DOT rendered by Graphviz's own ``dot`` program;
+* ``md``: Markdown holding the mermaid diagram (code hosts render it) and the transition table.
+
+Given a request's path (its recorded ``history`` when the aggregator traces, or a counterexample
+from ``multiconnector check``), the same diagrams mark the states and transitions it went through,
+number them in order, and highlight the state it ended in.
+
+Output is deterministic, byte for byte, so committed diagrams can be checked for freshness.
+
+>>> print(render("mermaid").splitlines()[3])
+stateDiagram-v2
+>>> "pending --> finishing: request_finished [has_savers]" in render("mermaid")
+True
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, cast
+
+from transitions.extensions import GraphMachine
+from transitions.extensions.diagrams_base import BaseGraph
+
+from ._validate import shown
+from .errors import InvalidArgumentError
+from .machine import INITIAL, STATES, TERMINAL, RequestTransferState, State, Step, build_machine
+
+__all__ = [
+    "FORMATS",
+    "GENERATED",
+    "TITLE",
+    "find_path",
+    "read_path",
+    "render",
+    "run_cli",
+    "steps",
+]
+
+#: The formats :func:`render` and the command know.
+FORMATS: Final[tuple[str, ...]] = ("mermaid", "dot", "svg", "md")
+#: The title every diagram of the machine carries.
+TITLE: Final = "request transfer"
+#: The committed diagrams (``docs/generated/``), file name -> format. ``make docs-diagrams``
+#: rewrites them; a test fails when one is stale.
+GENERATED: Final[Mapping[str, str]] = {
+    "machine.mmd": "mermaid",
+    "machine.dot": "dot",
+    "machine.svg": "svg",
+    "machine.md": "md",
+}
+
+_VISITED_COLOUR: Final = "#1d4ed8"
+_FINAL_COLOUR: Final = "#b45309"
+
+# Styles per engine: mermaid's classDef speaks CSS, Graphviz speaks its own attributes. Only the
+# styles named here are emitted, so the mermaid text carries no unused classDef.
+_MERMAID_STYLES: Final[dict[str, Any]] = {
+    "node": {
+        "default": {"fillcolor": "white", "color": "black"},
+        "terminal": {"fillcolor": "white", "color": "black", "stroke-width": "3px"},
+        "visited": {"fillcolor": "#dbeafe", "color": "#1e3a8a", "stroke": _VISITED_COLOUR},
+        "final": {
+            "fillcolor": "#fde68a",
+            "color": "#78350f",
+            "stroke": _FINAL_COLOUR,
+            "stroke-width": "3px",
+        },
+    },
+    "edge": {"default": {}},
+    "graph": {"default": {}},
+}
+_DOT_STYLES: Final[dict[str, Any]] = {
+    "node": {
+        "default": {
+            "style": "rounded,filled",
+            "shape": "rectangle",
+            "fillcolor": "white",
+            "color": "black",
+            "fontname": "Helvetica",
+        },
+        "terminal": {"peripheries": "2"},
+        "visited": {"fillcolor": "#dbeafe", "color": _VISITED_COLOUR, "penwidth": "2"},
+        "final": {
+            "fillcolor": "#fde68a",
+            "color": _FINAL_COLOUR,
+            "penwidth": "3",
+            "peripheries": "2",
+        },
+    },
+    "edge": {
+        "default": {"color": "black", "fontname": "Helvetica", "fontsize": "11"},
+        "visited": {"color": _VISITED_COLOUR, "fontcolor": _VISITED_COLOUR, "penwidth": "2.5"},
+    },
+    "graph": {"default": {"fontname": "Helvetica"}},
+}
+
+#: (event, source, dest) -> 1-based step numbers, for one rendering.
+_Numbers = dict[tuple[str, str, str], list[int]]
+
+
+class _NumberedLabels(BaseGraph):
+    """Mixed into a ``transitions`` graph class: travelled transitions get their step numbers."""
+
+    def _transition_label(self, tran: dict[str, str]) -> str:
+        label = super()._transition_label(tran)
+        numbers: _Numbers = getattr(self.machine, "step_numbers", {})
+        found = numbers.get((tran["trigger"], tran["source"], tran.get("dest", tran["source"])))
+        if not found:
+            return label
+        noun = "step" if len(found) == 1 else "steps"
+        return f"{label} ({noun} {', '.join(map(str, found))})"
+
+
+class _DiagramMachine(GraphMachine):
+    """A ``GraphMachine`` whose graphs number the travelled transitions, styled per engine."""
+
+    step_numbers: _Numbers
+
+    def _init_graphviz_engine(self, graph_engine: str) -> type[BaseGraph]:
+        base = super()._init_graphviz_engine(graph_engine)
+        name = base.__module__.rsplit("_", 1)[-1]  # diagrams_mermaid -> mermaid
+        if name != graph_engine:  # transitions falls back to mermaid when graphviz is missing
+            raise ModuleNotFoundError(
+                f"the {graph_engine!r} diagram engine needs the 'graphviz' Python package: "
+                "install the 'diagrams' extra (pip install 'multiconnector[diagrams]')",
+                name="graphviz",
+            )
+        return type(f"Numbered{base.__name__}", (_NumberedLabels, base), {})
+
+
+def _machine(engine: str, numbers: _Numbers) -> _DiagramMachine:
+    styles = _MERMAID_STYLES if engine == "mermaid" else _DOT_STYLES
+    cls = cast(
+        type[_DiagramMachine],
+        type("_Machine", (_DiagramMachine,), {"style_attributes": styles}),
+    )
+    machine = build_machine(
+        machine_cls=cls,
+        graph_engine=engine,
+        show_conditions=True,
+        show_state_attributes=False,
+        title=TITLE,
+    )
+    diagram_machine = cast(_DiagramMachine, machine)
+    diagram_machine.step_numbers = numbers
+    return diagram_machine
+
+
+# -- paths ---------------------------------------------------------------------------------------
+
+
+def _declared() -> frozenset[tuple[str, str, str]]:
+    markup = build_machine(machine_cls=GraphMachine, graph_engine="mermaid").markup
+    return frozenset(
+        (t["trigger"], t["source"], t.get("dest", t["source"])) for t in markup["transitions"]
+    )
+
+
+def _one_step(item: Any, where: str) -> Step:
+    if isinstance(item, Mapping):
+        try:
+            fields = [item["event"], item["source"], item["dest"], item.get("name")]
+        except KeyError as exc:
+            raise InvalidArgumentError(
+                f"{where}={shown(item)} must have the keys 'event', 'source', 'dest' "
+                f"(and optionally 'name'); {exc.args[0]!r} is missing"
+            ) from None
+    elif isinstance(item, Sequence) and not isinstance(item, str | bytes) and len(item) in (3, 4):
+        fields = [*item, None][:4]
+    else:
+        raise InvalidArgumentError(
+            f"{where}={shown(item)} must be a Step, an [event, source, dest, name] list "
+            "or a mapping with those keys"
+        )
+    event, source, dest, name = fields
+    for part, value in (("event", event), ("source", source), ("dest", dest)):
+        if not isinstance(value, str):
+            raise InvalidArgumentError(f"{where}.{part}={shown(value)} must be a str")
+    if name is not None and not isinstance(name, str):
+        raise InvalidArgumentError(f"{where}.name={shown(name)} must be a str or None")
+    known = {s.value for s in STATES}
+    for part, value in (("source", source), ("dest", dest)):
+        if value not in known:
+            raise InvalidArgumentError(
+                f"{where}.{part}={value!r} must be one of the states {sorted(known)}"
+            )
+    return Step(event, State(source), State(dest), name)
+
+
+def steps(path: Iterable[Any], argument: str = "path") -> tuple[Step, ...]:
+    """Check a request's path against the declaration and return it as :class:`Step` records.
+
+    Each item is a :class:`~multiconnector.Step`, an ``[event, source, dest, name]`` list (as
+    ``json.dumps(record.history)`` writes it; ``name`` may be left out) or a mapping with those
+    keys. Every step must be a declared transition and start where the previous one ended; the
+    first starts in the initial state. Raises :class:`~multiconnector.InvalidArgumentError`
+    naming the offending step otherwise.
+
+    >>> (one,) = steps([["request_finished", "pending", "finished", None]])
+    >>> one.dest, one.name
+    (<State.finished: 'finished'>, None)
+
+    .. versionadded:: 0.1.0
+    """
+    if isinstance(path, str | bytes | Mapping) or not isinstance(path, Iterable):
+        raise InvalidArgumentError(f"{argument}={shown(path)} must be an iterable of steps")
+    declared = _declared()
+    result: list[Step] = []
+    at = INITIAL
+    for index, item in enumerate(path):
+        where = f"{argument}[{index}]"
+        one = _one_step(item, where)
+        if (one.event, one.source.value, one.dest.value) not in declared:
+            raise InvalidArgumentError(
+                f"{where}={list(one)!r} is not a transition of the machine: no {one.event!r} "
+                f"leads from {one.source.value!r} to {one.dest.value!r}"
+            )
+        if one.source is not at:
+            raise InvalidArgumentError(
+                f"{where}={list(one)!r} must start in {at.value!r}, where "
+                + ("every request starts" if index == 0 else "the previous step ended")
+            )
+        result.append(one)
+        at = one.dest
+    return tuple(result)
+
+
+def _looks_like_path(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(item, list | Mapping) and not isinstance(item, str) for item in value
+    )
+
+
+def _collect(data: Any, key: str | None, found: dict[str, Any]) -> None:
+    """Every ``{"path": [...]}`` object in ``data``, keyed by its request id."""
+    if isinstance(data, Mapping):
+        if "path" in data and _looks_like_path(data["path"]):
+            rid = next(
+                (str(data[k]) for k in ("request_id", "request", "id") if k in data), key or "?"
+            )
+            found.setdefault(rid, data["path"])
+            return
+        for k, v in data.items():
+            _collect(v, str(k), found)
+    elif isinstance(data, list) and not _looks_like_path(data):
+        for i, v in enumerate(data):
+            _collect(v, f"{key}[{i}]" if key else str(i), found)
+
+
+def find_path(data: Any, request: str | None = None) -> tuple[str | None, tuple[Step, ...]]:
+    """The request id and checked steps of one path in parsed JSON.
+
+    ``data`` is either a plain list of steps (``json.dumps(record.history)``) or a JSON document
+    holding objects with a ``"path"`` list, such as the report of ``multiconnector check
+    --json``; objects name their request with ``"request_id"``, ``"request"`` or ``"id"``, or by
+    the key they are stored under. ``request`` picks one when there are several.
+
+    .. versionadded:: 0.1.0
+    """
+    if request is not None and not isinstance(request, str):
+        raise InvalidArgumentError(f"request={shown(request)} must be a str or None")
+    if _looks_like_path(data):
+        if request is not None:
+            raise InvalidArgumentError(
+                f"request={request!r} cannot be chosen: the data is a single path"
+            )
+        return None, steps(data)
+    found: dict[str, Any] = {}
+    _collect(data, None, found)
+    if not found:
+        raise InvalidArgumentError(
+            f"data={shown(data)} must be a list of steps or hold objects with a 'path' list"
+        )
+    if request is None:
+        if len(found) > 1:
+            raise InvalidArgumentError(
+                f"request=None is ambiguous: the data holds paths of {sorted(found)}; pick one"
+            )
+        request = next(iter(found))
+    if request not in found:
+        raise InvalidArgumentError(
+            f"request={request!r} must be one of the requests with a path: {sorted(found)}"
+        )
+    return request, steps(found[request], f"path of {request!r}")
+
+
+def read_path(
+    file: str | os.PathLike[str], request: str | None = None
+) -> tuple[str | None, tuple[Step, ...]]:
+    """:func:`find_path` on a JSON file (``"-"``: standard input)."""
+    if os.fspath(file) == "-":
+        text = sys.stdin.read()
+    else:
+        with open(file, encoding="utf-8") as fh:
+            text = fh.read()
+    return find_path(json.loads(text), request)
+
+
+# -- rendering -----------------------------------------------------------------------------------
+
+
+def _graph(engine: str, path: tuple[Step, ...] | None) -> Any:
+    numbers: _Numbers = {}
+    for number, one in enumerate(path or (), start=1):
+        numbers.setdefault((one.event, one.source.value, one.dest.value), []).append(number)
+    machine = _machine(engine, numbers)
+    graph = machine.graph_cls(machine)
+    for state in STATES:
+        if state in TERMINAL:
+            graph.set_node_style(state.value, "terminal")
+    if path is not None:
+        final = path[-1].dest if path else INITIAL
+        for state in {INITIAL, *(s.dest for s in path)}:
+            graph.set_node_style(state.value, "final" if state is final else "visited")
+        edges = cast(Any, graph).custom_styles["edge"]
+        for one in path:
+            edges[one.source.value][one.dest.value] = "visited"
+    return graph.get_graph(title=TITLE)
+
+
+def _mermaid(path: tuple[Step, ...] | None, title: str) -> str:
+    lines = _graph("mermaid", path).source.splitlines()
+    # transitions writes the title as bare front matter; mermaid wants YAML with a `title` key.
+    if lines[:3] == ["---", TITLE, "---"]:
+        lines[1] = f"title: {json.dumps(title)}"
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def _dot_graph(path: tuple[Step, ...] | None, title: str) -> Any:
+    graph = _graph("graphviz", path)
+    # The initial state's marker, as mermaid draws it with `[*] --> pending`.
+    graph.node("__initial__", label="", shape="point", width="0.15", fillcolor="black")
+    graph.edge("__initial__", INITIAL.value)
+    graph.name = title
+    graph.graph_attr["label"] = title
+    return graph
+
+
+def _svg(path: tuple[Step, ...] | None, title: str) -> str:
+    svg: str = _dot_graph(path, title).pipe(format="svg", encoding="utf-8")
+    return svg
+
+
+def _cell(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "'")
+
+
+def _guard_text(tran: Mapping[str, Any]) -> str:
+    parts = [f"`{g}`" for g in tran.get("conditions", [])]
+    parts += [f"not `{g}`" for g in tran.get("unless", [])]
+    return " and ".join(parts) or "—"
+
+
+def _markdown(path: tuple[Step, ...] | None, title: str, request: str | None) -> str:
+    markup = build_machine(machine_cls=GraphMachine, graph_engine="mermaid").markup
+    out: list[str] = []
+    if path is None:
+        out += [
+            "# The request transfer machine",
+            "",
+            "Generated from the declaration in `multiconnector/machine.py` by",
+            "`multiconnector diagram --format md`. Do not edit: run `make docs-diagrams`.",
+        ]
+    else:
+        who = "a request" if request is None else f"request `{_cell(request)}`"
+        final = path[-1].dest if path else INITIAL
+        out += [
+            f"# The path of {who}",
+            "",
+            f"{len(path)} step(s), ending in `{final.value}`. Travelled transitions carry their",
+            "step numbers; visited states are blue, the final state is amber.",
+        ]
+    out += ["", "```mermaid", _mermaid(path, title).rstrip("\n"), "```", ""]
+    if path is not None:
+        out += ["| step | event | from | to | connector |", "| --- | --- | --- | --- | --- |"]
+        for number, one in enumerate(path, start=1):
+            name = "—" if one.name is None else f"`{_cell(one.name)}`"
+            out.append(
+                f"| {number} | `{one.event}` | `{one.source.value}` | `{one.dest.value}` | {name} |"
+            )
+        return "\n".join(out) + "\n"
+    order = {s.value: i for i, s in enumerate(STATES)}
+    rows = sorted(markup["transitions"], key=lambda t: order[t["source"]])
+    out += ["| state | event | guard | next state |", "| --- | --- | --- | --- |"]
+    for tran in rows:
+        dest = tran.get("dest", tran["source"])
+        shown_dest = f"`{dest}` (stays)" if dest == tran["source"] else f"`{dest}`"
+        out.append(
+            f"| `{tran['source']}` | `{tran['trigger']}` | {_guard_text(tran)} | {shown_dest} |"
+        )
+    for state in STATES:
+        if state in TERMINAL:
+            out.append(f"| `{state.value}` | any | — | terminal: the event is ignored |")
+    guards = sorted({g for t in rows for g in [*t.get("conditions", []), *t.get("unless", [])]})
+    if guards:
+        out += [
+            "",
+            "Guards, methods of `RequestTransferState` called with the event's argument:",
+            "",
+        ]
+        for name in guards:
+            doc = (getattr(RequestTransferState, name).__doc__ or "").strip().splitlines()[0]
+            out.append(f"- `{name}`: {doc}")
+    out += [
+        "",
+        f"The initial state is `{INITIAL.value}`. Only events in this table change a request;",
+        "any other event for it is ignored with an `Outcome` naming the rule.",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def render(
+    fmt: str = "mermaid",
+    *,
+    path: Iterable[Any] | None = None,
+    title: str | None = None,
+    request: str | None = None,
+) -> str:
+    """The machine in ``fmt`` (one of :data:`FORMATS`), optionally with a request's path marked.
+
+    ``path`` is a request's steps, in any form :func:`steps` accepts (its recorded ``history``,
+    say): visited states and travelled transitions are marked and numbered, and the state it ended
+    in is highlighted. ``title`` replaces the diagram's title; ``request`` names the request in
+    the default title of a path. ``svg`` needs Graphviz's ``dot`` program, ``dot`` and ``svg``
+    the ``graphviz`` Python package.
+
+    >>> from multiconnector import ConnectorRegistry, MultiConnector
+    >>> class Saver:
+    ...     def request_finished(self, request_id, blocks):
+    ...         return True, None
+    >>> mc = MultiConnector(ConnectorRegistry({"disk": Saver()}), trace=True)
+    >>> mc.begin("r1"); _ = mc.request_finished("r1"); _ = mc.transfer_finished("r1", "disk")
+    >>> (record,) = mc.take()
+    >>> text = render("mermaid", path=record.history, request="r1")
+    >>> "Class finished s_final" in text and "(step 2)" in text
+    True
+
+    .. versionadded:: 0.1.0
+    """
+    if not isinstance(fmt, str) or fmt not in FORMATS:
+        raise InvalidArgumentError(f"fmt={shown(fmt)} must be one of {', '.join(FORMATS)}")
+    for argument, value in (("title", title), ("request", request)):
+        if value is not None and not isinstance(value, str):
+            raise InvalidArgumentError(f"{argument}={shown(value)} must be a str or None")
+    checked = None if path is None else steps(path)
+    if title is None:
+        if checked is None:
+            title = TITLE
+        else:
+            title = f"{TITLE}: path of {request}" if request is not None else f"{TITLE}: a path"
+    if fmt == "mermaid":
+        return _mermaid(checked, title)
+    if fmt == "md":
+        return _markdown(checked, title, request)
+    if fmt == "dot":
+        source: str = _dot_graph(checked, title).source
+        return source
+    return _svg(checked, title)
+
+
+# -- command -------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="multiconnector diagram",
+        description="Draw the request transfer state machine from its declaration.",
+    )
+    parser.add_argument("--format", choices=FORMATS, default="mermaid", help="default: mermaid")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("-o", "--output", metavar="FILE", help="write here, not to stdout")
+    where.add_argument(
+        "--all",
+        metavar="DIR",
+        help=f"write every committed diagram ({', '.join(GENERATED)}) into DIR",
+    )
+    parser.add_argument(
+        "--path",
+        metavar="FILE",
+        help="JSON with a request's path to mark: a list of [event, source, dest, name] steps "
+        "(json.dumps of a traced history) or the report of 'multiconnector check --json' "
+        "('-': stdin)",
+    )
+    parser.add_argument("--request", metavar="ID", help="the request whose path to draw")
+    parser.add_argument("--title", help="the diagram's title")
+    return parser
+
+
+def _write(file: str, text: str) -> None:
+    with open(file, "w", encoding="utf-8", newline="\n") as fh:
+        fh.write(text)
+
+
+def run_cli(argv: Sequence[str]) -> int:
+    """``multiconnector diagram``; returns 0, 1 when rendering failed, 2 for bad arguments."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as exc:  # argparse's own exit: 0 for --help, 2 for bad arguments
+        return exc.code if isinstance(exc.code, int) else 2
+    if args.all is not None and (args.path is not None or args.request is not None):
+        parser.print_usage(sys.stderr)
+        print("multiconnector diagram: --all draws the machine only, not a path", file=sys.stderr)
+        return 2
+    if args.request is not None and args.path is None:
+        parser.print_usage(sys.stderr)
+        print("multiconnector diagram: --request needs --path", file=sys.stderr)
+        return 2
+    path: tuple[Step, ...] | None = None
+    request = None
+    if args.path is not None:
+        try:
+            request, path = read_path(args.path, args.request)
+        except (OSError, ValueError, InvalidArgumentError) as exc:
+            print(f"multiconnector diagram: --path {args.path}: {exc}", file=sys.stderr)
+            return 2
+    try:
+        if args.all is not None:
+            os.makedirs(args.all, exist_ok=True)
+            for name, fmt in GENERATED.items():
+                _write(os.path.join(args.all, name), render(fmt, title=args.title))
+            return 0
+        text = render(args.format, path=path, title=args.title, request=request)
+    except ModuleNotFoundError as exc:
+        print(f"multiconnector diagram: {exc}", file=sys.stderr)
+        return 1
+    except (RuntimeError, subprocess.CalledProcessError) as exc:  # no `dot`, or it failed
+        print(
+            f"multiconnector diagram: {exc}\n(the svg format needs Graphviz's `dot` on PATH; "
+            "'make system' or 'apt-get install graphviz' installs it)",
+            file=sys.stderr,
+        )
+        return 1
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        _write(args.output, text)
+    return 0
