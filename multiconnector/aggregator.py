@@ -40,7 +40,7 @@ from .errors import (
     KeyClashError,
     UnknownRequestError,
 )
-from .machine import TERMINAL, RequestTransferState, State, Step, step
+from .machine import DECISIONS, TERMINAL, RequestTransferState, State, Step, step
 from .outcome import Outcome
 from .params import merge_transfer_params
 from .registry import Connector, ConnectorRegistry, Entry
@@ -55,6 +55,11 @@ _FINISHED: Final = State.finished
 _CANCELLED: Final = State.cancelled
 #: Counter key for events that concern a request, not a connector.
 _NO_NAME: Final = None
+# The hot events' compiled decisions (see machine.DECISIONS): one dict lookup and one guard call.
+_ON_REQUEST_FINISHED: Final = DECISIONS["request_finished"]
+_ON_TRANSFER_FINISHED: Final = DECISIONS["transfer_finished"]
+#: Distinct name tuples kept for sharing (awaiting sets are few; requests are many).
+_INTERN_LIMIT: Final = 4096
 
 
 @final
@@ -89,11 +94,14 @@ class MultiConnector:
         "_allow_equal",
         "_counts",
         "_done",
+        "_interned",
         "_locks",
         "_mask",
+        "_ready_names",
         "_registry",
         "_requests",
         "_trace",
+        "_without",
     )
 
     def __init__(
@@ -129,6 +137,12 @@ class MultiConnector:
         self._counts: tuple[dict[tuple[Outcome, str | None], int], ...] = tuple(
             {} for _ in range(stripes)
         )
+        # Name tuples shared by every request with the same awaited set (memory), and each
+        # tuple's "minus one name" successors (time): both small, both capped.
+        self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._without: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}
+        # The names of a ready snapshot, for the common "every ready connector saves".
+        self._ready_names: tuple[tuple[Entry, ...], tuple[str, ...]] = ((), ())
         registry.subscribe(self._connector_gone)
 
     # -- connectors ----------------------------------------------------------------------------
@@ -207,21 +221,43 @@ class MultiConnector:
             bad_request_id(request_id)
         if type(blocks) is not list and type(blocks) is not tuple:
             check_blocks(blocks)
-        index = hash(request_id) & self._mask
-        lock = self._locks[index]
-        with lock:
-            record = self._requests.get(request_id)
-            refused = self._refuse_finish(record)
-            if refused is not None:
+        # The hot path: decisions (machine.DECISIONS), the common merge and the counters inlined,
+        # one lock round for the update. A first look at the state, without the lock, spares the
+        # connectors a refused request: reading one attribute is atomic, and the update decides
+        # again under the lock.
+        requests = self._requests
+        record = requests.get(request_id)
+        refused: Outcome | None = None
+        if record is None:
+            refused = Outcome.unknown_request
+        else:
+            decision = _ON_REQUEST_FINISHED.get(record.state)
+            if decision is None:
+                dest = step(record, "request_finished", ())
+            else:
+                guard, yes, no = decision
+                dest = yes if guard is None or guard(record, ()) else no
+            if dest is None:
+                refused = self._refuse_finish(record)
+        if refused is not None:
+            index = hash(request_id) & self._mask
+            with self._locks[index]:
                 self._count(index, refused, _NO_NAME)
-                self._log_ignored("request_finished", request_id, None, refused)
-                return refused, None
+            self._log_ignored("request_finished", request_id, None, refused)
+            return refused, None
         assert record is not None
+        registry = self._registry
+        ready = registry.ready_entries()
         savers: list[Entry] = []
-        contributions: list[tuple[str, Any]] = []
+        answered: list[tuple[Entry, Any]] = []
         errors: list[Exception] = []
         failed: list[str] = []
-        for entry in self._registry.ready_entries():
+        # merge_transfer_params' result for plain dicts with str keys and no clash, built as we
+        # go; anything else (``plain`` false) goes to merge_transfer_params itself.
+        merged: dict[str, Any] | None = None
+        supplied = 0
+        plain = True
+        for entry in ready:
             try:
                 saves, params = entry.request_finished(request_id, blocks)  # type: ignore[misc]
                 if saves is not True and saves is not False:
@@ -234,19 +270,80 @@ class MultiConnector:
                 continue
             if saves:
                 savers.append(entry)
-            contributions.append((entry.name, params))
-        merged: dict[str, Any] | None = None
-        try:
-            merged = merge_transfer_params(contributions, allow_equal=self._allow_equal)
-        except (KeyClashError, InvalidParamsError) as exc:
-            errors.append(exc)
-        registry = self._registry
-        with lock:
-            if self._requests.get(request_id) is not record:
+            answered.append((entry, params))
+            if params is None:
+                continue
+            if params.__class__ is not dict:
+                plain = False
+            elif merged is None:
+                merged = params.copy()
+                supplied = len(params)
+            else:
+                merged.update(params)
+                supplied += len(params)
+        if merged is not None and plain:
+            if len(merged) != supplied:
+                plain = False  # a key supplied twice
+            else:
+                for param in merged:
+                    if param.__class__ is not str:
+                        plain = False
+                        break
+        if not plain:
+            merged = None
+            try:
+                merged = merge_transfer_params(
+                    [(e.name, p) for e, p in answered], allow_equal=self._allow_equal
+                )
+            except (KeyClashError, InvalidParamsError) as exc:
+                errors.append(exc)
+        index = hash(request_id) & self._mask
+        with self._locks[index]:
+            if requests.get(request_id) is not record:
                 outcome = Outcome.unknown_request  # cancelled and taken while we asked
             else:
-                outcome = self._apply_finish(record, savers, registry, merged)
-            self._count(index, outcome, _NO_NAME)
+                # A saver unregistered while we asked it can never report: abandoned at once.
+                # While the registry publishes the snapshot we asked (every change publishes a
+                # new one), every saver is still registered.
+                if registry.ready_entries() is not ready:
+                    awaited = self._intern(
+                        tuple([e.name for e in savers if registry.entry(e.name) is e])
+                    )
+                elif len(savers) != len(ready):
+                    awaited = self._intern(tuple([e.name for e in savers]))
+                else:
+                    cached = self._ready_names
+                    if cached[0] is ready:
+                        awaited = cached[1]
+                    else:
+                        awaited = self._intern(tuple([e.name for e in ready]))
+                        self._ready_names = (ready, awaited)
+                decision = _ON_REQUEST_FINISHED.get(record.state)
+                if decision is None:
+                    dest = step(record, "request_finished", awaited)
+                else:
+                    guard, yes, no = decision
+                    dest = yes if guard is None or guard(record, awaited) else no
+                if dest is None:
+                    refused = self._refuse_finish(record)
+                    assert refused is not None
+                    outcome = refused
+                else:
+                    outcome = _APPLIED
+                    source = record.state
+                    record.state = dest
+                    if record.history is not None:
+                        record.history.append(Step("request_finished", source, dest, None))
+                    if dest is not source and dest in TERMINAL:
+                        self._done.append(record)
+                    record.awaiting = record.expected = awaited
+                    if len(awaited) != len(savers):
+                        record.expected = self._intern(tuple([e.name for e in savers]))
+                        record.abandoned = tuple([n for n in record.expected if n not in awaited])
+                    record.params = merged
+            counts = self._counts[index]
+            key = (outcome, _NO_NAME)
+            counts[key] = counts.get(key, 0) + 1
         result = (outcome, merged if outcome is _APPLIED else None)
         if errors:
             if len(errors) == 1 and not failed:
@@ -259,34 +356,26 @@ class MultiConnector:
             )
         return result
 
-    def _refuse_finish(self, record: RequestTransferState | None) -> Outcome | None:
-        if record is None:
-            return Outcome.unknown_request
+    def _refuse_finish(self, record: RequestTransferState) -> Outcome | None:
         if step(record, "request_finished", ()) is not None:
             return None
         return Outcome.terminal if record.state in TERMINAL else Outcome.duplicate
 
-    def _apply_finish(
-        self,
-        record: RequestTransferState,
-        savers: list[Entry],
-        registry: ConnectorRegistry,
-        merged: dict[str, Any] | None,
-    ) -> Outcome:
-        # A saver unregistered while we asked it can never report: abandoned at once.
-        awaited = tuple(e.name for e in savers if registry.entry(e.name) is e)
-        dest = step(record, "request_finished", awaited)
-        if dest is None:
-            refused = self._refuse_finish(record)
-            assert refused is not None
-            return refused
-        self._transition(record, "request_finished", dest, None)
-        record.awaiting = record.expected = awaited
-        if len(awaited) != len(savers):
-            record.expected = tuple(e.name for e in savers)
-            record.abandoned = tuple(n for n in record.expected if n not in awaited)
-        record.params = merged
-        return _APPLIED
+    def _intern(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """The shared tuple equal to ``names`` (``names`` itself when new or when full)."""
+        shared = self._interned.get(names)
+        if shared is not None:
+            return shared
+        if len(self._interned) < _INTERN_LIMIT:
+            return self._interned.setdefault(names, names)
+        return names
+
+    def _minus(self, awaiting: tuple[str, ...], name: str) -> tuple[str, ...]:
+        """``awaiting`` without ``name``, shared, remembered for the next request."""
+        rest = self._intern(tuple([n for n in awaiting if n != name]))
+        if len(self._without) < _INTERN_LIMIT:
+            self._without.setdefault(awaiting, {})[name] = rest
+        return rest
 
     def transfer_finished(self, request_id: str, name: str, blocks: Sequence[int] = ()) -> Outcome:
         """Connector ``name`` reports that it finished saving ``request_id``'s KV.
@@ -312,14 +401,31 @@ class MultiConnector:
                 outcome = Outcome.unknown_request
             else:
                 awaiting = record.awaiting
-                dest = step(record, "transfer_finished", name) if name in awaiting else None
+                dest = None
+                if name in awaiting:
+                    # Inlined `step(record, "transfer_finished", name)`: see machine.DECISIONS.
+                    decision = _ON_TRANSFER_FINISHED.get(record.state)
+                    if decision is None:
+                        dest = step(record, "transfer_finished", name)
+                    else:
+                        guard, yes, no = decision
+                        dest = yes if guard is None or guard(record, name) else no
                 if dest is None:
                     outcome = self._classify(record, name)
                 else:
                     outcome = _APPLIED
-                    self._transition(record, "transfer_finished", dest, name)
-                    record.awaiting = tuple([n for n in awaiting if n != name])
-            self._count(index, outcome, name)
+                    source = record.state
+                    record.state = dest
+                    if record.history is not None:
+                        record.history.append(Step("transfer_finished", source, dest, name))
+                    if dest is not source and dest in TERMINAL:
+                        self._done.append(record)
+                    following = self._without.get(awaiting)
+                    rest = None if following is None else following.get(name)
+                    record.awaiting = self._minus(awaiting, name) if rest is None else rest
+            counts = self._counts[index]
+            key = (outcome, name)
+            counts[key] = counts.get(key, 0) + 1
         if outcome is not _APPLIED:
             self._log_ignored("transfer_finished", request_id, name, outcome)
             return outcome

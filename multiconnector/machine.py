@@ -30,11 +30,13 @@ import attrs
 from transitions import Machine
 
 __all__ = [
+    "DECISIONS",
     "EVENTS",
     "STATES",
     "TABLE",
     "TERMINAL",
     "TRANSITIONS",
+    "Decision",
     "RequestTransferState",
     "State",
     "Step",
@@ -211,6 +213,41 @@ def step(record: RequestTransferState, event: str, arg: Any) -> State | None:
         if guard is None or guard(record, arg) is want:
             return dest
     return None
+
+
+#: ``(guard, dest when it holds, dest otherwise)``; a ``None`` guard always holds, a ``None``
+#: destination means "no transition". The hot path's form of a (state, event) entry of TABLE.
+Decision = tuple[Guard | None, State | None, State | None]
+
+
+def _decision(candidates: tuple[Compiled, ...]) -> Decision | None:
+    """One guard call instead of a walk, when the candidates allow it; ``None`` when not."""
+    if not candidates:
+        return None, None, None
+    guard, want, dest = candidates[0]
+    if guard is None:
+        return None, dest, None
+    if len(candidates) == 1:
+        return (guard, dest, None) if want else (guard, None, dest)
+    other, other_want, other_dest = candidates[1]
+    # The second candidate takes exactly the cases the first refuses: later ones never run.
+    if other is None or (other is guard and other_want is not want):
+        return (guard, dest, other_dest) if want else (guard, other_dest, dest)
+    return None
+
+
+#: ``DECISIONS[event][state]``: TABLE specialised per event, for the aggregator's hot path, which
+#: evaluates ``yes if guard is None or guard(record, arg) else no`` instead of calling
+#: :func:`step`. Derived from TABLE, so from TRANSITIONS; a (state, event) pair whose candidates
+#: need a walk is left out, and callers fall back to :func:`step` for it. Guards return ``bool``.
+DECISIONS: Final[Mapping[str, Mapping[State, Decision]]] = {
+    event: {
+        state: decision
+        for state in STATES
+        if (decision := _decision(TABLE[state].get(event, ()))) is not None
+    }
+    for event in EVENTS
+}
 
 
 def build_machine(**kwargs: Any) -> Machine:
