@@ -240,8 +240,10 @@ def steps(path: Iterable[Any], argument: str = "path") -> tuple[Step, ...]:
 
 
 def _looks_like_path(value: Any) -> bool:
+    """A list of ``[event, source, dest, name]`` lists or of mappings with an ``"event"``."""
     return isinstance(value, list) and all(
-        isinstance(item, list | Mapping) and not isinstance(item, str) for item in value
+        isinstance(item, list) or (isinstance(item, Mapping) and "event" in item)
+        for item in value
     )
 
 
@@ -255,7 +257,12 @@ def _collect(data: Any, key: str | None, found: dict[str, Any]) -> None:
             found.setdefault(rid, data["path"])
             return
         for k, v in data.items():
-            _collect(v, str(k), found)
+            if k == "paths" and isinstance(v, Mapping):  # {"paths": {request id: [steps]}}
+                for rid, path in v.items():
+                    if _looks_like_path(path):
+                        found.setdefault(str(rid), path)
+            else:
+                _collect(v, str(k), found)
     elif isinstance(data, list) and not _looks_like_path(data):
         for i, v in enumerate(data):
             _collect(v, f"{key}[{i}]" if key else str(i), found)
@@ -265,9 +272,10 @@ def find_path(data: Any, request: str | None = None) -> tuple[str | None, tuple[
     """The request id and checked steps of one path in parsed JSON.
 
     ``data`` is either a plain list of steps (``json.dumps(record.history)``) or a JSON document
-    holding objects with a ``"path"`` list, such as the report of ``multiconnector check
-    --json``; objects name their request with ``"request_id"``, ``"request"`` or ``"id"``, or by
-    the key they are stored under. ``request`` picks one when there are several.
+    holding objects with a ``"path"`` list, or ``"paths"`` mappings of request id to steps, such
+    as the report of ``multiconnector check --json``. An object with a ``"path"`` names its
+    request with ``"request_id"``, ``"request"`` or ``"id"``, or by the key it is stored under.
+    ``request`` picks one when there are several; the first found wins for a repeated id.
 
     .. versionadded:: 0.1.0
     """
