@@ -7,7 +7,7 @@ SETUP   := $(VENV)/.setup-done
 VLLM    := $(VENV)/.vllm-done
 BUILD   := build
 
-.PHONY: setup system vllm run demo test test-deep lint check diagrams docs bench clean
+.PHONY: setup system vllm run demo test test-deep lint check diagrams docs-diagrams docs bench clean
 
 ## setup: the virtual environment with the package (editable) and its dev, docs extras
 $(SETUP): pyproject.toml
@@ -60,6 +60,10 @@ diagrams: setup
 	$(VENV)/bin/multiconnector diagram --format dot -o $(BUILD)/machine.dot
 	$(VENV)/bin/multiconnector diagram --format svg -o $(BUILD)/machine.svg
 	$(VENV)/bin/multiconnector diagram --format md -o $(BUILD)/machine.md
+
+## docs-diagrams: rewrite the committed diagrams in docs/generated/ (a test checks they are fresh)
+docs-diagrams: setup
+	$(VENV)/bin/multiconnector diagram --all docs/generated
 
 ## docs: the documentation site, warnings are errors
 docs: setup
