@@ -1,0 +1,874 @@
+"""The simulated serving workload: a scheduler loop over a KV block pool, with injected faults.
+
+One seeded generator draws everything: arrivals, request sizes, which connectors save, latencies,
+cancellations and faults. Events sit in one heap ordered by simulated time (integer ticks) and
+sequence number, so a run is a pure function of its configuration when ``threads == 1``.
+
+With ``threads > 1`` the scheduler (this module's main loop) still makes every decision, but the
+connectors' reports — and registry changes — are delivered by worker threads, racing with the
+scheduler's ``request_finished``, ``cancel`` and ``take``. Reports about one request always go to
+the same worker, in the order they were made; that is the order a real connector's messages about
+one request arrive in. Runs are then no longer reproducible, but every invariant must still hold.
+
+The scheduler acts only on what a real caller knows: what the library returns, the reports it
+relays, and the connectors it shut down itself. In particular a request handed back as
+``cancelled`` may still have saves (its ``awaiting``) or a load (its ``loader`` without
+``loaded``) in flight; the scheduler frees its blocks only once those reports arrived or their
+connector was shut down. The block pool then checks that against the simulated connectors'
+own ledgers (see :mod:`multiconnector._pool`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Final, final
+
+import attrs
+
+from ._pool import BlockPool, Violations
+from ._simconnector import SimCache, SimConnector
+from ._validate import shown
+from .aggregator import MultiConnector
+from .errors import ConnectorFailures, InvalidArgumentError, KeyClashError
+from .machine import State
+from .outcome import Outcome
+from .registry import ConnectorRegistry
+
+__all__ = [
+    "CONNECTORS",
+    "FAULT_KINDS",
+    "SimRequest",
+    "Simulation",
+    "SimulationConfig",
+    "SimulationResult",
+]
+
+#: The fault kinds ``--faults`` picks from, and what each injects.
+FAULT_KINDS: Final[dict[str, str]] = {
+    "raise": "a connector raises in request_finished, or in its on_finished callback",
+    "duplicate": "a save or load report, request_finished or cancel delivered twice",
+    "late": "reports after the request was handed back, request_finished after a cancel, "
+    "reports from a connector after its shutdown",
+    "phantom": "a ready connector reports a save or load it never committed to",
+    "unknown": "reports from a name never registered and from the not-ready connector, "
+    "reports for a request never begun",
+    "unregister": "a connector shut down and unregistered mid-run, registered again later",
+    "clash": "pd@0 and pd@1 both supply the params key remote_engine_id",
+}
+
+#: The connectors, in registration order: ``None`` is one whose start failed.
+CONNECTORS: Final[tuple[str, ...]] = ("cache", "pd@0", "pd@1", "nixl")
+_NOT_READY: Final = "nixl"
+_SAVERS: Final = ("cache", "pd@0", "pd@1")
+_GHOST: Final = "ghost"
+
+_APPLIED: Final = Outcome.applied
+#: What a report a connector really made may meet: applied, or refused because the request was
+#: cancelled (and maybe already handed back) or its connector unregistered meanwhile.
+_GENUINE_SAVE: Final = frozenset(
+    {Outcome.applied, Outcome.terminal, Outcome.unknown_request, Outcome.unregistered}
+)
+_GENUINE_LOAD: Final = frozenset({Outcome.applied, Outcome.terminal, Outcome.unknown_request})
+
+# Scheduler events (heap entries are (tick, sequence, kind, payload)).
+_SEND, _FINISH, _CANCEL, _UNREGISTER, _REGISTER = range(5)
+# Deliveries, made by the scheduler (threads == 1) or a worker thread.
+_D_SAVE, _D_LOAD, _D_REPORT, _D_LOAD_REPORT, _D_UNREGISTER, _D_REGISTER = range(6)
+
+#: Simulated time: mean ticks between arrivals, decode length, transfer latencies.
+_ARRIVAL_RATE: Final = 2.0
+_DECODE: Final = (5, 60)
+_SAVE_MEAN: Final = 8.0
+_LOAD: Final = (1, 20)
+_LATE_AFTER: Final = 400
+_DOWN_FOR: Final = (20, 200)
+_MAX_BLOCKS: Final = 32
+
+
+def _check_rate(value: Any, argument: str) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1:
+        return float(value)
+    raise InvalidArgumentError(f"{argument}={shown(value)} must be a number from 0 to 1")
+
+
+def _check_count(value: Any, argument: str, minimum: int) -> None:
+    if type(value) is not int or value < minimum:
+        raise InvalidArgumentError(f"{argument}={shown(value)} must be an int >= {minimum}")
+
+
+def _check_faults(value: Any) -> frozenset[str]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise InvalidArgumentError(
+            f"faults={shown(value)} must be a collection of fault kinds ({', '.join(FAULT_KINDS)})"
+        )
+    kinds = frozenset(value)
+    unknown = sorted(k for k in kinds if k not in FAULT_KINDS)
+    if unknown:
+        raise InvalidArgumentError(
+            f"faults={shown(value)} has unknown kind(s) {unknown}; "
+            f"must be among {', '.join(FAULT_KINDS)}"
+        )
+    return kinds
+
+
+@final
+@attrs.frozen(kw_only=True)
+class SimulationConfig:
+    """What to simulate. Every field is checked: a bad one raises ``InvalidArgumentError``.
+
+    ``fault_rate`` is the probability, per request and per fault kind, that the fault is injected
+    (connectors are unregistered ten times less often); ``cancel_rate`` the probability that the
+    scheduler cancels a request at a random moment of its life; ``blocks`` the pool's size.
+    """
+
+    requests: int = 100_000
+    seed: int = 0
+    threads: int = 1
+    faults: frozenset[str] = attrs.field(default=frozenset(FAULT_KINDS), converter=_check_faults)
+    fault_rate: float = attrs.field(default=0.02)
+    cancel_rate: float = attrs.field(default=0.05)
+    blocks: int = 4096
+
+    def __attrs_post_init__(self) -> None:
+        _check_count(self.requests, "requests", 0)
+        if type(self.seed) is not int:
+            raise InvalidArgumentError(f"seed={shown(self.seed)} must be an int")
+        _check_count(self.threads, "threads", 1)
+        _check_count(self.blocks, "blocks", _MAX_BLOCKS)
+        _check_rate(self.fault_rate, "fault_rate")
+        _check_rate(self.cancel_rate, "cancel_rate")
+
+    def to_json(self) -> dict[str, Any]:
+        out = attrs.asdict(self)
+        out["faults"] = sorted(self.faults)
+        return out
+
+
+@final
+class SimRequest:
+    """The scheduler's view of one request, and the plan its connectors follow."""
+
+    __slots__ = (
+        "answers",
+        "blocks",
+        "cache_saves",
+        "callback_fail",
+        "cancel_applied",
+        "clash",
+        "committed",
+        "finish_epoch",
+        "handed_back",
+        "hits",
+        "index",
+        "load_epoch",
+        "loading",
+        "pd",
+        "pending",
+        "raised",
+        "raiser",
+        "rid",
+        "seen",
+    )
+
+    def __init__(self, index: int, blocks: list[int]) -> None:
+        self.index = index
+        self.rid = f"r{index}"
+        self.blocks = blocks
+        # The plan, drawn at admission.
+        self.hits = 0
+        self.cache_saves = False
+        self.pd = False
+        self.clash = False
+        self.raiser: str | None = None
+        self.callback_fail: str | None = None
+        # What happened: written by the connectors (ground truth) and the scheduler.
+        self.raised: str | None = None
+        self.loading = False
+        self.answers: list[tuple[str, dict[str, Any] | None]] = []
+        self.committed: list[str] = []
+        #: Reports relayed: saver names, and ``"load:" + name`` for a load.
+        self.seen: set[str] = set()
+        self.cancel_applied = False
+        self.handed_back = False
+        self.finish_epoch = -1
+        self.load_epoch = 0
+        self.pending: list[str] = []
+
+
+Tally = dict[tuple[str, str], int]
+
+
+@final
+@attrs.frozen(kw_only=True)
+class SimulationResult:
+    """Everything a run measured. ``ok`` is true when no invariant was broken."""
+
+    config: SimulationConfig
+    finished: int
+    cancelled: int
+    deferred_frees: int
+    outcomes: dict[str, int]
+    connector_outcomes: dict[str, dict[str, int]]
+    reports: dict[str, dict[str, int]]
+    simulator: dict[str, int]
+    faults: dict[str, int]
+    violations: dict[str, int]
+    examples: list[dict[str, str]]
+    early_frees: int
+    leaks: dict[str, int]
+    elapsed: float
+
+    @property
+    def events(self) -> int:
+        """Events the library counted: every request_finished, report, load report, cancel."""
+        return sum(self.outcomes.values())
+
+    @property
+    def events_per_second(self) -> float:
+        return self.events / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def violation_count(self) -> int:
+        return sum(self.violations.values())
+
+    @property
+    def ok(self) -> bool:
+        return self.violation_count == 0
+
+    def to_json(self) -> dict[str, Any]:
+        applied = self.outcomes.get(Outcome.applied.value, 0)
+        return {
+            "ok": self.ok,
+            "config": self.config.to_json(),
+            "requests": {
+                "total": self.config.requests,
+                "finished": self.finished,
+                "cancelled": self.cancelled,
+                "deferred_frees": self.deferred_frees,
+            },
+            "events": {
+                "total": self.events,
+                "applied": applied,
+                "ignored": {k: n for k, n in self.outcomes.items() if k != Outcome.applied.value},
+            },
+            "connectors": self.connector_outcomes,
+            "reports": self.reports,
+            "simulator": self.simulator,
+            "faults": self.faults,
+            "violations": {
+                "total": self.violation_count,
+                "by_kind": self.violations,
+                "examples": self.examples,
+            },
+            "early_frees": self.early_frees,
+            "leaks": self.leaks,
+            "elapsed_s": round(self.elapsed, 3),
+            "events_per_second": round(self.events_per_second),
+        }
+
+
+def _count(tally: Tally, category: str, what: str, n: int = 1) -> None:
+    key = (category, what)
+    tally[key] = tally.get(key, 0) + n
+
+
+@final
+class Simulation:
+    """One run. ``Simulation(config).run()`` returns a :class:`SimulationResult`.
+
+    ``on_progress(done, total)`` is called from the scheduler as requests are handed back.
+    """
+
+    def __init__(
+        self,
+        config: SimulationConfig,
+        *,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        if not isinstance(config, SimulationConfig):
+            raise InvalidArgumentError(f"config={shown(config)} must be a SimulationConfig")
+        self.config = config
+        self.on_progress = on_progress
+        rng = self.rng = random.Random(config.seed)
+        self.violations = Violations()
+        self.live: dict[str, SimRequest] = {}
+        self.pool = BlockPool(config.blocks, config.requests, self._owed, self.violations)
+        self.heap: list[tuple[int, int, int, Any]] = []
+        self._seq = itertools.count()
+        self.now = 0
+        self.admitted = 0
+        self.clock = rng.expovariate(_ARRIVAL_RATE)
+        #: When the load the cache just committed to will be done (set by _committed).
+        self.load_done = 0
+        self.next_size = rng.randint(1, _MAX_BLOCKS)
+        self.handed_back = 0
+        self.finished = 0
+        self.cancelled = 0
+        self.deferred: list[SimRequest] = []
+        self.deferred_frees = 0
+        #: Names in unregistration order, appended once each connector was shut down.
+        self.unregistered: list[str] = []
+        self.tally: Tally = {}
+        self.worker_tallies: list[Tally] = []
+        self.stats: dict[str, int] = dict.fromkeys(
+            (
+                "admission_waits",
+                "aborted_saves",
+                "aborted_loads",
+                "callback_failures",
+                "clashes",
+                "connector_failures",
+                "registrations",
+                "unregistrations",
+            ),
+            0,
+        )
+        self.faults: dict[str, int] = {kind: 0 for kind in FAULT_KINDS if kind in config.faults}
+        rate = config.fault_rate
+        self.p = {kind: (rate if kind in config.faults else 0.0) for kind in FAULT_KINDS}
+        # The connectors: ground truth lives in `instances` (every live registration).
+        self._ledger_lock = threading.Lock()
+        self.instances: tuple[SimConnector, ...] = ()
+        self.by_name: dict[str, SimConnector | None] = {}
+        self.up: list[str] = []
+        registry = ConnectorRegistry()
+        for name in CONNECTORS:
+            registry.register(name, self._new_connector(name))
+        self.mc = MultiConnector(registry)
+        threads = config.threads
+        self.threaded = threads > 1
+        self.batches: list[list[tuple[Any, ...]]] = [[] for _ in range(threads)]
+        self.queues: list[queue.Queue[list[tuple[Any, ...]] | None]] = []
+        self.workers: list[threading.Thread] = []
+
+    # -- connectors ----------------------------------------------------------------------------
+
+    def _new_connector(self, name: str) -> SimConnector | None:
+        connector: SimConnector | None = None
+        if name != _NOT_READY:
+            kind = SimCache if name == "cache" else SimConnector
+            connector = kind(name, self.live, self._committed)
+        if connector is not None:
+            with self._ledger_lock:
+                self.instances = (*self.instances, connector)
+        self.by_name[name] = connector
+        self.up.append(name)
+        self.stats["registrations"] += 1
+        return connector
+
+    def _owed(self, request_id: str) -> list[str]:
+        """Ground truth: which simulated connectors still owe a report for ``request_id``."""
+        owed = []
+        for connector in self.instances:
+            save, load = connector.owes(request_id)
+            if save:
+                owed.append(connector.name)
+            if load:
+                owed.append(f"{connector.name} (load)")
+        return owed
+
+    def _committed(self, connector: SimConnector, req: SimRequest, load: bool) -> None:
+        """A connector committed to a save or a load: schedule its report (and faults)."""
+        rng, p, now = self.rng, self.p, self.now
+        if load:
+            req.loading = True
+            done = now + rng.randint(*_LOAD)
+            dup = bool(p["duplicate"]) and rng.random() < p["duplicate"]
+            self._at(done, _SEND, (req.index, (_D_LOAD, connector, req, dup)))
+            self.load_done = done
+            if dup:
+                self.faults["duplicate"] += 1
+            return
+        done = now + 1 + int(rng.expovariate(1 / _SAVE_MEAN))
+        dup = bool(p["duplicate"]) and rng.random() < p["duplicate"]
+        if dup:
+            self.faults["duplicate"] += 1
+        if req.callback_fail == connector.name:
+            connector.fail_callbacks[req.rid] = None
+            self.faults["raise"] += 1
+        self._at(done, _SEND, (req.index, (_D_SAVE, connector, req, dup)))
+        if p["late"] and rng.random() < p["late"]:
+            self.faults["late"] += 1
+            item = (_D_REPORT, connector.name, req.rid, "late", req)
+            self._at(done + _LATE_AFTER, _SEND, (req.index, item))
+
+    # -- the scheduler -------------------------------------------------------------------------
+
+    def _at(self, tick: int, kind: int, payload: Any) -> None:
+        heapq.heappush(self.heap, (tick, next(self._seq), kind, payload))
+
+    def _admit(self) -> bool:
+        """Admit the next arrival if the pool has room for it."""
+        index = self.admitted
+        blocks = self.pool.allocate(index, self.next_size)
+        if blocks is None:
+            return False
+        rng, p, now, mc = self.rng, self.p, self.now, self.mc
+        self.admitted += 1
+        req = SimRequest(index, blocks)
+        rid = req.rid
+        req.hits = 16 * rng.randint(1, 8) if rng.random() < 0.3 else 0
+        req.cache_saves = rng.random() < 0.9
+        req.pd = rng.random() < 0.6
+        if p["raise"]:
+            if rng.random() < p["raise"]:
+                req.raiser = rng.choice(_SAVERS)
+                self.faults["raise"] += 1
+            if rng.random() < p["raise"]:
+                req.callback_fail = rng.choice(_SAVERS)
+        if p["clash"] and rng.random() < p["clash"]:
+            req.clash = True
+            self.faults["clash"] += 1
+        self.live[rid] = req
+        mc.begin(rid)
+        req.load_epoch = len(self.unregistered)
+        tokens = mc.match_tokens(rid)
+        start = now
+        if req.loading:
+            start = self.load_done
+        if tokens != (req.hits if req.loading else 0):
+            self.violations.add(
+                "match_tokens", rid, f"{tokens} tokens; the cache offered {req.hits}"
+            )
+        decode = rng.randint(*_DECODE)
+        self._at(start + decode, _FINISH, req)
+        if rng.random() < self.config.cancel_rate:
+            self._at(now + rng.randint(0, decode + 60), _CANCEL, req)
+        if p["unknown"] and rng.random() < p["unknown"]:
+            self.faults["unknown"] += 1
+            which = rng.randrange(4)
+            if which == 0:
+                item: tuple[Any, ...] = (_D_REPORT, _GHOST, rid, "unknown", None)
+            elif which == 1:
+                item = (_D_REPORT, _NOT_READY, rid, "unknown", None)
+            elif which == 2:
+                item = (_D_REPORT, "cache", f"never-{index}", "unknown", None)
+            else:
+                item = (_D_LOAD_REPORT, _GHOST, rid, "unknown", None)
+            self._at(now + rng.randint(0, decode + 20), _SEND, (index, item))
+        if p["unregister"] and rng.random() < p["unregister"] / 10:
+            self._at(now + rng.randint(0, 50), _UNREGISTER, None)
+        self.clock += rng.expovariate(_ARRIVAL_RATE)
+        self.next_size = rng.randint(1, _MAX_BLOCKS)
+        return True
+
+    def _finish(self, req: SimRequest) -> None:
+        """The request finished generating: fan it out and check what the library did."""
+        rng, p, mc, rid = self.rng, self.p, self.mc, req.rid
+        if req.cancel_applied:  # the scheduler cancelled it: it does not finish it...
+            if p["late"] and rng.random() < 0.5:  # ...unless it is late to notice
+                self.faults["late"] += 1
+                late, _ = mc.request_finished(rid, req.blocks)
+                _count(self.tally, "late", late.value)
+                if late is _APPLIED:
+                    self.violations.add("fault_applied", rid, "request_finished after cancel")
+            return
+        req.finish_epoch = len(self.unregistered)
+        outcome: Outcome | None = None
+        params: dict[str, Any] | None = None
+        failed: tuple[str, ...] = ()
+        clash: KeyClashError | None = None
+        try:
+            outcome, params = mc.request_finished(rid, req.blocks)
+        except KeyClashError as exc:
+            clash = exc
+        except ConnectorFailures as exc:
+            self.stats["connector_failures"] += 1
+            failed = exc.failed
+            outcome, params = exc.result
+            for inner in exc.exceptions:
+                if isinstance(inner, KeyClashError):
+                    clash = inner
+        _count(self.tally, "request_finished", "clash" if outcome is None else outcome.value)
+        self._check_fan_out(req, outcome, params, failed, clash)
+        if p["duplicate"] and rng.random() < p["duplicate"]:
+            self.faults["duplicate"] += 1
+            again, _ = mc.request_finished(rid, req.blocks)
+            _count(self.tally, "duplicate", again.value)
+            if again is _APPLIED:
+                self.violations.add("fault_applied", rid, "request_finished applied twice")
+        if p["phantom"] and rng.random() < p["phantom"]:
+            others = [n for n in self.up if n not in req.committed and n != _NOT_READY]
+            if others:
+                self.faults["phantom"] += 1
+                name = rng.choice(others)
+                item: tuple[Any, ...] = (_D_REPORT, name, rid, "phantom", None)
+                if name != "cache" and rng.random() < 0.5:  # the cache may be the loader
+                    item = (_D_LOAD_REPORT, name, rid, "phantom", None)
+                self._at(self.now + rng.randint(0, 10), _SEND, (req.index, item))
+
+    def _check_fan_out(
+        self,
+        req: SimRequest,
+        outcome: Outcome | None,
+        params: dict[str, Any] | None,
+        failed: tuple[str, ...],
+        clash: KeyClashError | None,
+    ) -> None:
+        """Compare request_finished's answer with what the connectors really answered."""
+        rid, add = req.rid, self.violations.add
+        suppliers: dict[str, list[str]] = {}
+        merged: dict[str, Any] | None = None
+        for name, answer in req.answers:
+            if answer is None:
+                continue
+            merged = {} if merged is None else merged
+            for key, value in answer.items():
+                suppliers.setdefault(key, []).append(name)
+                merged[key] = value
+        expected = {k: tuple(names) for k, names in suppliers.items() if len(names) > 1}
+        if failed != ((req.raised,) if req.raised else ()):
+            add("fan_out", rid, f"failed={failed}, but {req.raised!r} raised")
+        if expected:
+            self.stats["clashes"] += 1
+            if clash is None or dict(clash.clashes) != expected:
+                add("fan_out", rid, f"clash {expected} reported as {clash!r}")
+        elif clash is not None:
+            add("fan_out", rid, f"clash reported where none was: {clash.clashes}")
+        elif outcome is not None and params != merged:
+            add("fan_out", rid, f"params {params} merged from {req.answers}")
+        if outcome is not None and outcome is not _APPLIED:
+            add("fan_out", rid, f"request_finished of a live request was {outcome.value}")
+
+    def _cancel(self, req: SimRequest) -> None:
+        mc, rid = self.mc, req.rid
+        if req.handed_back:  # a cancel that comes too late
+            outcome = mc.cancel(rid)
+            _count(self.tally, "cancel", outcome.value)
+            if outcome is not Outcome.unknown_request:
+                self.violations.add("cancel", rid, f"cancel after hand-back was {outcome.value}")
+            return
+        outcome = mc.cancel(rid)
+        _count(self.tally, "cancel", outcome.value)
+        if outcome is _APPLIED:
+            req.cancel_applied = True
+        elif outcome is not Outcome.terminal:
+            self.violations.add("cancel", rid, f"cancel of a held request was {outcome.value}")
+        p = self.p["duplicate"]
+        if p and self.rng.random() < p:
+            self.faults["duplicate"] += 1
+            again = mc.cancel(rid)
+            _count(self.tally, "duplicate", again.value)
+            if again is _APPLIED:
+                self.violations.add("fault_applied", rid, "cancel applied twice")
+
+    def _unregister_event(self) -> None:
+        """Shut a connector down and unregister it; register a new one later."""
+        rng = self.rng
+        if self.up:
+            name = rng.choice(self.up)
+            self.up.remove(name)
+            connector = self.by_name.pop(name)
+            # Reports the connector had in flight, delivered after its shutdown: after the
+            # unregistration, on the same worker.
+            stale = connector.owed_saves()[:2] if connector is not None and self.p["late"] else []
+            self.faults["unregister"] += 1
+            self._send(0, (_D_UNREGISTER, name, connector))
+            for rid in stale:
+                self.faults["late"] += 1
+                item = (_D_REPORT, name, rid, "late", None)
+                self._at(self.now + rng.randint(0, 30), _SEND, (0, item))
+            self._at(self.now + rng.randint(*_DOWN_FOR), _REGISTER, name)
+
+    def _send(self, route: int, item: tuple[Any, ...]) -> None:
+        if self.threaded:
+            self.batches[route % len(self.batches)].append(item)
+        else:
+            self._deliver(item, self.tally)
+
+    # -- deliveries (the scheduler's thread, or a worker) --------------------------------------
+
+    def _deliver(self, item: tuple[Any, ...], tally: Tally) -> None:
+        try:
+            self._deliver_one(item, tally)
+        except Exception as exc:  # the library raised where it must not: a finding, not a crash
+            about = item[2]
+            self.violations.add("unexpected_error", getattr(about, "rid", str(about)), repr(exc))
+
+    def _deliver_one(self, item: tuple[Any, ...], tally: Tally) -> None:
+        code = item[0]
+        mc = self.mc
+        if code in (_D_SAVE, _D_LOAD):
+            _, connector, req, dup = item
+            load = code == _D_LOAD
+            name, rid = connector.name, req.rid
+            if not connector.complete(rid, load):
+                return  # aborted by its shutdown: a connector that is gone does not report
+            if load:
+                req.seen.add("load:" + name)
+                outcome = mc.load_finished(rid, name)
+                allowed = _GENUINE_LOAD
+            else:
+                req.seen.add(name)
+                try:
+                    outcome = mc.transfer_finished(rid, name)
+                except ConnectorFailures:  # its on_finished raised, after the report applied
+                    _count(tally, "callback", "failure")
+                    outcome = _APPLIED
+                allowed = _GENUINE_SAVE
+            _count(tally, "load" if load else "save", outcome.value)
+            if outcome not in allowed:
+                what = "load" if load else "save"
+                self.violations.add("report_refused", rid, f"{name}'s {what}: {outcome.value}")
+            if dup:
+                self._injected(tally, code == _D_LOAD, name, rid, "duplicate")
+        elif code in (_D_REPORT, _D_LOAD_REPORT):
+            _, name, rid, category, req = item
+            if req is not None and name not in req.seen:
+                return  # a late copy of a report that was never made (its save was aborted)
+            self._injected(tally, code == _D_LOAD_REPORT, name, rid, category)
+        elif code == _D_UNREGISTER:
+            _, name, connector = item
+            if connector is not None:
+                aborted, loads = connector.shutdown()
+                with self._ledger_lock:
+                    self.instances = tuple(c for c in self.instances if c is not connector)
+                _count(tally, "shutdown", "aborted_saves", len(aborted))
+                _count(tally, "shutdown", "aborted_loads", loads)
+            self.unregistered.append(name)
+            mc.unregister(name)
+        else:
+            _, name, connector = item
+            mc.register(name, connector)
+
+    def _injected(self, tally: Tally, load: bool, name: str, rid: str, category: str) -> None:
+        """Deliver a report that must be ignored."""
+        try:
+            outcome = (
+                self.mc.load_finished(rid, name) if load else self.mc.transfer_finished(rid, name)
+            )
+        except ConnectorFailures:
+            outcome = _APPLIED
+        _count(tally, category, outcome.value)
+        if outcome is _APPLIED:
+            what = "load report" if load else "report"
+            self.violations.add("fault_applied", rid, f"{category} {what} from {name} applied")
+
+    # -- handing back and freeing --------------------------------------------------------------
+
+    def _collect(self) -> None:
+        """Take what the library hands back; free it, or defer it while transfers are owed."""
+        live, add = self.live, self.violations.add
+        for record in self.mc.take():
+            rid = record.request_id
+            req = live.pop(rid, None)
+            if req is None:
+                add("handed_back_twice", rid, f"handed back again as {record.state.value}")
+                continue
+            req.handed_back = True
+            self.handed_back += 1
+            state = record.state
+            if state is State.finished:
+                self.finished += 1
+                if req.cancel_applied:
+                    add("cancel_lost", rid, "handed back finished after its cancel applied")
+                if record.awaiting:
+                    add("finished_awaiting", rid, f"finished, still awaiting {record.awaiting}")
+                if req.finish_epoch < 0:
+                    add("finished_early", rid, "finished before request_finished")
+            elif state is State.cancelled:
+                self.cancelled += 1
+                if not req.cancel_applied:
+                    add("cancel_lost", rid, "handed back cancelled, never cancelled")
+            else:
+                add("not_terminal", rid, f"handed back in state {state.value}")
+            pending = list(record.awaiting) if state is State.cancelled else []
+            if record.loader is not None and not record.loaded:
+                pending.append("load:" + record.loader)
+            if pending:
+                req.pending = pending
+                self.deferred.append(req)
+            else:
+                self.pool.free(req.index, rid, req.blocks)
+
+    def _resolve(self) -> None:
+        """Free deferred requests whose owed reports arrived or whose connector was shut down."""
+        still = []
+        log = self.unregistered
+        for req in self.deferred:
+            seen = req.seen
+            left = []
+            for what in req.pending:
+                if what in seen:
+                    continue
+                if what.startswith("load:"):
+                    if what[5:] in log[req.load_epoch :]:
+                        continue
+                elif req.finish_epoch >= 0 and what in log[req.finish_epoch :]:
+                    continue
+                left.append(what)
+            if left:
+                req.pending = left
+                still.append(req)
+            else:
+                self.deferred_frees += 1
+                self.pool.free(req.index, req.rid, req.blocks)
+        self.deferred = still
+
+    # -- running -------------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        for i, batch in enumerate(self.batches):
+            if batch:
+                self.queues[i].put(batch)
+                self.batches[i] = []
+
+    def _drain(self) -> None:
+        if self.threaded:
+            self._flush()
+            for q in self.queues:
+                q.join()
+
+    def _work(self, q: queue.Queue[list[tuple[Any, ...]] | None], tally: Tally) -> None:
+        deliver = self._deliver
+        while True:
+            batch = q.get()
+            if batch is None:
+                q.task_done()
+                return
+            for item in batch:
+                deliver(item, tally)
+            q.task_done()
+
+    def run(self) -> SimulationResult:
+        """Run the workload to its end, then check that nothing was lost."""
+        started = time.perf_counter()
+        if self.threaded:
+            for _ in self.batches:
+                q: queue.Queue[list[tuple[Any, ...]] | None] = queue.Queue()
+                tally: Tally = {}
+                thread = threading.Thread(target=self._work, args=(q, tally), daemon=True)
+                self.queues.append(q)
+                self.worker_tallies.append(tally)
+                self.workers.append(thread)
+                thread.start()
+        try:
+            self._loop()
+            self._drain()
+            self._collect()
+            self._resolve()
+        finally:
+            for q in self.queues:
+                q.put(None)
+            for thread in self.workers:
+                thread.join()
+        elapsed = time.perf_counter() - started
+        return self._result(elapsed)
+
+    def _loop(self) -> None:
+        heap, pool, total = self.heap, self.pool, self.config.requests
+        pop = heapq.heappop
+        step = max(1, total // 200)
+        reported = 0
+        while True:
+            now = self.now
+            while self.admitted < total and self.clock <= now:
+                if not self._admit():
+                    self.stats["admission_waits"] += 1
+                    break
+            blocked = self.admitted < total and self.clock <= now
+            if blocked and self.threaded:  # let the workers catch up rather than run ahead
+                self._drain()
+                self._collect()
+                self._resolve()
+                while self.admitted < total and self.clock <= now and self._admit():
+                    pass
+                blocked = self.admitted < total and self.clock <= now
+            following: int | None = heap[0][0] if heap else None
+            if self.admitted < total and not blocked:
+                arrival = math.ceil(self.clock)
+                if following is None or arrival < following:
+                    following = arrival
+            if following is None:  # nothing scheduled: wait for deliveries, take, free
+                before = (pool.frees, self.handed_back)
+                self._drain()
+                self._collect()
+                self._resolve()
+                if (pool.frees, self.handed_back) != before:
+                    continue
+                return  # everything done, or stalled: the final checks tell which
+            self.now = now = following
+            while heap and heap[0][0] <= now:
+                _, _, kind, payload = pop(heap)
+                try:
+                    if kind == _SEND:
+                        self._send(*payload)
+                    elif kind == _FINISH:
+                        self._finish(payload)
+                    elif kind == _CANCEL:
+                        self._cancel(payload)
+                    elif kind == _UNREGISTER:
+                        self._unregister_event()
+                    else:
+                        self._register_event(payload)
+                except Exception as exc:  # as in _deliver: record it, keep going
+                    about = getattr(payload, "rid", "")
+                    self.violations.add("unexpected_error", about, repr(exc))
+            if self.threaded:
+                self._flush()
+            self._collect()
+            if self.deferred:
+                self._resolve()
+            if self.on_progress is not None and self.handed_back - reported >= step:
+                reported = self.handed_back
+                self.on_progress(reported, total)
+
+    def _register_event(self, name: str) -> None:
+        connector = self._new_connector(name)
+        self._send(0, (_D_REGISTER, name, connector))
+
+    def _result(self, elapsed: float) -> SimulationResult:
+        add = self.violations.add
+        if self.on_progress is not None:
+            self.on_progress(self.handed_back, self.config.requests)
+        tally: Tally = dict(self.tally)
+        for worker in self.worker_tallies:
+            for key, n in worker.items():
+                tally[key] = tally.get(key, 0) + n
+        stats = dict(self.stats)
+        stats["callback_failures"] = tally.pop(("callback", "failure"), 0)
+        stats["aborted_saves"] = tally.pop(("shutdown", "aborted_saves"), 0)
+        stats["aborted_loads"] = tally.pop(("shutdown", "aborted_loads"), 0)
+        stats["unregistrations"] = len(self.unregistered)
+        reports: dict[str, dict[str, int]] = {}
+        for (category, outcome), n in sorted(tally.items()):
+            reports.setdefault(category, {})[outcome] = n
+        # Nothing lost: every request handed back and freed, no state left anywhere.
+        owed = sum(len(c.saves) + len(c.loads) for c in self.instances)
+        leaks = {
+            "blocks_in_use": self.pool.in_use,
+            "requests_not_freed": self.pool.never_freed(),
+            "requests_not_handed_back": len(self.live) + (self.config.requests - self.admitted),
+            "requests_held_by_library": len(self.mc),
+            "reports_owed": owed,
+        }
+        for kind, n in leaks.items():
+            if n:
+                add("leak", kind, f"{n} {kind.replace('_', ' ')} at the end")
+        mc = self.mc
+        return SimulationResult(
+            config=self.config,
+            finished=self.finished,
+            cancelled=self.cancelled,
+            deferred_frees=self.deferred_frees,
+            outcomes={o.value: n for o, n in sorted(mc.counts().items())},
+            connector_outcomes={
+                name: {o.value: n for o, n in sorted(per.items())}
+                for name, per in sorted(mc.connector_counts().items())
+            },
+            reports=reports,
+            simulator=stats,
+            faults=dict(self.faults),
+            violations=dict(sorted(self.violations.by_kind.items())),
+            examples=list(self.violations.examples),
+            early_frees=self.pool.early_frees,
+            leaks=leaks,
+            elapsed=elapsed,
+        )

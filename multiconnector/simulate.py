@@ -1,0 +1,241 @@
+"""``multiconnector simulate``: a serving workload with injected faults, every invariant checked.
+
+A scheduler admits requests into a KV block pool, fans each out to the connectors ``cache``,
+``pd@0``, ``pd@1`` and ``nixl`` (registered as ``None``: its start failed) through a real
+:class:`~multiconnector.MultiConnector`, delivers their reports after random latencies, cancels
+some requests, and injects faults. The block pool checks, against the simulated connectors' own
+ledgers, that no block is freed while a connector still owes a report, none twice, and none
+never. The exit status is 1 when any invariant broke.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+from ._workload import FAULT_KINDS, Simulation, SimulationConfig, SimulationResult
+from .errors import InvalidArgumentError
+
+__all__ = ["render_summary", "run_cli", "simulate"]
+
+
+def simulate(
+    config: SimulationConfig | None = None,
+    *,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> SimulationResult:
+    """Run one simulation (the defaults of :class:`SimulationConfig` when ``config`` is None)."""
+    return Simulation(config or SimulationConfig(), on_progress=on_progress).run()
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def _rows(result: SimulationResult) -> list[tuple[str, str]]:
+    """The summary, as (label, value) rows; a label starting with two spaces is a detail."""
+    rows: list[tuple[str, str]] = []
+    config = result.config
+    rows.append(("requests", f"{config.requests:,}"))
+    rows.append(("  finished", f"{result.finished:,}"))
+    rows.append(("  cancelled", f"{result.cancelled:,}"))
+    rows.append(("  freed after their last transfer", f"{result.deferred_frees:,}"))
+    rows.append(("events", f"{result.events:,}"))
+    rows.append(("  applied", f"{result.outcomes.get('applied', 0):,}"))
+    for outcome, n in result.outcomes.items():
+        if outcome != "applied":
+            rows.append((f"  ignored: {outcome}", f"{n:,}"))
+    for name, per in result.connector_outcomes.items():
+        parts = ", ".join(f"{o} {n:,}" for o, n in per.items())
+        rows.append((f"  reports from {name}", parts))
+    stats = result.simulator
+    rows.append(("params clashes (KeyClashError)", f"{stats['clashes']:,}"))
+    rows.append(("fan-outs with a failure", f"{stats['connector_failures']:,}"))
+    rows.append(("callbacks that raised", f"{stats['callback_failures']:,}"))
+    rows.append(
+        (
+            "connectors unregistered / registered",
+            f"{stats['unregistrations']:,} / {stats['registrations']:,}",
+        )
+    )
+    rows.append(
+        (
+            "transfers aborted by shutdown",
+            f"{stats['aborted_saves']:,} saves, {stats['aborted_loads']:,} loads",
+        )
+    )
+    rows.append(("faults injected", f"{sum(result.faults.values()):,}"))
+    for kind, n in result.faults.items():
+        rows.append((f"  {kind}", f"{n:,}"))
+    rows.append(("violations", f"{result.violation_count:,}"))
+    for kind, n in result.violations.items():
+        rows.append((f"  {kind}", f"{n:,}"))
+    rows.append(("early frees", f"{result.early_frees:,}"))
+    rows.append(("leaks", f"{sum(result.leaks.values()):,}"))
+    for kind, n in result.leaks.items():
+        if n:
+            rows.append((f"  {kind.replace('_', ' ')}", f"{n:,}"))
+    rows.append(("time", f"{result.elapsed:.1f} s"))
+    rows.append(("events per second", f"{result.events_per_second:,.0f}"))
+    return rows
+
+
+def _title(result: SimulationResult) -> str:
+    config = result.config
+    verdict = "OK" if result.ok else "VIOLATIONS"
+    return (
+        f"simulate: seed {config.seed}, {config.threads} thread(s), "
+        f"faults {','.join(sorted(config.faults)) or 'none'}: {verdict}"
+    )
+
+
+def render_summary(result: SimulationResult) -> str:
+    """The summary table as plain text."""
+    rows = _rows(result)
+    width = max(len(label) for label, _ in rows)
+    lines = [_title(result)]
+    lines += [f"  {label:<{width}}  {value}" for label, value in rows]
+    for example in result.examples:
+        lines.append(f"  ! {example['kind']} {example['request_id']}: {example['detail']}")
+    return "\n".join(lines)
+
+
+def _print_summary(result: SimulationResult, out: TextIO, fancy: bool) -> None:
+    if fancy:
+        try:
+            from rich.console import Console  # noqa: PLC0415 - optional extra
+            from rich.table import Table  # noqa: PLC0415
+        except ImportError:
+            fancy = False
+    if not fancy:
+        print(render_summary(result), file=out)
+        return
+    table = Table(title=_title(result), show_header=False, title_justify="left")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for label, value in _rows(result):
+        bad = label in {"violations", "early frees", "leaks"} and value != "0"
+        table.add_row(label, f"[bold red]{value}[/]" if bad else value)
+    console = Console(file=out)
+    console.print(table)
+    for example in result.examples:
+        console.print(f"! {example['kind']} {example['request_id']}: {example['detail']}")
+
+
+@contextmanager
+def _progress(mode: str, total: int) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress callback: a rich bar, plain lines every 10 %, or nothing."""
+    if mode == "none":
+        yield None
+        return
+    if mode in {"auto", "rich"}:
+        try:
+            from rich.progress import (  # noqa: PLC0415 - optional extra
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TimeElapsedColumn,
+            )
+        except ImportError:
+            mode = "plain"
+        else:
+            if mode == "rich" or sys.stderr.isatty():
+                with Progress(
+                    "[progress.description]{task.description}",
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    transient=False,
+                ) as bar:
+                    task = bar.add_task("requests", total=total)
+
+                    def advance(done: int, _total: int) -> None:
+                        bar.update(task, completed=done)
+
+                    yield advance
+                return
+            mode = "plain"
+    shown = [-1]
+
+    def plain(done: int, total: int) -> None:
+        tenth = done * 10 // total if total else 10
+        if tenth > shown[0]:
+            shown[0] = tenth
+            print(f"simulate: {done:,}/{total:,} requests", file=sys.stderr, flush=True)
+
+    yield plain
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def _faults(text: str) -> frozenset[str]:
+    if text in {"all", ""}:
+        return frozenset(FAULT_KINDS) if text == "all" else frozenset()
+    if text == "none":
+        return frozenset()
+    kinds = frozenset(k.strip() for k in text.split(",") if k.strip())
+    unknown = sorted(kinds - set(FAULT_KINDS))
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(FAULT_KINDS)}"
+        )
+    return kinds
+
+
+def _parser() -> argparse.ArgumentParser:
+    defaults = SimulationConfig()
+    epilog = "fault kinds:\n" + "\n".join(f"  {k:<11} {v}" for k, v in FAULT_KINDS.items())
+    parser = argparse.ArgumentParser(
+        prog="multiconnector simulate",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--requests", type=int, default=defaults.requests, help="requests to run (%(default)s)")
+    add("--seed", type=int, default=defaults.seed, help="the run's seed (%(default)s)")
+    add("--threads", type=int, default=defaults.threads,
+        help="threads delivering the connectors' reports (%(default)s); "
+        "only a 1-thread run is reproducible")  # fmt: skip
+    add("--faults", type=_faults, default=defaults.faults, metavar="KIND[,KIND...]",
+        help="fault kinds to inject: all (default), none, or a comma-separated list")  # fmt: skip
+    add("--fault-rate", type=float, default=defaults.fault_rate,
+        help="probability per request and fault kind (%(default)s)")  # fmt: skip
+    add("--cancel-rate", type=float, default=defaults.cancel_rate,
+        help="probability that a request is cancelled (%(default)s)")  # fmt: skip
+    add("--blocks", type=int, default=defaults.blocks, help="KV blocks in the pool (%(default)s)")
+    add("--json", type=Path, metavar="FILE", help="also write the results as JSON to FILE")
+    add("--progress", choices=("auto", "rich", "plain", "none"), default="auto",
+        help="progress display; auto: a rich bar on a terminal, else plain lines")  # fmt: skip
+    return parser
+
+
+def run_cli(argv: Sequence[str]) -> int:
+    """``multiconnector simulate [options]``: 0 when every invariant held, 1 otherwise."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        config = SimulationConfig(
+            requests=args.requests,
+            seed=args.seed,
+            threads=args.threads,
+            faults=args.faults,
+            fault_rate=args.fault_rate,
+            cancel_rate=args.cancel_rate,
+            blocks=args.blocks,
+        )
+    except InvalidArgumentError as exc:
+        parser.error(str(exc))
+    with _progress(args.progress, config.requests) as on_progress:
+        result = simulate(config, on_progress=on_progress)
+    _print_summary(result, sys.stdout, fancy=sys.stdout.isatty())
+    if args.json is not None:
+        data: dict[str, Any] = result.to_json()
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(data, indent=2) + "\n")
+    return 0 if result.ok else 1
