@@ -21,7 +21,14 @@ from typing import Any, TextIO
 from ._workload import FAULT_KINDS, Simulation, SimulationConfig, SimulationResult
 from .errors import InvalidArgumentError
 
-__all__ = ["render_summary", "run_cli", "simulate"]
+__all__ = [
+    "FAULT_KINDS",
+    "SimulationConfig",
+    "SimulationResult",
+    "render_summary",
+    "run_cli",
+    "simulate",
+]
 
 
 def simulate(
