@@ -5,10 +5,11 @@ cancellations and faults. Events sit in one heap ordered by simulated time (inte
 sequence number, so a run is a pure function of its configuration when ``threads == 1``.
 
 With ``threads > 1`` the scheduler (this module's main loop) still makes every decision, but the
-connectors' reports — and registry changes — are delivered by worker threads, racing with the
-scheduler's ``request_finished``, ``cancel`` and ``take``. Reports about one request always go to
-the same worker, in the order they were made; that is the order a real connector's messages about
-one request arrive in. Runs are then no longer reproducible, but every invariant must still hold.
+connectors' reports are delivered by worker threads, racing with the scheduler's
+``request_finished``, ``cancel``, ``take`` and its unregistering and registering connectors.
+Reports about one request always go to the same worker, in the order they were made: the order a
+real connector's messages about one request arrive in. Runs are then no longer reproducible,
+but every invariant must still hold.
 
 The scheduler acts only on what a real caller knows: what the library returns, the reports it
 relays, and the connectors it shut down itself. In particular a request handed back as
@@ -80,7 +81,7 @@ _GENUINE_LOAD: Final = frozenset({Outcome.applied, Outcome.terminal, Outcome.unk
 # Scheduler events (heap entries are (tick, sequence, kind, payload)).
 _SEND, _FINISH, _CANCEL, _UNREGISTER, _REGISTER = range(5)
 # Deliveries, made by the scheduler (threads == 1) or a worker thread.
-_D_SAVE, _D_LOAD, _D_REPORT, _D_LOAD_REPORT, _D_UNREGISTER, _D_REGISTER = range(6)
+_D_SAVE, _D_LOAD, _D_REPORT, _D_LOAD_REPORT = range(4)
 
 #: Simulated time: mean ticks between arrivals, decode length, transfer latencies.
 _ARRIVAL_RATE: Final = 2.0
@@ -88,7 +89,7 @@ _DECODE: Final = (5, 60)
 _SAVE_MEAN: Final = 8.0
 _LOAD: Final = (1, 20)
 _LATE_AFTER: Final = 400
-_DOWN_FOR: Final = (20, 200)
+_DOWN_FOR: Final = (5, 50)
 _MAX_BLOCKS: Final = 32
 
 
@@ -334,7 +335,6 @@ class Simulation:
         rate = config.fault_rate
         self.p = {kind: (rate if kind in config.faults else 0.0) for kind in FAULT_KINDS}
         # The connectors: ground truth lives in `instances` (every live registration).
-        self._ledger_lock = threading.Lock()
         self.instances: tuple[SimConnector, ...] = ()
         self.by_name: dict[str, SimConnector | None] = {}
         self.up: list[str] = []
@@ -356,8 +356,7 @@ class Simulation:
             kind = SimCache if name == "cache" else SimConnector
             connector = kind(name, self.live, self._committed)
         if connector is not None:
-            with self._ledger_lock:
-                self.instances = (*self.instances, connector)
+            self.instances = (*self.instances, connector)
         self.by_name[name] = connector
         self.up.append(name)
         self.stats["registrations"] += 1
@@ -566,11 +565,16 @@ class Simulation:
             name = rng.choice(self.up)
             self.up.remove(name)
             connector = self.by_name.pop(name)
-            # Reports the connector had in flight, delivered after its shutdown: after the
-            # unregistration, on the same worker.
+            # Reports the connector had in flight, delivered after its shutdown and unregistration.
             stale = connector.owed_saves()[:2] if connector is not None and self.p["late"] else []
             self.faults["unregister"] += 1
-            self._send(0, (_D_UNREGISTER, name, connector))
+            if connector is not None:  # the unregister rule's precondition: it touches no block
+                aborted, loads = connector.shutdown()
+                self.instances = tuple(c for c in self.instances if c is not connector)
+                self.stats["aborted_saves"] += len(aborted)
+                self.stats["aborted_loads"] += loads
+            self.unregistered.append(name)
+            self.mc.unregister(name)
             for rid in stale:
                 self.faults["late"] += 1
                 item = (_D_REPORT, name, rid, "late", None)
@@ -624,19 +628,6 @@ class Simulation:
             if req is not None and name not in req.seen:
                 return  # a late copy of a report that was never made (its save was aborted)
             self._injected(tally, code == _D_LOAD_REPORT, name, rid, category)
-        elif code == _D_UNREGISTER:
-            _, name, connector = item
-            if connector is not None:
-                aborted, loads = connector.shutdown()
-                with self._ledger_lock:
-                    self.instances = tuple(c for c in self.instances if c is not connector)
-                _count(tally, "shutdown", "aborted_saves", len(aborted))
-                _count(tally, "shutdown", "aborted_loads", loads)
-            self.unregistered.append(name)
-            mc.unregister(name)
-        else:
-            _, name, connector = item
-            mc.register(name, connector)
 
     def _injected(self, tally: Tally, load: bool, name: str, rid: str, category: str) -> None:
         """Deliver a report that must be ignored."""
@@ -821,8 +812,7 @@ class Simulation:
                 self.on_progress(reported, total)
 
     def _register_event(self, name: str) -> None:
-        connector = self._new_connector(name)
-        self._send(0, (_D_REGISTER, name, connector))
+        self.mc.register(name, self._new_connector(name))
 
     def _result(self, elapsed: float) -> SimulationResult:
         add = self.violations.add
@@ -834,8 +824,6 @@ class Simulation:
                 tally[key] = tally.get(key, 0) + n
         stats = dict(self.stats)
         stats["callback_failures"] = tally.pop(("callback", "failure"), 0)
-        stats["aborted_saves"] = tally.pop(("shutdown", "aborted_saves"), 0)
-        stats["aborted_loads"] = tally.pop(("shutdown", "aborted_loads"), 0)
         stats["unregistrations"] = len(self.unregistered)
         reports: dict[str, dict[str, int]] = {}
         for (category, outcome), n in sorted(tally.items()):

@@ -94,10 +94,10 @@ def _rows(result: SimulationResult) -> list[tuple[str, str]]:
 def _title(result: SimulationResult) -> str:
     config = result.config
     verdict = "OK" if result.ok else "VIOLATIONS"
-    return (
-        f"simulate: seed {config.seed}, {config.threads} thread(s), "
-        f"faults {','.join(sorted(config.faults)) or 'none'}: {verdict}"
-    )
+    faults = sorted(config.faults)
+    shown = "all" if len(faults) == len(FAULT_KINDS) else ",".join(faults) or "none"
+    threads = "1 thread" if config.threads == 1 else f"{config.threads} threads"
+    return f"simulate: seed {config.seed}, {threads}, faults {shown}: {verdict}"
 
 
 def render_summary(result: SimulationResult) -> str:
@@ -123,7 +123,7 @@ def _print_summary(result: SimulationResult, out: TextIO, fancy: bool) -> None:
         return
     table = Table(title=_title(result), show_header=False, title_justify="left")
     table.add_column("what")
-    table.add_column("value", justify="right")
+    table.add_column("value")
     for label, value in _rows(result):
         bad = label in {"violations", "early frees", "leaks"} and value != "0"
         table.add_row(label, f"[bold red]{value}[/]" if bad else value)
