@@ -15,8 +15,7 @@ import pytest
 
 from multiconnector import InvalidArgumentError, MultiConnector, Outcome, State
 from multiconnector._pool import BlockPool, Violations
-from multiconnector._workload import FAULT_KINDS, SimulationConfig
-from multiconnector.simulate import render_summary, run_cli, simulate
+from multiconnector.simulate import FAULT_KINDS, SimulationConfig, render_summary, run_cli, simulate
 
 SMALL = 1500
 
@@ -259,3 +258,22 @@ def test_requests_never_handed_back_are_leaks(monkeypatch: pytest.MonkeyPatch) -
     assert result.leaks["requests_not_handed_back"] > 0
     assert result.leaks["blocks_in_use"] > 0
     assert result.violations["leak"] >= 2
+
+
+def test_handing_back_requests_still_finishing_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A take() that also returns requests still awaiting saves: freed early, handed back twice."""
+    original = MultiConnector.take
+
+    def eager(self: MultiConnector) -> list[Any]:
+        taken = original(self)
+        for rid in self.request_ids()[:1]:
+            record = self.get(rid)
+            if record is not None and record.state is State.finishing:
+                taken.append(record)
+        return taken
+
+    monkeypatch.setattr(MultiConnector, "take", eager)
+    result = simulate(SimulationConfig(requests=SMALL, faults=frozenset()))
+    assert result.early_frees > 0
+    assert result.violations["not_terminal"] > 0
+    assert result.violations["handed_back_twice"] > 0
