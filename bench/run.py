@@ -1,0 +1,517 @@
+"""The benchmarks behind ``make bench``: prints a table and writes ``build/bench.json``.
+
+Every ratio is measured side by side in one process: the contenders run in turn, interleaved,
+repeat after repeat, with the collector off while timing (``gc.collect()`` between repeats), and
+the ratio is the median of the per-repeat ratios, so a burst of load on a shared machine hits
+both sides of a ratio alike. ``--quick`` runs every workload once at tiny sizes (the tests use
+it to prove the runner works; its figures mean nothing).
+
+docs/bench.md says what each figure means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import importlib.util
+import json
+import platform
+import statistics
+import sys
+import threading
+import time
+import tracemalloc
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from baselines import MachinePerRequest, TrivialConnector, VllmStyleBookkeeping
+
+from multiconnector import ConnectorRegistry, MultiConnector
+
+NAMES = ("a", "b", "c")
+BLOCKS = [0, 1, 2, 3]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    lifecycle_batch: int = 4000
+    machine_batch: int = 200
+    lifecycle_repeats: int = 41
+    memory_requests: int = 100_000
+    flat_small: int = 1_000
+    flat_large: int = 1_000_000
+    flat_cycles: int = 4000
+    flat_repeats: int = 21
+    thread_requests: int = 16_000
+    threads: int = 8
+    thread_repeats: int = 11
+    vllm_steps: int = 60
+    vllm_repeats: int = 15
+
+
+QUICK = Sizes(
+    lifecycle_batch=50,
+    machine_batch=5,
+    lifecycle_repeats=3,
+    memory_requests=500,
+    flat_small=100,
+    flat_large=1_000,
+    flat_cycles=50,
+    flat_repeats=3,
+    thread_requests=400,
+    threads=8,
+    thread_repeats=2,
+    vllm_steps=2,
+    vllm_repeats=2,
+)
+
+
+@dataclass
+class Row:
+    """One line of the table."""
+
+    name: str
+    median: float
+    p90: float
+    unit: str
+    target: str = ""
+    met: bool | None = None
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def p90(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds ``fn`` took, with the collector off (and the young garbage collected before)."""
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
+
+
+def aggregator(trace: bool = False) -> MultiConnector:
+    return MultiConnector(ConnectorRegistry({n: TrivialConnector(n) for n in NAMES}), trace=trace)
+
+
+# -- lifecycle ------------------------------------------------------------------------------------
+
+
+def lifecycles_ours(mc: MultiConnector, ids: Sequence[str]) -> Callable[[], object]:
+    def run() -> None:
+        begin, finish, report, take = mc.begin, mc.request_finished, mc.transfer_finished, mc.take
+        blocks = BLOCKS
+        for rid in ids:
+            begin(rid)
+            finish(rid, blocks)
+            report(rid, "a")
+            report(rid, "b")
+            report(rid, "c")
+            take()
+
+    return run
+
+
+def lifecycles_vllm_style(books: VllmStyleBookkeeping, ids: Sequence[str]) -> Callable[[], object]:
+    def run() -> None:
+        begin, finish, report, take = (
+            books.begin,
+            books.request_finished,
+            books.transfer_finished,
+            books.take,
+        )
+        blocks = BLOCKS
+        for rid in ids:
+            begin(rid)
+            finish(rid, blocks)
+            report(rid, 0)
+            report(rid, 1)
+            report(rid, 2)
+            take()
+
+    return run
+
+
+def lifecycles_machine(books: MachinePerRequest, ids: Sequence[str]) -> Callable[[], object]:
+    def run() -> None:
+        for rid in ids:
+            books.begin(rid)
+            books.request_finished(rid, BLOCKS)
+            for name in NAMES:
+                books.transfer_finished(rid, name)
+            books.take()
+
+    return run
+
+
+def bench_lifecycle(sizes: Sizes, report: Report) -> None:
+    ids = [f"life-{i}" for i in range(sizes.lifecycle_batch)]
+    machine_ids = ids[: sizes.machine_batch]
+    mc = aggregator()
+    connectors = [TrivialConnector(n) for n in NAMES]
+    ours = lifecycles_ours(mc, ids)
+    vllm_style = lifecycles_vllm_style(VllmStyleBookkeeping(connectors), ids)
+    machine = lifecycles_machine(MachinePerRequest(dict(zip(NAMES, connectors))), machine_ids)
+    ours()  # warm up: first calls specialise the interpreter's code
+    vllm_style()
+    machine()
+    t_ours: list[float] = []
+    t_vllm: list[float] = []
+    t_machine: list[float] = []
+    for _ in range(sizes.lifecycle_repeats):
+        t_ours.append(timed(ours) / len(ids))
+        t_vllm.append(timed(vllm_style) / len(ids))
+        t_machine.append(timed(machine) / len(machine_ids))
+    assert len(mc) == 0, "every lifecycle must end taken"
+    vs_vllm = [o / v for o, v in zip(t_ours, t_vllm, strict=True)]
+    vs_machine = [m / o for o, m in zip(t_ours, t_machine, strict=True)]
+    report.rows += [
+        Row("lifecycle, ours (MultiConnector)", median(t_ours) * 1e6, p90(t_ours) * 1e6, "µs"),
+        Row(
+            "lifecycle, vLLM-style count bookkeeping",
+            median(t_vllm) * 1e6,
+            p90(t_vllm) * 1e6,
+            "µs",
+        ),
+        Row(
+            "lifecycle, transitions.Machine per request",
+            median(t_machine) * 1e6,
+            p90(t_machine) * 1e6,
+            "µs",
+        ),
+        Row(
+            "lifecycle ratio, ours ÷ vLLM-style",
+            median(vs_vllm),
+            p90(vs_vllm),
+            "×",
+            "≤ 3",
+            median(vs_vllm) <= 3.0,
+        ),
+        Row(
+            "lifecycle speed-up, Machine per request ÷ ours",
+            median(vs_machine),
+            p90(vs_machine),
+            "×",
+            "≥ 20",
+            median(vs_machine) >= 20.0,
+        ),
+    ]
+    report.figures["lifecycle_ratio_vs_vllm_baseline"] = median(vs_vllm)
+    report.figures["lifecycle_speedup_vs_machine_per_request"] = median(vs_machine)
+    report.figures["lifecycle_us"] = {
+        "ours": median(t_ours) * 1e6,
+        "vllm_style": median(t_vllm) * 1e6,
+        "machine_per_request": median(t_machine) * 1e6,
+    }
+
+
+# -- memory ---------------------------------------------------------------------------------------
+
+
+def bench_memory(sizes: Sizes, report: Report) -> None:
+    n = sizes.memory_requests
+    ids = [f"mem-{i}" for i in range(n)]
+    mc = aggregator()
+    mc.begin("warm")  # the interned name tuples and counter keys exist before we measure
+    mc.request_finished("warm", BLOCKS)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for rid in ids:
+            mc.begin(rid)
+        pending = (tracemalloc.get_traced_memory()[0] - base) / n
+        for rid in ids:
+            mc.request_finished(rid, BLOCKS)
+        finishing = (tracemalloc.get_traced_memory()[0] - base) / n
+        for rid in ids:
+            mc.transfer_finished(rid, "a")
+        reported = (tracemalloc.get_traced_memory()[0] - base) / n
+    finally:
+        tracemalloc.stop()
+    worst = max(pending, finishing, reported)
+    report.rows += [
+        Row(f"memory per request, {n:,} pending", pending, pending, "B"),
+        Row(f"memory per request, {n:,} finishing (awaiting 3)", finishing, finishing, "B"),
+        Row(f"memory per request, {n:,} finishing (1 of 3 reported)", reported, reported, "B"),
+        Row("memory per in-flight request, worst of the above", worst, worst, "B", "≤ 400",
+            worst <= 400),
+    ]  # fmt: skip
+    report.figures["bytes_per_inflight_request"] = worst
+    report.figures["bytes_per_request"] = {
+        "pending": pending,
+        "finishing": finishing,
+        "finishing_one_reported": reported,
+    }
+
+
+# -- flat with load -------------------------------------------------------------------------------
+
+
+class SteadyState:
+    """``inflight`` requests finishing (awaiting all three); each cycle completes the oldest
+    (three reports, take) and starts a new one (begin, request finished): six events."""
+
+    def __init__(self, inflight: int, cycles: int, repeats: int, prefix: str) -> None:
+        total = inflight + cycles * (repeats + 1)
+        self.ids = [f"{prefix}-{i}" for i in range(total)]
+        self.mc = aggregator()
+        self.live: deque[str] = deque()
+        self.next = 0
+        self.cycles = cycles
+        for _ in range(inflight):
+            self._start()
+
+    def _start(self) -> None:
+        rid = self.ids[self.next]
+        self.next += 1
+        self.mc.begin(rid)
+        self.mc.request_finished(rid, BLOCKS)
+        self.live.append(rid)
+
+    def run(self) -> None:
+        mc = self.mc
+        begin, finish, report, take = mc.begin, mc.request_finished, mc.transfer_finished, mc.take
+        live, ids, blocks = self.live, self.ids, BLOCKS
+        popleft, append = live.popleft, live.append
+        start = self.next
+        for i in range(start, start + self.cycles):
+            old = popleft()
+            report(old, "a")
+            report(old, "b")
+            report(old, "c")
+            take()
+            new = ids[i]
+            begin(new)
+            finish(new, blocks)
+            append(new)
+        self.next = start + self.cycles
+
+
+def bench_flat(sizes: Sizes, report: Report) -> None:
+    small = SteadyState(sizes.flat_small, sizes.flat_cycles, sizes.flat_repeats, "small")
+    large = SteadyState(sizes.flat_large, sizes.flat_cycles, sizes.flat_repeats, "large")
+    events = 6 * sizes.flat_cycles
+    small.run()
+    large.run()
+    t_small: list[float] = []
+    t_large: list[float] = []
+    for _ in range(sizes.flat_repeats):
+        t_small.append(timed(small.run) / events)
+        t_large.append(timed(large.run) / events)
+    ratios = [b / s for s, b in zip(t_small, t_large, strict=True)]
+    assert len(large.mc) == sizes.flat_large
+    report.rows += [
+        Row(f"per event, {sizes.flat_small:,} in flight", median(t_small) * 1e9,
+            p90(t_small) * 1e9, "ns"),
+        Row(f"per event, {sizes.flat_large:,} in flight", median(t_large) * 1e9,
+            p90(t_large) * 1e9, "ns"),
+        Row("per event ratio, large ÷ small", median(ratios), p90(ratios), "×", "≤ 1.3",
+            median(ratios) <= 1.3),
+    ]  # fmt: skip
+    report.figures["per_event_ratio_1m_vs_1k"] = median(ratios)
+    report.figures["per_event_ns"] = {
+        str(sizes.flat_small): median(t_small) * 1e9,
+        str(sizes.flat_large): median(t_large) * 1e9,
+    }
+    del small, large
+    gc.collect()
+
+
+# -- threads --------------------------------------------------------------------------------------
+
+
+def _finishing(n: int, prefix: str) -> tuple[MultiConnector, list[str]]:
+    mc = aggregator()
+    ids = [f"{prefix}-{i}" for i in range(n)]
+    for rid in ids:
+        mc.begin(rid)
+        mc.request_finished(rid, BLOCKS)
+    return mc, ids
+
+
+def _deliver(mc: MultiConnector, ids: Sequence[str]) -> None:
+    report = mc.transfer_finished
+    for rid in ids:
+        report(rid, "a")
+        report(rid, "b")
+        report(rid, "c")
+
+
+def _single(n: int) -> float:
+    mc, ids = _finishing(n, "single")
+    seconds = timed(lambda: _deliver(mc, ids))
+    assert len(mc.take()) == n
+    return 3 * n / seconds
+
+
+def _threaded(n: int, threads: int) -> float:
+    mc, ids = _finishing(n, "threaded")
+    shards = [ids[i::threads] for i in range(threads)]
+    barrier = threading.Barrier(threads + 1)
+
+    def worker(shard: Sequence[str]) -> None:
+        barrier.wait()
+        _deliver(mc, shard)
+
+    workers = [threading.Thread(target=worker, args=(s,)) for s in shards]
+    for w in workers:
+        w.start()
+
+    def run() -> None:
+        barrier.wait()
+        for w in workers:
+            w.join()
+
+    seconds = timed(run)
+    assert len(mc.take()) == n
+    return 3 * n / seconds
+
+
+def bench_threads(sizes: Sizes, report: Report) -> None:
+    single: list[float] = []
+    threaded: list[float] = []
+    for _ in range(sizes.thread_repeats):
+        single.append(_single(sizes.thread_requests))
+        threaded.append(_threaded(sizes.thread_requests, sizes.threads))
+    ratios = [t / s for s, t in zip(single, threaded, strict=True)]
+    k = sizes.threads
+    report.rows += [
+        Row("completions/s, 1 thread", median(single), p90(single), "/s"),
+        Row(f"completions/s, {k} threads (total)", median(threaded), p90(threaded), "/s"),
+        Row(f"throughput ratio, {k} threads ÷ 1", median(ratios), p90(ratios), "×", "≥ 0.5",
+            median(ratios) >= 0.5),
+    ]  # fmt: skip
+    report.figures["threads8_vs_single_throughput"] = median(ratios)
+
+
+# -- the model checker ------------------------------------------------------------------------------
+
+
+def bench_check(sizes: Sizes, report: Report, quick: bool) -> None:
+    try:
+        check = importlib.import_module("multiconnector.check")
+    except ImportError:
+        check = None
+    run = getattr(check, "check", None)
+    if run is None:
+        report.notes.append("model checker: multiconnector.check.check() is not available")
+        report.rows.append(Row("model checker states/s, default bound", float("nan"),
+                               float("nan"), "/s", "reported", None))  # fmt: skip
+        report.figures["check_states_per_second"] = None
+        return
+    result = run()
+    rate = float(result.states_per_second)
+    report.rows.append(Row("model checker states/s, default bound", rate, rate, "/s", "reported",
+                           True))  # fmt: skip
+    report.figures["check_states_per_second"] = rate
+
+
+# -- vLLM -----------------------------------------------------------------------------------------
+
+
+def bench_vllm(sizes: Sizes, report: Report) -> None:
+    missing = [m for m in ("vllm", "multiconnector.vllm", "vllm_rows") if not _importable(m)]
+    if missing:
+        line = f"vLLM rows skipped: {', '.join(missing)} not importable (install the vllm extra)"
+        report.notes.append(line)
+        report.figures["lifecycle_ratio_vs_real_vllm"] = None
+        return
+    vllm_rows = importlib.import_module("vllm_rows")
+    vllm_rows.bench(sizes, report)
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+
+def _figure(value: float, unit: str) -> str:
+    if value != value:  # nan
+        return "n/a"
+    if unit == "/s":
+        return f"{value:,.0f}"
+    if unit == "B":
+        return f"{value:,.0f} B"
+    if unit == "×":
+        return f"{value:.2f}×"
+    return f"{value:,.2f} {unit}" if value < 100 else f"{value:,.0f} {unit}"
+
+
+def table(report: Report) -> str:
+    head = ("figure", "median", "p90", "target", "met")
+    lines = [
+        [r.name, _figure(r.median, r.unit), _figure(r.p90, r.unit), r.target,
+         "" if r.met is None else ("met" if r.met else "NOT MET")]
+        for r in report.rows
+    ]  # fmt: skip
+    widths = [max(len(x) for x in col) for col in zip(head, *lines, strict=True)]
+    out = [
+        "| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    for line in lines:
+        cells = [line[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(line[1:], widths[1:])]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out + [f"\n{note}" for note in report.notes])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: proves it runs")
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else Sizes()
+    report = Report()
+    started = time.perf_counter()
+    for name, bench in (
+        ("lifecycle", lambda: bench_lifecycle(sizes, report)),
+        ("memory", lambda: bench_memory(sizes, report)),
+        ("flat", lambda: bench_flat(sizes, report)),
+        ("threads", lambda: bench_threads(sizes, report)),
+        ("check", lambda: bench_check(sizes, report, args.quick)),
+        ("vllm", lambda: bench_vllm(sizes, report)),
+    ):
+        t0 = time.perf_counter()
+        bench()
+        print(f"  {name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    print(table(report))
+    met = [r.met for r in report.rows if r.met is not None]
+    report.figures["all_targets_met"] = all(met)
+    report.figures["quick"] = args.quick
+    report.figures["seconds"] = time.perf_counter() - started
+    report.figures["python"] = platform.python_version()
+    report.figures["rows"] = [r.__dict__ for r in report.rows]
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report.figures, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
