@@ -242,8 +242,7 @@ def steps(path: Iterable[Any], argument: str = "path") -> tuple[Step, ...]:
 def _looks_like_path(value: Any) -> bool:
     """A list of ``[event, source, dest, name]`` lists or of mappings with an ``"event"``."""
     return isinstance(value, list) and all(
-        isinstance(item, list) or (isinstance(item, Mapping) and "event" in item)
-        for item in value
+        isinstance(item, list) or (isinstance(item, Mapping) and "event" in item) for item in value
     )
 
 
@@ -268,7 +267,9 @@ def _collect(data: Any, key: str | None, found: dict[str, Any]) -> None:
             _collect(v, f"{key}[{i}]" if key else str(i), found)
 
 
-def find_path(data: Any, request: str | None = None) -> tuple[str | None, tuple[Step, ...]]:
+def find_path(
+    data: Any, request: str | None = None, prop: str | None = None
+) -> tuple[str | None, tuple[Step, ...]]:
     """The request id and checked steps of one path in parsed JSON.
 
     ``data`` is either a plain list of steps (``json.dumps(record.history)``) or a JSON document
@@ -276,11 +277,21 @@ def find_path(data: Any, request: str | None = None) -> tuple[str | None, tuple[
     as the report of ``multiconnector check --json``. An object with a ``"path"`` names its
     request with ``"request_id"``, ``"request"`` or ``"id"``, or by the key it is stored under.
     ``request`` picks one when there are several; the first found wins for a repeated id.
+    ``prop`` first narrows a check report to the counterexample of the property of that name.
 
     .. versionadded:: 0.1.0
     """
-    if request is not None and not isinstance(request, str):
-        raise InvalidArgumentError(f"request={shown(request)} must be a str or None")
+    for argument, value in (("request", request), ("prop", prop)):
+        if value is not None and not isinstance(value, str):
+            raise InvalidArgumentError(f"{argument}={shown(value)} must be a str or None")
+    if prop is not None:
+        props = data.get("properties") if isinstance(data, Mapping) else None
+        named = {str(p.get("name")): p for p in props or () if isinstance(p, Mapping)}
+        if prop not in named:
+            raise InvalidArgumentError(
+                f"prop={prop!r} must name a property of the check report: {sorted(named)}"
+            )
+        data = named[prop].get("counterexample") or {}
     if _looks_like_path(data):
         if request is not None:
             raise InvalidArgumentError(
@@ -307,7 +318,7 @@ def find_path(data: Any, request: str | None = None) -> tuple[str | None, tuple[
 
 
 def read_path(
-    file: str | os.PathLike[str], request: str | None = None
+    file: str | os.PathLike[str], request: str | None = None, prop: str | None = None
 ) -> tuple[str | None, tuple[Step, ...]]:
     """:func:`find_path` on a JSON file (``"-"``: standard input)."""
     if os.fspath(file) == "-":
@@ -315,7 +326,7 @@ def read_path(
     else:
         with open(file, encoding="utf-8") as fh:
             text = fh.read()
-    return find_path(json.loads(text), request)
+    return find_path(json.loads(text), request, prop)
 
 
 # -- rendering -----------------------------------------------------------------------------------
@@ -504,6 +515,11 @@ def _parser() -> argparse.ArgumentParser:
         "('-': stdin)",
     )
     parser.add_argument("--request", metavar="ID", help="the request whose path to draw")
+    parser.add_argument(
+        "--property",
+        metavar="NAME",
+        help="in a check report, the property whose counterexample to draw",
+    )
     parser.add_argument("--title", help="the diagram's title")
     return parser
 
@@ -520,19 +536,20 @@ def run_cli(argv: Sequence[str]) -> int:
         args = parser.parse_args(list(argv))
     except SystemExit as exc:  # argparse's own exit: 0 for --help, 2 for bad arguments
         return exc.code if isinstance(exc.code, int) else 2
-    if args.all is not None and (args.path is not None or args.request is not None):
+    narrowing = args.request is not None or args.property is not None
+    if args.all is not None and (args.path is not None or narrowing):
         parser.print_usage(sys.stderr)
         print("multiconnector diagram: --all draws the machine only, not a path", file=sys.stderr)
         return 2
-    if args.request is not None and args.path is None:
+    if narrowing and args.path is None:
         parser.print_usage(sys.stderr)
-        print("multiconnector diagram: --request needs --path", file=sys.stderr)
+        print("multiconnector diagram: --request and --property need --path", file=sys.stderr)
         return 2
     path: tuple[Step, ...] | None = None
     request = None
     if args.path is not None:
         try:
-            request, path = read_path(args.path, args.request)
+            request, path = read_path(args.path, args.request, args.property)
         except (OSError, ValueError, InvalidArgumentError) as exc:
             print(f"multiconnector diagram: --path {args.path}: {exc}", file=sys.stderr)
             return 2

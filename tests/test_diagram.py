@@ -295,6 +295,11 @@ def test_find_path_in_plain_lists_and_reports() -> None:
         find_path(report)
     with pytest.raises(InvalidArgumentError, match=r"request='r9' must be one of .*\['r0', 'r1'\]"):
         find_path(report, "r9")
+    assert find_path(report, "r1", prop="q") == ("r1", steps(TWO))
+    with pytest.raises(InvalidArgumentError, match=r"request='r1' must be one of .*\['r0'\]"):
+        find_path(report, "r1", prop="p")
+    with pytest.raises(InvalidArgumentError, match=r"prop='z' must name a .*\['p', 'q'\]"):
+        find_path(report, prop="z")
     assert find_path({"x": {"path": ONE}}) == ("x", steps(ONE))
     with pytest.raises(InvalidArgumentError, match=r"data=\{'ok': True\} .* must be a list"):
         find_path({"ok": True})
@@ -345,7 +350,9 @@ def test_cli_draws_a_path_from_a_check_report(tmp_path: Path) -> None:
     ("argv", "message"),
     [
         (["--format", "png"], "invalid choice: 'png'"),
-        (["--request", "r1"], "--request needs --path"),
+        (["--request", "r1"], "--request and --property need --path"),
+        (["--property", "p"], "--request and --property need --path"),
+        (["--path", "AMBIGUOUS", "--property", "p"], r"prop='p' must name a property .*\[\]"),
         (["--all", "x", "-o", "y"], "not allowed with argument"),
         (["--all", "x", "--path", "p"], "--all draws the machine only"),
         (["--path", "/nonexistent/p.json"], "No such file"),
