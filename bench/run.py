@@ -485,6 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: proves it runs")
+    parser.add_argument("--only", help="comma-separated benchmarks to run (default: all)")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
     report = Report()
@@ -497,6 +498,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("check", lambda: bench_check(sizes, report, args.quick)),
         ("vllm", lambda: bench_vllm(sizes, report)),
     ):
+        if args.only and name not in args.only.split(","):
+            continue
         t0 = time.perf_counter()
         bench()
         print(f"  {name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)

@@ -105,6 +105,7 @@ class MultiConnector:
 
     __slots__ = (
         "_allow_equal",
+        "_applied",
         "_counts",
         "_done",
         "_interned",
@@ -150,6 +151,8 @@ class MultiConnector:
         self._counts: tuple[dict[tuple[Outcome, str | None], int], ...] = tuple(
             {} for _ in range(stripes)
         )
+        # The hot paths count applied events here, by name alone: no key tuple to build and hash.
+        self._applied: tuple[dict[str | None, int], ...] = tuple({} for _ in range(stripes))
         # Name tuples shared by every request with the same awaited set (memory), and each
         # tuple's "minus one name" successors (time): both small, both capped.
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
@@ -203,7 +206,7 @@ class MultiConnector:
         Raises :class:`DuplicateRequestError` while the id is still held (live, or terminal and
         not yet taken): that would discard the first request's bookkeeping. Nothing changes then.
         """
-        if type(request_id) is not str or not request_id:
+        if request_id.__class__ is not str or not request_id:
             bad_request_id(request_id)
         record = RequestTransferState(request_id)
         if self._trace:
@@ -230,9 +233,9 @@ class MultiConnector:
         connector also failed). Either error's ``result``/state is final: later events follow
         the normal rules.
         """
-        if type(request_id) is not str:
+        if request_id.__class__ is not str:
             bad_request_id(request_id)
-        if type(blocks) is not list and type(blocks) is not tuple:
+        if blocks.__class__ is not list and blocks.__class__ is not tuple:
             check_blocks(blocks)
         # The hot path: decisions (machine.DECISIONS), the common merge and the counters inlined,
         # one lock round for the update. A first look at the state, without the lock, spares the
@@ -352,9 +355,11 @@ class MultiConnector:
                         record.expected = self._intern(tuple([e.name for e in savers]))
                         record.abandoned = tuple([n for n in record.expected if n not in awaited])
                     record.params = merged
-            counts = self._counts[index]
-            key = (outcome, _NO_NAME)
-            counts[key] = counts.get(key, 0) + 1
+            if outcome is _APPLIED:
+                applied = self._applied[index]
+                applied[_NO_NAME] = applied.get(_NO_NAME, 0) + 1
+            else:
+                self._count(index, outcome, _NO_NAME)
         finally:
             lock.release()
         result = (outcome, merged if outcome is _APPLIED else None)
@@ -401,9 +406,9 @@ class MultiConnector:
         Raises :class:`InvalidNameError` when ``name`` is not a ``str`` (an ``int`` index, say)
         and :class:`InvalidArgumentError` for a bad ``request_id`` or ``blocks``.
         """
-        if type(name) is not str:
+        if name.__class__ is not str:
             bad_name(name)
-        if type(request_id) is not str:
+        if request_id.__class__ is not str:
             bad_request_id(request_id)
         if blocks.__class__ is not tuple and blocks.__class__ is not list:
             check_blocks(blocks)
@@ -438,15 +443,18 @@ class MultiConnector:
                     following = self._without.get(awaiting)
                     rest = None if following is None else following.get(name)
                     record.awaiting = self._minus(awaiting, name) if rest is None else rest
-            counts = self._counts[index]
-            key = (outcome, name)
-            counts[key] = counts.get(key, 0) + 1
+            if outcome is _APPLIED:
+                applied = self._applied[index]
+                applied[name] = applied.get(name, 0) + 1
+            else:
+                self._count(index, outcome, name)
         finally:
             lock.release()
         if outcome is not _APPLIED:
             self._log_ignored("transfer_finished", request_id, name, outcome)
             return outcome
-        entry = self._registry.entry(name)
+        # The registry's current entries, read as `entry(name)` does, without the call.
+        entry = self._registry._entries.get(name)
         if entry is not None and entry.on_finished is not None:
             self._call_back(entry, entry.on_finished, request_id, blocks)
         return outcome
@@ -657,9 +665,9 @@ class MultiConnector:
 
     def _merged_counts(self) -> dict[tuple[Outcome, str | None], int]:
         merged: dict[tuple[Outcome, str | None], int] = {}
-        for lock, counts in zip(self._locks, self._counts, strict=True):
+        for lock, counts, applied in zip(self._locks, self._counts, self._applied, strict=True):
             with lock:
-                items = list(counts.items())
+                items = [*counts.items(), *(((_APPLIED, k), n) for k, n in applied.items())]
             for key, n in items:
                 merged[key] = merged.get(key, 0) + n
         return merged
