@@ -1,0 +1,497 @@
+"""The connector's methods called directly, with scripted children: both roles, no scheduler.
+
+The worker side (per-layer load and save) needs a GPU model runner to run for real, so its
+methods are exercised here the way the runner calls them.
+"""
+
+from __future__ import annotations
+
+from vllm_support import require_vllm
+
+require_vllm()
+
+import inspect  # noqa: E402
+import json  # noqa: E402
+import pickle  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import msgspec  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from prometheus_client import Counter, Gauge, Histogram  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
+    KVConnectorBase_V1,
+    KVConnectorRole,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (  # noqa: E402
+    ExampleConnectorMetadata,
+)
+from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
+from vllm_children import (  # noqa: E402
+    ScriptedHandshake,
+    ScriptedMetadata,
+    ScriptedStats,
+    ScriptedWorkerMetadata,
+    child,
+    script,
+)
+from vllm_harness import make_config, make_connector, make_request  # noqa: E402
+
+from multiconnector import (  # noqa: E402
+    ConnectorFailures,
+    DuplicateConnectorError,
+    InvalidArgumentError,
+    InvalidNameError,
+    Outcome,
+)
+from multiconnector.vllm import (  # noqa: E402
+    ChildStartError,
+    MetadataMismatchError,
+    NamedHandshakeMetadata,
+    NamedMultiConnector,
+    NamedMultiConnectorMetadata,
+    NamedMultiConnectorStats,
+    NamedMultiConnectorWorkerMetadata,
+    NamedPromMetrics,
+    child_specs,
+    msgspec_dec_hook,
+    msgspec_enc_hook,
+)
+
+pytestmark = pytest.mark.vllm
+
+#: Public members of vLLM's base class that NamedMultiConnector inherits on purpose.
+INHERITED = {
+    "role": "a property of the base's own state, set by the base constructor",
+    "has_connector_metadata": (
+        "reads the base's own slot, which bind_connector_metadata sets through super()"
+    ),
+}
+
+
+def connector(model: Path, role: KVConnectorRole, **scripts: Any) -> Any:
+    return make_connector(make_config(model, [child(name, s) for name, s in scripts.items()]), role)
+
+
+def worker(model: Path, **scripts: Any) -> Any:
+    return connector(model, KVConnectorRole.WORKER, **scripts)
+
+
+def metadata(w: Any, **plan: Any) -> NamedMultiConnectorMetadata:
+    return NamedMultiConnectorMetadata(
+        {name: ScriptedMetadata(name) for name in w.children}, **plan
+    )
+
+
+# -- the whole base API ------------------------------------------------------------------------
+
+
+def test_every_public_base_method_is_overridden_or_consciously_inherited() -> None:
+    public = {name for name in dir(KVConnectorBase_V1) if not name.startswith("_")}
+    overridden = {name for name in public if name in vars(NamedMultiConnector)}
+    assert public - overridden == set(INHERITED), "decide about each new base method"
+    for name in INHERITED:
+        assert name not in vars(NamedMultiConnector)
+
+
+def test_overrides_keep_the_base_signatures() -> None:
+    for name in vars(NamedMultiConnector):
+        base = inspect.getattr_static(KVConnectorBase_V1, name, None)
+        if name.startswith("_") or not callable(base) or isinstance(base, property):
+            continue
+        ours = inspect.getattr_static(NamedMultiConnector, name)
+        assert type(ours) is type(base), name  # classmethods stay classmethods
+        params = list(inspect.signature(getattr(KVConnectorBase_V1, name)).parameters)
+        assert list(inspect.signature(getattr(NamedMultiConnector, name)).parameters) == params
+
+
+# -- configuration -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "error", "message"),
+    [
+        ({}, InvalidArgumentError, "must be a non-empty list"),
+        ({"connectors": []}, InvalidArgumentError, "must be a non-empty list"),
+        ({"connectors": ["ExampleConnector"]}, InvalidArgumentError, "must be a mapping"),
+        ({"connectors": [{"kv_connector": "ExampleConnector"}]}, InvalidNameError, "'name'"),
+        ({"connectors": [{"name": "", "kv_connector": "X"}]}, InvalidNameError, "non-empty"),
+        ({"connectors": [{"name": 3, "kv_connector": "X"}]}, InvalidNameError, "int"),
+        ({"connectors": [{"name": "a"}]}, InvalidArgumentError, "kv_connector"),
+        (
+            {"connectors": [{"name": "a", "kv_connector": "X", "colour": "red"}]},
+            InvalidArgumentError,
+            "not a valid KVTransferConfig",
+        ),
+        (
+            {
+                "connectors": [
+                    {"name": "a", "kv_connector": "X"},
+                    {"name": "a", "kv_connector": "Y"},
+                ]
+            },
+            DuplicateConnectorError,
+            "unique",
+        ),
+    ],
+)
+def test_bad_children_are_rejected_with_a_clear_message(
+    extra: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        child_specs(extra)
+
+
+def test_a_bad_child_starts_nothing(model: Path) -> None:
+    a = script()
+    config = make_config(model, [child("a", a), {"name": "a", "kv_connector": "X"}])
+    with pytest.raises(DuplicateConnectorError):
+        make_connector(config, KVConnectorRole.SCHEDULER)
+    assert a.instances == []
+
+
+def test_children_take_the_parents_role_and_engine_id() -> None:
+    (spec,) = child_specs(
+        {"connectors": [{"name": "a", "kv_connector": "ExampleConnector"}]},
+        kv_role="kv_consumer",
+        engine_id="engine-7",
+    )
+    assert spec.config.kv_role == "kv_consumer"
+    assert spec.config.engine_id == "engine-7"
+
+
+def test_a_failed_constructor_names_the_child_and_reports_shutdown_failures(
+    model: Path,
+) -> None:
+    a = script(shutdown_error=RuntimeError("a stuck"))
+    b = script()
+    c = script(init_error=OSError("no device"))
+    config = make_config(model, [child("a", a), child("b", b), child("c", c)])
+    with pytest.raises(ChildStartError) as caught:
+        make_connector(config, KVConnectorRole.SCHEDULER)
+    error = caught.value
+    assert (error.name, error.started) == ("c", ("a", "b"))
+    assert (a.shutdowns, b.shutdowns) == (1, 1)
+    assert list(error.shutdown_failures) == ["a"]
+    assert "'c'" in str(error)
+    assert "'a' raised RuntimeError('a stuck')" in str(error)
+    assert isinstance(error.__cause__, OSError)
+    assert isinstance(error, RuntimeError)
+
+
+def test_class_level_queries_ask_every_child(model: Path, tmp_path: Path) -> None:
+    example = {
+        "name": "disk",
+        "kv_connector": "ExampleConnector",
+        "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
+    }
+    config = make_config(model, [example, child("a", script())])
+    extra = config.kv_transfer_config.kv_connector_extra_config
+    assert NamedMultiConnector.requires_piecewise_for_cudagraph(extra) is False
+    assert NamedMultiConnector.supports_sleep_mode(config.kv_transfer_config) is True
+    assert NamedMultiConnector.get_required_kvcache_layout(config) is None
+
+
+# -- metadata across processes -----------------------------------------------------------------
+
+
+def test_metadata_survives_a_pickle_round_trip() -> None:
+    example = ExampleConnectorMetadata()
+    example.add_request([1, 2, 3, 4], [0], 2, is_store=True, mm_hashes=[])
+    sent = NamedMultiConnectorMetadata(
+        {"disk": example, "pd": ScriptedMetadata("pd", ["r1"])},
+        savers={"r1": ("disk", "pd")},
+        loads={"r2": "pd"},
+    )
+    received = pickle.loads(pickle.dumps(sent))
+    assert received.savers == {"r1": ("disk", "pd")}
+    assert received.loads == {"r2": "pd"}
+    assert received.children["pd"] == ScriptedMetadata("pd", ["r1"])
+    assert torch.equal(
+        received.children["disk"].requests[0].slot_mapping, example.requests[0].slot_mapping
+    )
+
+
+def test_metadata_survives_a_msgspec_round_trip() -> None:
+    sent = NamedMultiConnectorMetadata(
+        {"a": ScriptedMetadata("a", ["r1", "r2"]), "b": ScriptedMetadata("b")},
+        savers={"r1": ("a", "b")},
+        loads={"r2": "b"},
+    )
+    data = msgspec.msgpack.encode(sent, enc_hook=msgspec_enc_hook)
+    received = msgspec.msgpack.decode(
+        data, type=NamedMultiConnectorMetadata, dec_hook=msgspec_dec_hook
+    )
+    assert received == sent
+    assert type(received.children["a"]) is ScriptedMetadata
+    assert received.savers["r1"] == ("a", "b")
+
+
+def test_msgspec_decoding_refuses_a_type_that_is_not_metadata() -> None:
+    forged = msgspec.msgpack.encode({"children": {"a": ["builtins:dict", {}]}})
+    with pytest.raises(msgspec.ValidationError, match="KVConnectorMetadata subclass"):
+        msgspec.msgpack.decode(forged, type=NamedMultiConnectorMetadata, dec_hook=msgspec_dec_hook)
+
+
+def test_metadata_must_name_exactly_the_children(model: Path) -> None:
+    w = worker(model, a=script(), b=script())
+    with pytest.raises(MetadataMismatchError, match=r"missing \['b'\]"):
+        w.bind_connector_metadata(NamedMultiConnectorMetadata({"a": ScriptedMetadata()}))
+    with pytest.raises(MetadataMismatchError, match=r"unexpected \['z'\]"):
+        w.bind_connector_metadata(metadata(w, savers={"r1": ("a", "z")}))
+    with pytest.raises(InvalidArgumentError):
+        w.bind_connector_metadata(ScriptedMetadata())
+
+
+def test_each_child_is_bound_its_own_metadata_and_cleared(model: Path) -> None:
+    w = worker(model, a=script(), b=script())
+    w.bind_connector_metadata(metadata(w))
+    assert w.has_connector_metadata()
+    assert [c.bound[-1].label for c in w.children.values()] == ["a", "b"]
+    w.handle_preemptions(metadata(w))
+    w.clear_connector_metadata()
+    assert not w.has_connector_metadata()
+    assert not any(c.has_connector_metadata() for c in w.children.values())
+
+
+# -- worker: releasing saves -------------------------------------------------------------------
+
+
+def test_a_request_is_released_once_every_saver_reported(model: Path) -> None:
+    a, b, c = script(), script(), script()
+    w = worker(model, a=a, b=b, c=c)
+    w.bind_connector_metadata(metadata(w, savers={"r1": ("a", "b")}))
+    a.sending.add("r1")
+    c.sending.add("r1")  # phantom
+    c.sending.add("r9")  # a request nobody saves
+    assert w.get_finished({"r1"}) == (None, None)
+    a.sending.add("r1")  # duplicate
+    assert w.get_finished(set()) == (None, None)
+    b.sending.add("r1")
+    assert w.get_finished(set()) == ({"r1"}, None)
+    b.sending.add("r1")  # late
+    assert w.get_finished(set()) == (None, None)
+    counts = w.connector_counts()
+    assert counts["a"] == {Outcome.applied: 1, Outcome.duplicate: 1}
+    assert counts["b"] == {Outcome.applied: 1, Outcome.unknown_request: 1}
+    assert counts["c"] == {Outcome.phantom: 1, Outcome.unknown_request: 1}
+    assert len(w.tracker) == 0
+
+
+def test_binding_the_same_metadata_twice_changes_nothing(model: Path) -> None:
+    a = script()
+    w = worker(model, a=a, b=script())
+    shipped = metadata(w, savers={"r1": ("a",)})
+    w.bind_connector_metadata(shipped)
+    w.bind_connector_metadata(shipped)
+    a.sending.add("r1")
+    assert w.get_finished(set()) == ({"r1"}, None)
+
+
+# -- worker: load completions ------------------------------------------------------------------
+
+
+def test_one_load_completion_per_load_from_the_loader(model: Path) -> None:
+    a, b = script(), script()
+    w = worker(model, a=a, b=b)
+    w.bind_connector_metadata(metadata(w, loads={"r1": "a"}))
+    b.recving.add("r1")  # phantom: b does not load r1
+    assert w.get_finished(set()) == (None, None)
+    a.recving.add("r1")
+    a.failed.add("r1")
+    results = w.get_transfer_results(set())
+    assert (results.finished_recving, results.failed_recving) == ({"r1"}, {"r1"})
+    a.recving.add("r1")  # duplicate
+    assert w.get_finished({"r1"}) == (None, None)
+    a.recving.add("r1")  # late: the request is gone
+    assert w.get_finished(set()) == (None, None)
+    assert w.connector_counts()["a"] == {
+        Outcome.applied: 1,
+        Outcome.duplicate: 1,
+        Outcome.unknown_request: 1,
+    }
+    assert w.connector_counts()["b"] == {Outcome.phantom: 1}
+    assert len(w.load_tracker) == 0
+
+
+def test_a_request_finished_while_loading_gets_its_one_completion(model: Path) -> None:
+    a = script()
+    w = worker(model, a=a)
+    w.bind_connector_metadata(metadata(w, loads={"r1": "a"}))
+    assert w.get_finished({"r1"}) == (None, None)  # aborted before the load finished
+    assert "r1" in w.load_tracker
+    a.recving.add("r1")
+    assert w.get_finished(set()) == (None, {"r1"})
+    assert len(w.load_tracker) == 0
+
+
+def test_a_request_loaded_again_after_preemption_takes_the_new_loader(model: Path) -> None:
+    a, b = script(), script()
+    w = worker(model, a=a, b=b)
+    w.bind_connector_metadata(metadata(w, loads={"r1": "a"}))
+    a.recving.add("r1")
+    assert w.get_finished(set()) == (None, {"r1"})
+    w.bind_connector_metadata(metadata(w, loads={"r1": "b"}))
+    a.recving.add("r1")
+    b.recving.add("r1")
+    assert w.get_finished(set()) == (None, {"r1"})
+    assert w.connector_counts()["a"][Outcome.phantom] == 1
+
+
+# -- worker: the other fan-outs ----------------------------------------------------------------
+
+
+def test_every_child_is_called_and_every_failure_raised(model: Path) -> None:
+    a = script(raise_in={"wait_for_save": RuntimeError("a")})
+    b = script(raise_in={"wait_for_save": OSError("b")})
+    c = script()
+    w = worker(model, a=a, b=b, c=c)
+    with pytest.raises(ConnectorFailures) as caught:
+        w.wait_for_save()
+    assert caught.value.failed == ("a", "b")
+    assert [type(e) for e in caught.value.exceptions] == [RuntimeError, OSError]
+    assert c.names("wait_for_save") == [("wait_for_save",)]
+
+
+def test_layer_calls_reach_every_child(model: Path) -> None:
+    a, b = script(), script()
+    w = worker(model, a=a, b=b)
+    w.register_kv_caches({})
+    w.start_load_kv(None)
+    w.wait_for_layer_load("layer.0")
+    w.save_kv_layer("layer.0", torch.zeros(1), None)
+    w.finish_forward()
+    w.reset_capture_state()
+    w.unregister_kv_caches()
+    w.restore_kv_caches()
+    w.set_host_xfer_buffer_ops(lambda *args: None)
+    for s in (a, b):
+        assert [call[0] for call in s.calls] == [
+            "start_load_kv",
+            "wait_for_layer_load",
+            "save_kv_layer",
+        ]
+    assert w.get_block_ids_with_load_errors() == set()
+    assert w.get_finished_count() is None
+    assert w.get_kv_connector_kv_cache_events() is None
+
+
+def test_only_one_child_may_provide_a_memory_pool(model: Path) -> None:
+    w = worker(model, a=script(), b=script())
+    assert w.get_mem_pool_context() is None
+    pool = nullcontext()
+    w.children["a"].get_mem_pool_context = lambda: pool
+    assert w.get_mem_pool_context() is pool
+    w.children["b"].get_mem_pool_context = nullcontext
+    with pytest.raises(ValueError, match=r"\['a', 'b'\]"):
+        w.get_mem_pool_context()
+
+
+def test_worker_metadata_is_keyed_and_aggregated_by_name(model: Path) -> None:
+    a, b = script(), script()
+    w = worker(model, a=a, b=b)
+    mine = w.build_connector_worker_meta()
+    assert mine == NamedMultiConnectorWorkerMetadata(
+        {"a": ScriptedWorkerMetadata([a.label]), "b": ScriptedWorkerMetadata([b.label])}
+    )
+    other = NamedMultiConnectorWorkerMetadata({"b": ScriptedWorkerMetadata(["other"])})
+    merged = mine.aggregate(other)
+    assert merged.children["a"].seen == [a.label]
+    assert merged.children["b"].seen == [b.label, "other"]
+    assert mine.children["b"].seen == [b.label]  # a new object
+    with pytest.raises(InvalidArgumentError):
+        mine.aggregate(ScriptedWorkerMetadata())
+
+
+def test_handshake_metadata_goes_back_to_its_own_child(model: Path) -> None:
+    a, b, c = script(handshake="a-side"), script(handshake="b-side"), script()
+    w = worker(model, a=a, b=b, c=c)
+    handshake = w.get_handshake_metadata()
+    assert handshake == NamedHandshakeMetadata(
+        {"a": ScriptedHandshake("a-side"), "b": ScriptedHandshake("b-side")}
+    )
+    scheduler = connector(model, KVConnectorRole.SCHEDULER, a=a, b=b, c=c)
+    scheduler.set_xfer_handshake_metadata_pp_aware({(0, 0): handshake, (0, 1): handshake})
+    assert a.names("set_xfer_handshake_metadata")[-1][1] == {
+        0: ScriptedHandshake("a-side"),
+        1: ScriptedHandshake("a-side"),
+    }
+    assert b.names("set_xfer_handshake_metadata")[-1][1][1] == ScriptedHandshake("b-side")
+    assert c.names("set_xfer_handshake_metadata") == []
+
+
+# -- stats and shutdown ------------------------------------------------------------------------
+
+
+def test_stats_are_keyed_by_name_and_rebuilt_from_their_payload(model: Path) -> None:
+    w = worker(model, a=script(stats=1), b=script(stats=2), c=script())
+    stats = w.get_kv_connector_stats()
+    assert isinstance(stats, NamedMultiConnectorStats)
+    assert stats.reduce() == {"a.count": 1, "b.count": 2}
+    payload = json.loads(json.dumps(stats.to_dict()))  # crosses to the front end
+    rebuilt = NamedMultiConnector.build_kv_connector_stats(payload)
+    assert rebuilt.reduce() == {"a.count": 1, "b.count": 2}
+    assert isinstance(rebuilt.data["a"], ScriptedStats)
+    rebuilt.aggregate(stats)
+    assert rebuilt.reduce() == {"a.count": 2, "b.count": 4}
+    assert not rebuilt.is_empty()
+    rebuilt.reset()
+    assert rebuilt.is_empty()
+    assert NamedMultiConnector.build_kv_connector_stats() == NamedMultiConnectorStats()
+    with pytest.raises(InvalidArgumentError, match="'a'"):
+        NamedMultiConnector.build_kv_connector_stats({"a": {"count": 1}})
+
+
+def test_no_child_with_stats_means_no_stats(model: Path) -> None:
+    assert worker(model, a=script()).get_kv_connector_stats() is None
+
+
+def test_prometheus_metrics_are_routed_by_name(model: Path) -> None:
+    config = make_config(model, [child("a", script())])
+    metrics = NamedMultiConnector.build_prom_metrics(
+        config, {Gauge: Gauge, Counter: Counter, Histogram: Histogram}, ["engine"], {0: ["0"]}
+    )
+    assert isinstance(metrics, NamedPromMetrics)
+    assert metrics.by_name == {}  # the scripted class has no metrics of its own
+    metrics.observe({"a": {"stats": {}}})
+
+
+def test_shutdown_attempts_every_child(model: Path) -> None:
+    a, b = script(shutdown_error=RuntimeError("a")), script()
+    w = worker(model, a=a, b=b)
+    with pytest.raises(ConnectorFailures) as caught:
+        w.shutdown()
+    assert caught.value.failed == ("a",)
+    assert (a.shutdowns, b.shutdowns) == (1, 1)
+
+
+# -- scheduler side, called directly -----------------------------------------------------------
+
+
+def test_a_child_that_takes_the_partial_tail_is_awaited(model: Path) -> None:
+    a, b = script(tail=True), script()
+    s = connector(model, KVConnectorRole.SCHEDULER, a=a, b=b)
+    request = make_request("r1")
+    s.on_new_request(request)
+    assert s.register_finished_partial_tail(request, ([1, 2],), [(0, 1, 2)]) is True
+    assert s.request_finished(request, [1, 2]) == (True, None)
+    assert s.tracker.get("r1").awaiting == ("a",)
+
+
+def test_scheduler_fan_outs(model: Path) -> None:
+    a, b = script(), script()
+    s = connector(model, KVConnectorRole.SCHEDULER, a=a, b=b)
+    assert list(s.take_events()) == [f"event-{a.label}", f"event-{b.label}"]
+    assert s.has_pending_block_frees() is False
+    assert s.has_pending_push_work() is False
+    assert s.reset_cache() is True
+    assert s.requires_kv_delivery is True  # kv_both produces KV
+    assert s.supports_divergent_local_hybrid_hits is False
+    request = make_request("r1")
+    assert s.get_num_new_matched_tokens(request, 0) == (0, False)
+    assert s.get_loaded_kv_cache_group_ids(request) == (0,)
+    assert s.get_external_cache_hit_sources(request, 0) == {}
+    with pytest.raises(InvalidArgumentError):
+        s.update_connector_output(KVConnectorOutput(kv_connector_worker_meta=object()))

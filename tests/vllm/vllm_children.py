@@ -1,0 +1,214 @@
+"""Scripted vLLM child connectors, loaded by vLLM through this module's path.
+
+A child's ``kv_connector_extra_config`` names a :class:`Script` registered in :data:`SCRIPTS`;
+every instance built from it (scheduler and worker role, ours or vLLM's ``MultiConnector``)
+shares that script, so a test sets answers and queues worker reports in one place.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
+    KVConnectorMetadata,
+    KVConnectorTransferResults,
+    KVConnectorWorkerMetadata,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+MODULE = __name__
+SCRIPTS: dict[str, Script] = {}
+_labels = itertools.count()
+
+
+@dataclass
+class Script:
+    """What every connector built from one child config answers, and what it was asked."""
+
+    label: str
+    tokens: int | None = 0
+    load_async: bool = False
+    saves: bool = False
+    params: dict[str, Any] | None = None
+    stats: int | None = None
+    tail: bool = False
+    handshake: str | None = None
+    init_error: Exception | None = None
+    shutdown_error: Exception | None = None
+    raise_in: dict[str, Exception] = field(default_factory=dict)
+    # Worker reports, handed out by the next get_transfer_results.
+    sending: set[str] = field(default_factory=set)
+    recving: set[str] = field(default_factory=set)
+    failed: set[str] = field(default_factory=set)
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    instances: list[ScriptedConnector] = field(default_factory=list)
+    shutdowns: int = 0
+
+    def names(self, method: str) -> list[tuple[Any, ...]]:
+        return [call for call in self.calls if call[0] == method]
+
+
+def script(**answers: Any) -> Script:
+    """A new script under a fresh label."""
+    made = Script(label=f"s{next(_labels)}", **answers)
+    SCRIPTS[made.label] = made
+    return made
+
+
+def child(name: str | None, made: Script, **config: Any) -> dict[str, Any]:
+    """A child entry for ``kv_connector_extra_config['connectors']`` (no name: vLLM's form)."""
+    entry: dict[str, Any] = {
+        "kv_connector": "ScriptedConnector",
+        "kv_connector_module_path": MODULE,
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"script": made.label},
+        **config,
+    }
+    if name is not None:
+        entry["name"] = name
+    return entry
+
+
+@dataclass
+class ScriptedMetadata(KVConnectorMetadata):
+    label: str = ""
+    requests: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ScriptedWorkerMetadata(KVConnectorWorkerMetadata):
+    seen: list[str] = field(default_factory=list)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        assert isinstance(other, ScriptedWorkerMetadata)
+        return ScriptedWorkerMetadata([*self.seen, *other.seen])
+
+
+@dataclass
+class ScriptedHandshake(KVConnectorHandshakeMetadata):
+    text: str = ""
+
+
+@dataclass
+class ScriptedStats(KVConnectorStats):
+    def reset(self) -> None:
+        self.data.clear()
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        self.data["count"] = self.data.get("count", 0) + other.data.get("count", 0)
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {"count": self.data.get("count", 0)}
+
+    def is_empty(self) -> bool:
+        return not self.data.get("count")
+
+
+class ScriptedConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        label = self._kv_transfer_config.kv_connector_extra_config["script"]
+        self.script = SCRIPTS[label]
+        if self.script.init_error is not None:
+            raise self.script.init_error
+        self.script.instances.append(self)
+        self.bound: list[Any] = []
+
+    def _call(self, method: str, *args: Any) -> None:
+        self.script.calls.append((method, *args))
+        error = self.script.raise_in.get(method)
+        if error is not None:
+            raise error
+
+    # scheduler side
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
+        self._call("get_num_new_matched_tokens", request.request_id, num_computed_tokens)
+        tokens = self.script.tokens
+        return tokens, bool(tokens) and self.script.load_async
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        self._call("update_state_after_alloc", request.request_id, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> ScriptedMetadata:
+        self._call("build_connector_meta")
+        return ScriptedMetadata(
+            self.script.label, [r.req_id for r in scheduler_output.scheduled_new_reqs]
+        )
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> Any:
+        self._call("request_finished", request.request_id)
+        return self.script.saves, self.script.params
+
+    def register_finished_partial_tail(self, request: Any, block_ids: Any, tails: Any) -> bool:
+        self._call("register_finished_partial_tail", request.request_id)
+        return self.script.tail
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        self._call("update_connector_output", connector_output.kv_connector_worker_meta)
+
+    def take_events(self) -> Iterable[Any]:
+        return [f"event-{self.script.label}"]
+
+    # worker side
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        self.bound.append(connector_metadata)
+        super().bind_connector_metadata(connector_metadata)
+
+    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+        self._call("handle_preemptions", kv_connector_metadata)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        self._call("start_load_kv")
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self._call("wait_for_layer_load", layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kw: Any) -> None:
+        self._call("save_kv_layer", layer_name)
+
+    def wait_for_save(self) -> None:
+        self._call("wait_for_save")
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        self._call("get_transfer_results", frozenset(finished_req_ids))
+        script = self.script
+        results = KVConnectorTransferResults(
+            finished_sending=set(script.sending),
+            finished_recving=set(script.recving),
+            failed_recving=set(script.failed),
+        )
+        script.sending.clear()
+        script.recving.clear()
+        script.failed.clear()
+        return results
+
+    def build_connector_worker_meta(self) -> ScriptedWorkerMetadata:
+        return ScriptedWorkerMetadata([self.script.label])
+
+    def get_handshake_metadata(self) -> ScriptedHandshake | None:
+        if self.script.handshake is None:
+            return None
+        return ScriptedHandshake(self.script.handshake)
+
+    def set_xfer_handshake_metadata(self, metadata: dict[int, Any]) -> None:
+        self._call("set_xfer_handshake_metadata", metadata)
+
+    def get_kv_connector_stats(self) -> ScriptedStats | None:
+        if self.script.stats is None:
+            return None
+        return ScriptedStats(data={"count": self.script.stats})
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> ScriptedStats:
+        return ScriptedStats(data=dict(data or {}))
+
+    def shutdown(self) -> None:
+        self.script.shutdowns += 1
+        if self.script.shutdown_error is not None:
+            raise self.script.shutdown_error

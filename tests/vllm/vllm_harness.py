@@ -1,0 +1,184 @@
+"""vLLM's real v1 Scheduler on the CPU, driven the way its model runner would drive it.
+
+The model is a local folder holding only a tiny OPT ``config.json``; the scheduler side needs
+nothing else. The worker side (per-layer load and save) needs a GPU model runner, so
+:class:`Engine` plays the runner's part for the connector: it binds each step's metadata (after a
+pickle round trip, as vLLM ships it to workers), asks for transfer results and hands them back.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from vllm import SamplingParams
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+BLOCK = 16
+EOS = 2
+OURS = ("NamedMultiConnector", "multiconnector.vllm")
+THEIRS = ("MultiConnector", None)
+
+TINY_OPT = {
+    "architectures": ["OPTForCausalLM"],
+    "model_type": "opt",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "ffn_dim": 128,
+    "vocab_size": 1000,
+    "max_position_embeddings": 512,
+    "word_embed_proj_dim": 64,
+    "do_layer_norm_before": True,
+    "torch_dtype": "float32",
+}
+
+init_none_hash(sha256)
+
+
+def write_model(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(TINY_OPT))
+    return folder
+
+
+def make_config(
+    model: Path,
+    children: list[dict[str, Any]],
+    *,
+    ours: bool = True,
+    kv_role: str = "kv_both",
+) -> VllmConfig:
+    """A VllmConfig whose connector is ours or vLLM's MultiConnector over ``children``."""
+    connector, module = OURS if ours else THEIRS
+    if not ours:  # vLLM's own reads each child as a KVTransferConfig: no 'name' key
+        children = [{k: v for k, v in c.items() if k != "name"} for c in children]
+    return VllmConfig(
+        model_config=ModelConfig(model=str(model), skip_tokenizer_init=True),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=16,
+            max_num_batched_tokens=64,
+            max_model_len=512,
+            enable_chunked_prefill=True,
+            is_encoder_decoder=False,
+        ),
+        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector=connector,
+            kv_connector_module_path=module,
+            kv_role=kv_role,
+            kv_connector_extra_config={"connectors": children},
+        ),
+        device_config=DeviceConfig("cpu"),
+    )
+
+
+def make_kv_cache_config(num_blocks: int = 64) -> KVCacheConfig:
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
+    )
+
+
+def make_scheduler(config: VllmConfig, num_blocks: int = 64) -> Scheduler:
+    config.cache_config.num_gpu_blocks = num_blocks
+    return Scheduler(
+        vllm_config=config,
+        kv_cache_config=make_kv_cache_config(num_blocks),
+        log_stats=True,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=BLOCK,
+    )
+
+
+def make_connector(config: VllmConfig, role: KVConnectorRole) -> Any:
+    """The connector vLLM's factory builds for ``role``, loaded as configured."""
+    return KVConnectorFactory.create_connector(config, role, make_kv_cache_config())
+
+
+def make_request(request_id: str, num_tokens: int = 40, max_tokens: int = 1) -> Request:
+    params = SamplingParams(max_tokens=max_tokens)
+    params.update_from_generation_config({}, EOS)
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=[(7 * i + len(request_id)) % 900 + 10 for i in range(num_tokens)],
+        sampling_params=params,
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(BLOCK, sha256),
+    )
+
+
+class Engine:
+    """A scheduler plus, optionally, one worker-role connector standing in for the workers."""
+
+    def __init__(self, config: VllmConfig, *, worker: bool = True) -> None:
+        self.config = config
+        self.scheduler = make_scheduler(config)
+        self.worker = make_connector(config, KVConnectorRole.WORKER) if worker else None
+        self.outputs: dict[str, Any] = {}
+        self.scheduled: list[dict[str, int]] = []
+
+    @property
+    def connector(self) -> Any:
+        return self.scheduler.connector
+
+    def add(self, request: Request) -> Request:
+        self.scheduler.add_request(request)
+        return request
+
+    def step(self, token: int = 7) -> Any:
+        """One engine step: schedule, run the worker connector, update from the output."""
+        scheduler_output = self.scheduler.schedule()
+        self.scheduled.append(dict(scheduler_output.num_scheduled_tokens))
+        kv_output = None
+        if self.worker is not None:
+            shipped = pickle.loads(pickle.dumps(scheduler_output))  # how workers receive it
+            worker = self.worker
+            worker.bind_connector_metadata(shipped.kv_connector_metadata)
+            worker.wait_for_save()
+            results = worker.get_transfer_results(shipped.finished_req_ids)
+            kv_output = KVConnectorOutput(
+                finished_sending=results.finished_sending or None,
+                finished_recving=results.finished_recving or None,
+                failed_recving=results.failed_recving,
+                kv_connector_worker_meta=worker.build_connector_worker_meta(),
+            )
+            worker.clear_connector_metadata()
+        ids = list(scheduler_output.num_scheduled_tokens)
+        runner_output = ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            sampled_token_ids=[[token] for _ in ids],
+            kv_connector_output=kv_output,
+        )
+        engine_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        for outputs in engine_outputs.values():
+            for output in outputs.outputs:
+                if output.finish_reason is not None:
+                    self.outputs[output.request_id] = output
+        return engine_outputs
+
+    def held(self, request_id: str) -> bool:
+        """Whether the scheduler still holds the request (its blocks are not freed)."""
+        return request_id in self.scheduler.requests
