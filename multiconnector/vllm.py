@@ -770,7 +770,6 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 self._tracker.request_finished(request_id)
             finally:
                 del self._save_plan[request_id]
-            self._tracker.take()  # releases nothing: each has savers, so it is finishing
         for request_id, name in metadata.loads.items():
             if request_id not in self._loads:
                 self._loads.begin(request_id)

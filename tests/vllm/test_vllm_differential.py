@@ -160,6 +160,22 @@ def test_a_duplicate_load_completion_is_ignored(model: Path, ours: bool) -> None
     assert e.outputs["r1"].finish_reason is not None
 
 
+@both("a load completion after the request was freed crashes the scheduler")
+def test_a_late_load_completion_is_ignored(model: Path, ours: bool) -> None:
+    a = script(tokens=32, load_async=True)
+    e = engine(model, ours, a=a, b=script())
+    e.add(make_request("r1", num_tokens=40, max_tokens=1))
+    e.step()
+    a.recving.add("r1")
+    e.step()
+    e.step()  # runs the rest of the prompt and finishes
+    e.step()  # the workers learn it finished; its blocks are freed
+    assert not e.held("r1")
+    a.recving.add("r1")  # the same completion, delivered once more
+    e.step()
+    assert e.outputs["r1"].finish_reason is not None
+
+
 @both("a load completion from a child that was not chosen to load releases the request early")
 def test_a_phantom_load_completion_is_ignored(model: Path, ours: bool) -> None:
     a, b = script(tokens=32, load_async=True), script()
