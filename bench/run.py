@@ -16,6 +16,7 @@ import gc
 import importlib
 import importlib.util
 import json
+import math
 import platform
 import statistics
 import sys
@@ -171,7 +172,9 @@ def bench_lifecycle(sizes: Sizes, report: Report) -> None:
     connectors = [TrivialConnector(n) for n in NAMES]
     ours = lifecycles_ours(mc, ids)
     vllm_style = lifecycles_vllm_style(VllmStyleBookkeeping(connectors), ids)
-    machine = lifecycles_machine(MachinePerRequest(dict(zip(NAMES, connectors))), machine_ids)
+    machine = lifecycles_machine(
+        MachinePerRequest(dict(zip(NAMES, connectors, strict=True))), machine_ids
+    )
     ours()  # warm up: first calls specialise the interpreter's code
     vllm_style()
     machine()
@@ -203,7 +206,7 @@ def bench_lifecycle(sizes: Sizes, report: Report) -> None:
             "lifecycle ratio, ours ÷ vLLM-style",
             median(vs_vllm),
             p90(vs_vllm),
-            "×",
+            "x",
             "≤ 3",
             median(vs_vllm) <= 3.0,
         ),
@@ -211,7 +214,7 @@ def bench_lifecycle(sizes: Sizes, report: Report) -> None:
             "lifecycle speed-up, Machine per request ÷ ours",
             median(vs_machine),
             p90(vs_machine),
-            "×",
+            "x",
             "≥ 20",
             median(vs_machine) >= 20.0,
         ),
@@ -326,7 +329,7 @@ def bench_flat(sizes: Sizes, report: Report) -> None:
             p90(t_small) * 1e9, "ns"),
         Row(f"per event, {sizes.flat_large:,} in flight", median(t_large) * 1e9,
             p90(t_large) * 1e9, "ns"),
-        Row("per event ratio, large ÷ small", median(ratios), p90(ratios), "×", "≤ 1.3",
+        Row("per event ratio, large ÷ small", median(ratios), p90(ratios), "x", "≤ 1.3",
             median(ratios) <= 1.3),
     ]  # fmt: skip
     report.figures["per_event_ratio_1m_vs_1k"] = median(ratios)
@@ -399,13 +402,13 @@ def bench_threads(sizes: Sizes, report: Report) -> None:
     report.rows += [
         Row("completions/s, 1 thread", median(single), p90(single), "/s"),
         Row(f"completions/s, {k} threads (total)", median(threaded), p90(threaded), "/s"),
-        Row(f"throughput ratio, {k} threads ÷ 1", median(ratios), p90(ratios), "×", "≥ 0.5",
+        Row(f"throughput ratio, {k} threads ÷ 1", median(ratios), p90(ratios), "x", "≥ 0.5",
             median(ratios) >= 0.5),
     ]  # fmt: skip
     report.figures["threads8_vs_single_throughput"] = median(ratios)
 
 
-# -- the model checker ------------------------------------------------------------------------------
+# -- the model checker ---------------------------------------------------------------------------
 
 
 def bench_check(sizes: Sizes, report: Report, quick: bool) -> None:
@@ -431,7 +434,7 @@ def bench_check(sizes: Sizes, report: Report, quick: bool) -> None:
 
 
 def bench_vllm(sizes: Sizes, report: Report) -> None:
-    missing = [m for m in ("vllm", "multiconnector.vllm", "vllm_rows") if not _importable(m)]
+    missing = [m for m in ("vllm", "multiconnector.vllm") if not _importable(m)]
     if missing:
         line = f"vLLM rows skipped: {', '.join(missing)} not importable (install the vllm extra)"
         report.notes.append(line)
@@ -452,14 +455,14 @@ def _importable(module: str) -> bool:
 
 
 def _figure(value: float, unit: str) -> str:
-    if value != value:  # nan
+    if math.isnan(value):
         return "n/a"
     if unit == "/s":
         return f"{value:,.0f}"
     if unit == "B":
         return f"{value:,.0f} B"
-    if unit == "×":
-        return f"{value:.2f}×"
+    if unit == "x":
+        return f"{value:.2f}x"
     return f"{value:,.2f} {unit}" if value < 100 else f"{value:,.0f} {unit}"
 
 
@@ -476,7 +479,9 @@ def table(report: Report) -> str:
         "|" + "|".join("-" * (w + 2) for w in widths) + "|",
     ]
     for line in lines:
-        cells = [line[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(line[1:], widths[1:])]
+        cells = [line[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(line[1:], widths[1:], strict=True)
+        ]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out + [f"\n{note}" for note in report.notes])
 

@@ -31,7 +31,7 @@ from typing import Any, Final, final
 
 import attrs
 
-from ._validate import bad_name, bad_request_id, check_blocks, check_int, shown
+from ._validate import bad_request_id, check_blocks, check_int, check_name, shown
 from .errors import (
     ConnectorFailures,
     DuplicateRequestError,
@@ -407,7 +407,7 @@ class MultiConnector:
         and :class:`InvalidArgumentError` for a bad ``request_id`` or ``blocks``.
         """
         if name.__class__ is not str:
-            bad_name(name)
+            name = check_name(name)  # raises unless a str subclass, which it makes a str
         if request_id.__class__ is not str:
             bad_request_id(request_id)
         if blocks.__class__ is not tuple and blocks.__class__ is not list:
@@ -595,8 +595,8 @@ class MultiConnector:
         ``on_load_finished(request_id)`` is then called. A duplicate, late, or phantom load
         report is ignored like any other.
         """
-        if type(name) is not str:
-            bad_name(name)
+        if name.__class__ is not str:
+            name = check_name(name)  # raises unless a str subclass, which it makes a str
         if type(request_id) is not str:
             bad_request_id(request_id)
         index = hash(request_id) & self._mask

@@ -1,0 +1,88 @@
+"""``make bench``'s runner works: run once at tiny sizes. No timing is asserted here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNER = ROOT / "bench" / "run.py"
+KEYS = (
+    "lifecycle_ratio_vs_vllm_baseline",
+    "lifecycle_speedup_vs_machine_per_request",
+    "bytes_per_inflight_request",
+    "per_event_ratio_1m_vs_1k",
+    "threads8_vs_single_throughput",
+    "check_states_per_second",
+)
+
+
+def run(tmp_path: Path, *args: str) -> tuple[str, dict[str, object]]:
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, str(RUNNER), "--quick", "--json", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout, json.loads(out.read_text())
+
+
+def test_runner_prints_the_table_and_writes_every_key(tmp_path: Path) -> None:
+    table, figures = run(tmp_path, "--only", "lifecycle,memory,flat,threads,check")
+    for key in KEYS:
+        assert key in figures, key
+    for key in KEYS[:-1]:
+        value = figures[key]
+        assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
+    check = figures["check_states_per_second"]
+    assert check is None or (isinstance(check, float) and check > 0)
+    assert figures["quick"] is True
+    header = table.splitlines()[0]
+    for column in ("figure", "median", "p90", "target", "met"):
+        assert column in header
+    for target in ("≤ 3", "≥ 20", "≤ 400", "≤ 1.3", "≥ 0.5"):
+        assert target in table
+    rows = figures["rows"]
+    assert isinstance(rows, list)
+    judged = [row for row in rows if row["met"] is not None]
+    assert len(judged) >= 5
+    assert figures["all_targets_met"] == all(row["met"] for row in judged)
+
+
+def test_the_memory_figure_counts_what_requests_hold(tmp_path: Path) -> None:
+    _, figures = run(tmp_path, "--only", "memory")
+    per = figures["bytes_per_request"]
+    assert isinstance(per, dict)
+    # A pending request holds a record and a dict slot; a finishing one also its params.
+    assert 50 < per["pending"] < per["finishing"]
+    assert figures["bytes_per_inflight_request"] == max(per.values())
+
+
+def test_vllm_rows_are_skipped_with_a_line_without_the_extra(tmp_path: Path) -> None:
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("the vLLM extra is installed: the rows run (see the vllm-marked test)")
+    table, figures = run(tmp_path, "--only", "vllm")
+    assert "vLLM rows skipped" in table
+    assert figures["lifecycle_ratio_vs_real_vllm"] is None
+
+
+@pytest.mark.vllm
+def test_vllm_rows_run_through_all_three(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    table, figures = run(tmp_path, "--only", "vllm")
+    ratios = figures["lifecycle_ratio_vs_real_vllm"]
+    assert isinstance(ratios, dict)
+    assert set(ratios) == {"adapter", "core"}
+    assert all(isinstance(v, float) and v > 0 for v in ratios.values())
+    for row in ("vLLM MultiConnector", "our vLLM adapter", "our core MultiConnector"):
+        assert row in table
