@@ -23,6 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (  # noqa: E402
     MultiKVConnectorMetadata,
 )
+from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 from vllm_children import Script, ScriptedMetadata, child, script  # noqa: E402
 from vllm_harness import Engine, make_config, make_connector, make_request  # noqa: E402
@@ -97,6 +98,22 @@ def test_two_savers_that_both_report_release_the_request_once_both_did(model: Pa
         e.step()
         held.append(e.held("r1"))
         return held
+
+    agree(run)
+
+
+def test_a_request_aborted_while_loading_frees_its_blocks_on_its_completion(model: Path) -> None:
+    def run(ours: bool) -> Any:
+        a = script(tokens=32, load_async=True)
+        e = engine(model, ours, a=a, b=script())
+        e.add(make_request("r1", num_tokens=40, max_tokens=4))
+        e.step()
+        e.scheduler.finish_requests("r1", RequestStatus.FINISHED_ABORTED)
+        e.step()
+        held = [e.held("r1")]
+        a.recving.add("r1")
+        e.step()
+        return [*held, e.held("r1")]
 
     agree(run)
 
@@ -186,6 +203,24 @@ def test_a_phantom_load_completion_is_ignored(model: Path, ours: bool) -> None:
     e.step()
     e.step()
     assert request.status is RequestStatus.WAITING_FOR_REMOTE_KVS, "ran before its KV arrived"
+
+
+@both("a child that takes the finished request's partial tail is not awaited")
+def test_a_partial_tail_taken_is_awaited(model: Path, ours: bool) -> None:
+    a, b = script(tail=True), script(saves=True)
+    config = make_config(model, [child("a", a), child("b", b)], ours=ours)
+    scheduler = make_connector(config, KVConnectorRole.SCHEDULER)
+    worker = make_connector(config, KVConnectorRole.WORKER)
+    request = make_request("r1")
+    scheduler.on_new_request(request)
+    assert scheduler.register_finished_partial_tail(request, ([1, 2],), [(0, 1, 2)])
+    assert scheduler.request_finished(request, [1, 2])[0] is True
+    worker.bind_connector_metadata(scheduler.build_connector_meta(SchedulerOutput.make_empty()))
+    b.sending.add("r1")
+    released, _ = worker.get_finished({"r1"})
+    assert not released, "released while a still writes its partial tail"
+    a.sending.add("r1")
+    assert worker.get_finished(set())[0] == {"r1"}
 
 
 @both("stats are keyed by class name: two children of one class collide, and rebuilding fails")
