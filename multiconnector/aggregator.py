@@ -260,7 +260,7 @@ class MultiConnector:
             return refused, None
         assert record is not None
         registry = self._registry
-        ready = registry.ready_entries()
+        ready = registry._ready  # what ready_entries() returns, without the call
         savers: list[Entry] = []
         answers: list[Any] = []  # the params of each connector that answered, in order
         errors: list[Exception] = []
@@ -273,16 +273,20 @@ class MultiConnector:
         for entry in ready:
             try:
                 saves, params = entry.request_finished(request_id, blocks)  # type: ignore[misc]
-                if saves is not True and saves is not False:
-                    raise InvalidArgumentError(
-                        f"connector {entry.name!r} answered saves={shown(saves)}; must be a bool"
-                    )
             except Exception as exc:
                 errors.append(exc)
                 failed.append(entry.name)
                 continue
-            if saves:
+            if saves is True:
                 savers.append(entry)
+            elif saves is not False:
+                errors.append(
+                    InvalidArgumentError(
+                        f"connector {entry.name!r} answered saves={shown(saves)}; must be a bool"
+                    )
+                )
+                failed.append(entry.name)
+                continue
             answers.append(params)
             if params is None:
                 continue
@@ -321,7 +325,7 @@ class MultiConnector:
                 # A saver unregistered while we asked it can never report: abandoned at once.
                 # While the registry publishes the snapshot we asked (every change publishes a
                 # new one), every saver is still registered.
-                if registry.ready_entries() is not ready:
+                if registry._ready is not ready:
                     awaited = self._intern(
                         tuple([e.name for e in savers if registry.entry(e.name) is e])
                     )
@@ -518,8 +522,9 @@ class MultiConnector:
         try:
             while done:
                 record = pop()
-                if requests.get(record.request_id) is record:
-                    del requests[record.request_id]
+                held = requests.pop(record.request_id, None)
+                if held is not record and held is not None:  # never: a held id is not re-begun
+                    requests[record.request_id] = held
                 taken.append(record)
         except IndexError:  # another thread took the last ones between our test and our pop
             pass
