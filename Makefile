@@ -25,8 +25,10 @@ system:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null; }
 
 ## vllm: the pinned CPU-only vLLM extra, for the adapter's tests
-$(VLLM): $(SETUP) $(wildcard requirements/vllm*.txt)
-	@echo "vllm extra: not wired yet"
+# CPU-only: torch 2.13.0 first (the CPU build), then vLLM and xgrammar without their GPU deps.
+$(VLLM): $(SETUP) requirements/vllm.txt requirements/vllm-nodeps.txt
+	$(PIP) install -q -r requirements/vllm.txt
+	$(PIP) install -q --no-deps -r requirements/vllm-nodeps.txt
 	touch $@
 
 vllm: $(VLLM)
