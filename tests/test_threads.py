@@ -1,0 +1,161 @@
+"""Completions from many threads at once give the result of a sequential run."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from multiconnector import ConnectorRegistry, MultiConnector, Outcome, RequestTransferState
+from tests.connectors import Scripted
+
+REQUESTS = [f"req-{i}" for i in range(600)]
+NAMES = ("cache", "pd@0", "pd@1")
+
+
+@contextmanager
+def frequent_switches() -> Iterator[None]:
+    """Make the interpreter switch threads as often as it can, to provoke races."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
+
+
+def prepared() -> tuple[MultiConnector, dict[str, Scripted]]:
+    connectors = {name: Scripted() for name in NAMES}
+    mc = MultiConnector(ConnectorRegistry({**connectors, "dead": None}))
+    for rid in REQUESTS:
+        mc.begin(rid)
+        mc.request_finished(rid, [1])
+    return mc, connectors
+
+
+def completions() -> list[tuple[str, str]]:
+    """Every report once, plus phantom, unknown and None-slot reports."""
+    events = [(rid, name) for rid in REQUESTS for name in NAMES]
+    events += [(rid, "dead") for rid in REQUESTS[::7]]
+    events += [(rid, "ghost") for rid in REQUESTS[::11]]
+    events += [("nobody", "cache")] * 5
+    return events
+
+
+def in_threads(n: int, work: Callable[[int], None]) -> None:
+    barrier = threading.Barrier(n)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            work(i)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def summary(records: list[RequestTransferState]) -> dict[str, tuple[object, ...]]:
+    return {r.request_id: (r.state, r.awaiting, r.expected, r.abandoned, r.params) for r in records}
+
+
+@pytest.mark.parametrize("attempt", range(4))  # races are probabilistic: several attempts
+def test_eight_threads_delivering_the_same_completions_match_a_sequential_run(
+    attempt: int,
+) -> None:
+    sequential, _ = prepared()
+    for rid, name in completions():
+        sequential.transfer_finished(rid, name)
+    expected = summary(sequential.take())
+
+    concurrent, connectors = prepared()
+    outcomes: list[Counter[Outcome]] = [Counter() for _ in range(8)]
+    with frequent_switches():
+        in_threads(
+            8,
+            lambda i: outcomes[i].update(
+                concurrent.transfer_finished(rid, name) for rid, name in completions()
+            ),
+        )
+    total = sum(outcomes, Counter())
+    assert summary(concurrent.take()) == expected
+    assert len(concurrent) == 0
+    # Each real report applied exactly once; every other delivery ignored, none lost.
+    assert total[Outcome.applied] == len(REQUESTS) * len(NAMES)
+    assert total[Outcome.unknown_request] == 8 * 5
+    assert sum(total.values()) == 8 * len(completions())
+    assert set(total) <= {
+        Outcome.applied,
+        Outcome.duplicate,
+        Outcome.terminal,
+        Outcome.not_ready,
+        Outcome.unknown_connector,
+        Outcome.unknown_request,
+    }
+    for name in NAMES:
+        calls = Counter(rid for rid, _ in connectors[name].on_finished_calls)
+        assert calls == Counter(REQUESTS), name  # on_finished once per request and name
+        assert concurrent.connector_counts()[name][Outcome.applied] == len(REQUESTS)
+
+
+def test_concurrent_take_hands_every_request_back_exactly_once() -> None:
+    mc, _ = prepared()
+    taken: list[RequestTransferState] = []
+    stop = threading.Event()
+
+    def taker() -> None:
+        while not stop.is_set():
+            taken.extend(mc.take())
+        taken.extend(mc.take())
+
+    thread = threading.Thread(target=taker)
+    with frequent_switches():
+        thread.start()
+        in_threads(4, lambda i: [mc.transfer_finished(r, n) for r, n in completions()[i::4]])
+        for rid in REQUESTS[::5]:
+            mc.cancel(rid)  # already terminal: ignored
+        stop.set()
+        thread.join()
+    assert Counter(r.request_id for r in taken) == Counter(REQUESTS)
+    assert len(mc) == 0
+
+
+def test_cancel_racing_reports_leaves_each_request_terminal_once() -> None:
+    mc, _ = prepared()
+    with frequent_switches():
+        in_threads(
+            4,
+            lambda i: [
+                mc.cancel(rid) if i == 3 else mc.transfer_finished(rid, NAMES[i])
+                for rid in REQUESTS
+            ],
+        )
+    taken = mc.take()
+    assert Counter(r.request_id for r in taken) == Counter(REQUESTS)
+    for record in taken:
+        if record.state == "finished":
+            assert record.awaiting == () and set(record.reported) == set(NAMES)
+        else:
+            assert record.state == "cancelled"
+            assert set(record.awaiting) | set(record.reported) == set(NAMES)
+
+
+@pytest.mark.parametrize("stripes", [1, 64])
+def test_results_do_not_depend_on_the_number_of_locks(stripes: int) -> None:
+    mc = MultiConnector(ConnectorRegistry({n: Scripted() for n in NAMES}), stripes=stripes)
+    for rid in REQUESTS[:50]:
+        mc.begin(rid)
+        mc.request_finished(rid)
+    with frequent_switches():
+        in_threads(3, lambda i: [mc.transfer_finished(r, NAMES[i]) for r in REQUESTS[:50]])
+    assert sorted(r.request_id for r in mc.take()) == sorted(REQUESTS[:50])
