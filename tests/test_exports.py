@@ -1,0 +1,76 @@
+"""The public surface: what `import multiconnector` offers, and nothing by accident."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import multiconnector
+
+PUBLIC = [
+    "Connector",
+    "ConnectorFailures",
+    "ConnectorRegistry",
+    "DuplicateConnectorError",
+    "DuplicateRequestError",
+    "InvalidArgumentError",
+    "InvalidNameError",
+    "InvalidParamsError",
+    "KeyClashError",
+    "MultiConnector",
+    "MultiConnectorError",
+    "Outcome",
+    "RequestTransferState",
+    "State",
+    "Step",
+    "UnknownConnectorError",
+    "UnknownRequestError",
+    "merge_transfer_params",
+]
+
+
+def test_all_is_the_documented_surface_and_sorted() -> None:
+    assert multiconnector.__all__ == PUBLIC
+    assert sorted(multiconnector.__all__) == multiconnector.__all__
+
+
+def test_every_export_exists_and_is_documented() -> None:
+    for name in multiconnector.__all__:
+        obj = getattr(multiconnector, name)
+        assert inspect.getdoc(obj), name
+
+
+def test_no_other_public_names_leak() -> None:
+    modules = {"aggregator", "errors", "machine", "outcome", "params", "registry"}
+    public = {n for n in vars(multiconnector) if not n.startswith("_")}
+    assert public - set(multiconnector.__all__) <= modules | {"annotations"}
+
+
+def test_errors_share_one_root() -> None:
+    errors = importlib.import_module("multiconnector.errors")
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert issubclass(cls, multiconnector.MultiConnectorError), name
+
+
+def test_state_names() -> None:
+    assert [s.value for s in multiconnector.State] == [
+        "pending",
+        "finishing",
+        "finished",
+        "cancelled",
+    ]
+    assert multiconnector.State.finished == "finished"
+
+
+def test_import_pulls_in_no_optional_dependency() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, multiconnector; "
+        "bad = {'rich', 'graphviz', 'vllm', 'torch', 'hypothesis'} & set(sys.modules); "
+        "print(sorted(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
