@@ -1,0 +1,832 @@
+"""Breadth-first, exhaustive exploration of a bounded state space, on the real implementation.
+
+:func:`explore` knows nothing of the aggregator: it drives any model through a user-given event
+alphabet, identifies states by a user-given snapshot, and checks user-given invariants on every
+transition. :mod:`multiconnector.check` builds the aggregator's scenario on top of it.
+
+Why replay instead of copying: real implementations hold locks, callbacks and registries that
+``copy.deepcopy`` cannot or should not copy. A state is therefore stored only as its snapshot and
+the event that first reached it; the model is rebuilt by replaying that path from a fresh
+``initial()``. An event whose snapshot equals the state it started from (an ignored event)
+leaves a model that still stands for that state, so the next event reuses it instead of
+replaying. Both tricks rely on the snapshot being faithful (two models with equal snapshots
+behave the same), which is also what merging states requires.
+
+Breadth-first order makes every counterexample a shortest one: states are numbered in the order
+they are found, so a state's number never decreases with its depth.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import Any, Final, Generic, TypeVar, final
+
+import attrs
+
+from ._validate import check_bool, shown
+from .errors import InvalidArgumentError, MultiConnectorError
+
+__all__ = [
+    "CheckReport",
+    "Counterexample",
+    "NondeterminismError",
+    "PropertyResult",
+    "TraceStep",
+    "TransitionCoverage",
+    "declared_transitions",
+    "explore",
+]
+
+M = TypeVar("M")
+E = TypeVar("E")
+
+#: A declared or fired transition: (source state, event, destination state).
+Triple = tuple[str, str, str]
+
+NO_EXCEPTION: Final = "no exception"
+NO_TRAP: Final = "no trap"
+STATES_REACHED: Final = "states reached"
+TRANSITIONS_FIRED: Final = "transitions fired"
+
+#: Seconds before a progress display appears.
+PROGRESS_AFTER: Final = 2.0
+
+
+@final
+@attrs.frozen(kw_only=True)
+class TraceStep:
+    """One step of a counterexample: the event, and the state it led to.
+
+    .. versionadded:: 0.1.0
+    """
+
+    number: int
+    event: str
+    #: The event as data (lists and strings), for tools that redraw the trace.
+    data: Any
+    state: str
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Counterexample:
+    """A shortest event sequence from the initial state to a violation.
+
+    .. versionadded:: 0.1.0
+    """
+
+    initial: str
+    steps: tuple[TraceStep, ...]
+    #: Extra data about the final model (the aggregator gives each request's path).
+    extra: Mapping[str, Any] = attrs.field(factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class PropertyResult:
+    """Whether one property held on every explored transition.
+
+    .. versionadded:: 0.1.0
+    """
+
+    name: str
+    description: str
+    passed: bool
+    message: str = ""
+    counterexample: Counterexample | None = None
+
+
+@final
+@attrs.frozen(kw_only=True)
+class TransitionCoverage:
+    """How often a declared (or undeclared) transition fired during the search.
+
+    .. versionadded:: 0.1.0
+    """
+
+    source: str
+    event: str
+    dest: str
+    count: int
+    declared: bool
+
+
+@final
+@attrs.frozen(kw_only=True)
+class CheckReport:
+    """What :func:`explore` found: figures, one result per property, coverage.
+
+    ``states_generated`` counts every event applied to an expanded state (TLC's "states
+    generated"); ``distinct_states`` the states found; ``edges`` the distinct (state, next state)
+    pairs. ``finished`` is true when the search ran out of states to expand, not out of bounds.
+
+    .. versionadded:: 0.1.0
+    """
+
+    title: str
+    bounds: Mapping[str, Any]
+    states_generated: int
+    distinct_states: int
+    edges: int
+    max_depth: int
+    finished: bool
+    wall_time: float
+    properties: tuple[PropertyResult, ...]
+    coverage: tuple[TransitionCoverage, ...] = ()
+    states_reached: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """Every property passed."""
+        return all(p.passed for p in self.properties)
+
+    @property
+    def states_per_second(self) -> float:
+        """States generated per second of wall time."""
+        return self.states_generated / self.wall_time if self.wall_time > 0 else 0.0
+
+    @property
+    def failures(self) -> tuple[PropertyResult, ...]:
+        return tuple(p for p in self.properties if not p.passed)
+
+    def result(self, name: str) -> PropertyResult:
+        """The result of the property called ``name``; ``KeyError`` if there is none."""
+        for p in self.properties:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (what ``--json`` writes)."""
+
+        def trace(c: Counterexample | None) -> dict[str, Any] | None:
+            if c is None:
+                return None
+            return {
+                "length": len(c),
+                "initial": c.initial,
+                "steps": [
+                    {"n": s.number, "event": s.event, "data": s.data, "state": s.state}
+                    for s in c.steps
+                ],
+                **{k: _jsonable(v) for k, v in c.extra.items()},
+            }
+
+        return {
+            "title": self.title,
+            "ok": self.ok,
+            "bounds": _jsonable(dict(self.bounds)),
+            "states_generated": self.states_generated,
+            "distinct_states": self.distinct_states,
+            "edges": self.edges,
+            "max_depth": self.max_depth,
+            "finished": self.finished,
+            "wall_time": round(self.wall_time, 4),
+            "states_per_second": round(self.states_per_second, 1),
+            "properties": [
+                {
+                    "name": p.name,
+                    "description": p.description,
+                    "result": "PASS" if p.passed else "FAIL",
+                    "message": p.message,
+                    "counterexample": trace(p.counterexample),
+                }
+                for p in self.properties
+            ],
+            "coverage": [
+                {
+                    "source": c.source,
+                    "event": c.event,
+                    "dest": c.dest,
+                    "count": c.count,
+                    "declared": c.declared,
+                }
+                for c in self.coverage
+            ],
+            "states_reached": list(self.states_reached),
+        }
+
+    def to_text(self) -> str:
+        """The report as the command prints it."""
+        out = [self.title]
+        out.append("bounds: " + "; ".join(f"{k} {_shown_bound(v)}" for k, v in self.bounds.items()))
+        out.append(
+            f"explored: {self.states_generated:,} states generated, {self.distinct_states:,} "
+            f"distinct, {self.edges:,} edges, max depth {self.max_depth}, "
+            + ("finished (nothing left queued)" if self.finished else "NOT finished (bound hit)")
+        )
+        out.append(f"time: {self.wall_time:.2f} s, {self.states_per_second:,.0f} states/s")
+        out.append("properties:")
+        for p in self.properties:
+            out.append(f"  {'PASS' if p.passed else 'FAIL'}  {p.name}: {p.description}")
+            if p.passed:
+                continue
+            out.append(f"        {p.message}")
+            trace = p.counterexample
+            if trace is not None:
+                out.append(f"        shortest trace ({len(trace)} events), from: {trace.initial}")
+                width = max((len(s.event) for s in trace.steps), default=0)
+                for s in trace.steps:
+                    out.append(f"        {s.number:>3}. {s.event:<{width}}  -> {s.state}")
+        if self.coverage:
+            out.append("transitions (source --event--> dest: times fired):")
+            width = max(len(f"{c.source} --{c.event}--> {c.dest}") for c in self.coverage)
+            for c in self.coverage:
+                arrow = f"{c.source} --{c.event}--> {c.dest}"
+                note = "" if c.declared else "  (NOT DECLARED)"
+                out.append(f"  {arrow:<{width}}  {c.count:>9,}{note}")
+        if self.states_reached:
+            out.append("states reached: " + ", ".join(self.states_reached))
+        out.append("result: " + ("PASS" if self.ok else f"FAIL ({len(self.failures)} properties)"))
+        return "\n".join(out)
+
+
+def _shown_bound(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ", ".join(str(v) for v in value) or "-"
+    return str(value)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def declared_transitions(machine: Any) -> tuple[tuple[str, ...], tuple[Triple, ...]]:
+    """The states and the (source, event, dest) transitions of a ``transitions.Machine``.
+
+    Guarded alternatives are distinct transitions when their destinations differ; ``"="`` and
+    internal transitions lead back to their source.
+
+    .. versionadded:: 0.1.0
+    """
+    events = getattr(machine, "events", None)
+    states = getattr(machine, "states", None)
+    if not isinstance(events, Mapping) or not isinstance(states, Mapping):
+        raise InvalidArgumentError(f"machine={shown(machine)} must be a transitions.Machine")
+    found: dict[Triple, None] = {}
+    for name, event in events.items():
+        for source, candidates in event.transitions.items():
+            for t in candidates:
+                found.setdefault((str(source), str(name), str(t.dest or source)), None)
+    return tuple(str(s) for s in states), tuple(found)
+
+
+class NondeterminismError(MultiConnectorError, RuntimeError):
+    """Replaying a path did not lead to the same snapshot: the model is not deterministic.
+
+    .. versionadded:: 0.1.0
+    """
+
+
+def _verdict(result: object) -> str | None:
+    """``None`` when an invariant held; otherwise a message (``""``: none given)."""
+    if result is None or result is True:
+        return None
+    if result is False:
+        return ""
+    if isinstance(result, str):
+        return result
+    raise InvalidArgumentError(
+        f"an invariant returned {shown(result)}; it must return None, a bool or a str"
+    )
+
+
+class _Progress:
+    """Shows the search's figures when it runs longer than a couple of seconds.
+
+    Uses ``rich`` (the ``progress`` extra) on a terminal; plain lines on stderr otherwise, so
+    CI logs stay readable. Never required.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.start = time.perf_counter()
+        self.last = self.start
+        self.live: Any = None
+        self.plain = False
+
+    def update(self, distinct: int, generated: int, depth: int, queued: int) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if now - self.start < PROGRESS_AFTER:
+            return
+        rate = generated / (now - self.start)
+        text = (
+            f"depth {depth}, {distinct:,} distinct states, {generated:,} generated, "
+            f"{queued:,} queued, {rate:,.0f} states/s"
+        )
+        if self.live is None and not self.plain:
+            self.live = self._rich()
+            self.plain = self.live is None
+        if self.live is not None:
+            self.live.update(f"[bold]checking[/bold] {text}")
+        elif now - self.last >= 5.0 or self.last == self.start:
+            print(f"check: {text}", file=sys.stderr, flush=True)
+            self.last = now
+
+    @staticmethod
+    def _rich() -> Any:
+        if not sys.stderr.isatty():
+            return None
+        try:
+            from rich.console import Console  # noqa: PLC0415 - optional, imported late
+            from rich.status import Status  # noqa: PLC0415
+        except ImportError:
+            return None
+        status = Status("checking", console=Console(stderr=True))
+        status.start()
+        return status
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
+def _docstring(fn: Any) -> str:
+    doc = inspect.getdoc(fn) if callable(fn) and not isinstance(fn, type) else None
+    return doc.strip().splitlines()[0] if doc else ""
+
+
+def _description(fn: Any, name: str) -> str:
+    return _docstring(fn) or name
+
+
+def explore(
+    initial: Callable[[], M],
+    events: Callable[[M], Iterable[E]],
+    apply: Callable[[M, E], object],
+    snapshot: Callable[[M], Hashable],
+    invariants: Mapping[str, Callable[[M], object]] | None = None,
+    *,
+    goal: Callable[[M], bool] | None = None,
+    ways_out: Callable[[E], bool] | None = None,
+    machine: Any = None,
+    fired: Callable[[M], Iterable[Triple]] | None = None,
+    reached: Callable[[M], Iterable[str]] | None = None,
+    describe: Callable[[M], str] | None = None,
+    label: Callable[[E], str] = repr,
+    data: Callable[[E], Any] | None = None,
+    annotate: Callable[[M], Mapping[str, Any]] | None = None,
+    max_states: int | None = None,
+    max_depth: int | None = None,
+    progress: bool = False,
+    bounds: Mapping[str, Any] | None = None,
+    title: str = "model check",
+) -> CheckReport:
+    """Explore every state reachable from ``initial()`` breadth-first and check properties.
+
+    * ``initial()`` makes a fresh model; ``events(model)`` lists the events enabled in it;
+      ``apply(model, event)`` applies one, in place. Events must be deterministic: a state is
+      revisited by replaying its path from a fresh model, and :class:`NondeterminismError` is
+      raised if that gives another snapshot (the snapshot of a replayed model is taken before
+      any event is applied to it, so a model may read its state lazily in ``snapshot``).
+    * ``snapshot(model)`` is the model's canonical, hashable state. Equal snapshots are one
+      state, so it must capture everything that affects later behaviour (and nothing that grows
+      without bound, such as counters). Canonicalizing over symmetric parts (interchangeable
+      ids, say) is allowed and shrinks the search.
+    * ``invariants`` maps a property name to ``check(model)``, called after every applied
+      event (and on the initial model). It returns ``None`` or ``True`` when the property
+      holds, ``False`` or a message when it does not, or raises ``AssertionError``. The first
+      line of the callable's docstring describes the property in the report.
+    * Property ``"no exception"``: ``apply`` raising anything is a violation, and the search
+      does not continue from that state. Catch the exceptions your model documents in
+      ``apply``.
+    * ``goal(model)``, when given, adds property ``"no trap"``: from every explored state some
+      goal state must be reachable, using only the events for which ``ways_out(event)`` is true
+      (all events when it is ``None``). Computed on the explored graph by backward
+      reachability; states a bound left unexpanded count as able to reach the goal.
+    * ``machine`` (a ``transitions.Machine``) and ``fired(model)``, the (source, event, dest)
+      transitions the last ``apply`` fired, add the structural properties ``"states
+      reached"`` (every declared state was entered; ``reached(model)`` may name more states
+      the model is in) and ``"transitions fired"`` (every declared transition fired, and no
+      undeclared one did), with per-transition coverage in the report.
+    * ``describe(model)`` (default: the snapshot's repr) and ``label(event)`` (default: repr)
+      write counterexamples; ``data(event)`` gives the event as JSON data; ``annotate(model)``
+      adds data about a counterexample's final model to it.
+    * ``max_states`` and ``max_depth`` bound the search (``None``: unbounded); the report says
+      whether the search finished.
+    * ``progress=True`` shows the figures on stderr when the search runs longer than two seconds
+      (with ``rich`` on a terminal when it is installed).
+
+    Every counterexample is a shortest event sequence leading to its violation.
+
+    .. versionadded:: 0.1.0
+    """
+    required: dict[str, object] = {
+        "initial": initial,
+        "events": events,
+        "apply": apply,
+        "snapshot": snapshot,
+        "label": label,
+    }
+    optional: dict[str, object] = {
+        "goal": goal,
+        "ways_out": ways_out,
+        "fired": fired,
+        "reached": reached,
+        "describe": describe,
+        "data": data,
+        "annotate": annotate,
+    }
+    for argument, fn in required.items():
+        if not callable(fn):
+            raise InvalidArgumentError(f"{argument}={shown(fn)} must be callable")
+    for argument, fn in optional.items():
+        if fn is not None and not callable(fn):
+            raise InvalidArgumentError(f"{argument}={shown(fn)} must be callable or None")
+    if invariants is None:
+        invariants = {}
+    if not isinstance(invariants, Mapping) or not all(
+        isinstance(k, str) and callable(v) for k, v in invariants.items()
+    ):
+        raise InvalidArgumentError(
+            f"invariants={shown(invariants)} must map property names (str) to callables"
+        )
+    for argument, bound in (("max_states", max_states), ("max_depth", max_depth)):
+        if bound is not None and (type(bound) is not int or bound < 1):
+            raise InvalidArgumentError(f"{argument}={shown(bound)} must be an int >= 1 or None")
+    check_bool(progress, "progress")
+    if (machine is None) != (fired is None):
+        raise InvalidArgumentError(
+            f"machine={shown(machine)} and fired={shown(fired)} must be given together"
+        )
+    search = _Search(
+        initial=initial,
+        events=events,
+        apply=apply,
+        snapshot=snapshot,
+        invariants=dict(invariants),
+        goal=goal,
+        ways_out=ways_out,
+        machine=machine,
+        fired=fired,
+        reached=reached,
+        max_states=max_states,
+        max_depth=max_depth,
+    )
+    search.run(_Progress(progress))
+    return search.report(
+        title=title,
+        bounds=dict(bounds or {"max states": max_states, "max depth": max_depth}),
+        describe=describe,
+        label=label,
+        data=data,
+        annotate=annotate,
+    )
+
+
+class _Search(Generic[M, E]):
+    """The state of one breadth-first search: the graph, coverage, first violations."""
+
+    def __init__(
+        self,
+        *,
+        initial: Callable[[], M],
+        events: Callable[[M], Iterable[E]],
+        apply: Callable[[M, E], object],
+        snapshot: Callable[[M], Hashable],
+        invariants: dict[str, Callable[[M], object]],
+        goal: Callable[[M], bool] | None,
+        ways_out: Callable[[E], bool] | None,
+        machine: Any,
+        fired: Callable[[M], Iterable[Triple]] | None,
+        reached: Callable[[M], Iterable[str]] | None,
+        max_states: int | None,
+        max_depth: int | None,
+    ) -> None:
+        self.initial, self.events, self.apply, self.snapshot = initial, events, apply, snapshot
+        self.checks = list(invariants.items())
+        self.goal, self.ways_out = goal, ways_out
+        self.fired, self.reached = fired, reached
+        self.max_states, self.max_depth = max_states, max_depth
+        self.machine = machine
+        self.declared_states: tuple[str, ...] = ()
+        self.declared: tuple[Triple, ...] = ()
+        self.seen_states: set[str] = set()
+        if machine is not None:
+            self.declared_states, self.declared = declared_transitions(machine)
+            first = getattr(machine, "initial", None)
+            if first:
+                self.seen_states.add(str(first))
+        self.coverage: dict[Triple, int] = dict.fromkeys(self.declared, 0)
+        #: property -> (state the violating event left, the event or None, message)
+        self.first: dict[str, tuple[int, Any, str]] = {}
+        # The graph; states are numbered in discovery (breadth-first) order.
+        self.ids: dict[Hashable, int] = {}
+        self.parent = array("q")
+        self.via: list[Any] = []
+        self.depth = array("i")
+        self.goals = bytearray()
+        self.open = bytearray()  # 1: a bound left it not fully expanded
+        self.out_src = array("i")  # ways-out edges, for the trap search
+        self.out_dst = array("i")
+        self.generated = 0
+        self.edges = 0
+        self.cut = False
+        self.wall = 0.0
+
+    # -- the search ----------------------------------------------------------------------------
+
+    def path(self, sid: int) -> list[Any]:
+        events: list[Any] = []
+        while sid > 0:
+            events.append(self.via[sid])
+            sid = int(self.parent[sid])
+        events.reverse()
+        return events
+
+    def replay(self, sid: int) -> M:
+        model = self.initial()
+        apply = self.apply
+        for event in self.path(sid):
+            apply(model, event)
+        return model
+
+    def revisit(self, sid: int) -> M:
+        """The model of state ``sid``, rebuilt by replay and checked to be that state."""
+        model = self.replay(sid)
+        if self.ids.get(self.snapshot(model)) != sid:
+            raise NondeterminismError(
+                f"replaying the path to state {sid} ({len(self.path(sid))} events) gave another "
+                "snapshot: apply() or snapshot() depends on something outside the model"
+            )
+        return model
+
+    def record(self, name: str, source: int, event: Any, message: str) -> None:
+        # Breadth-first: the first violation found of each property is a shortest one.
+        self.first.setdefault(name, (source, event, message))
+
+    def observe(self, model: M, source: int, event: Any) -> None:
+        for name, check in self.checks:
+            if name in self.first:
+                continue
+            try:
+                verdict = _verdict(check(model))
+            except AssertionError as exc:
+                verdict = str(exc)
+            if verdict is not None:
+                self.record(name, source, event, verdict or _description(check, name))
+        if self.fired is not None:
+            coverage, seen = self.coverage, self.seen_states
+            for triple in self.fired(model):
+                key = (str(triple[0]), str(triple[1]), str(triple[2]))
+                coverage[key] = coverage.get(key, 0) + 1
+                seen.add(key[0])
+                seen.add(key[2])
+        if self.reached is not None:
+            self.seen_states.update(str(s) for s in self.reached(model))
+
+    def add(self, key: Hashable, model: M, source: int, event: Any, depth: int) -> int:
+        sid = len(self.via)
+        self.ids[key] = sid
+        self.parent.append(source)
+        self.via.append(event)
+        self.depth.append(depth)
+        self.goals.append(1 if self.goal is not None and self.goal(model) else 0)
+        self.open.append(0)
+        return sid
+
+    def run(self, show: _Progress) -> None:
+        start = time.perf_counter()
+        root = self.initial()
+        self.observe(root, -1, None)
+        self.add(self.snapshot(root), root, -1, None, 0)
+        ids, via, depth, open_ = self.ids, self.via, self.depth, self.open
+        apply, snapshot, ways_out = self.apply, self.snapshot, self.ways_out
+        out_src, out_dst = self.out_src, self.out_dst
+        index = 0
+        try:
+            while index < len(via):
+                sid = index
+                index += 1
+                if self.max_depth is not None and depth[sid] >= self.max_depth:
+                    open_[sid] = 1
+                    self.cut = True
+                    continue
+                model: M | None = self.revisit(sid)
+                assert model is not None
+                targets: set[int] = set()
+                for event in list(self.events(model)):
+                    if model is None:
+                        model = self.revisit(sid)
+                    self.generated += 1
+                    try:
+                        apply(model, event)
+                    except Exception as exc:
+                        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                        self.record(NO_EXCEPTION, sid, event, text)
+                        model = None
+                        continue
+                    self.observe(model, sid, event)
+                    key = snapshot(model)
+                    target = ids.get(key)
+                    if target is None:
+                        if self.max_states is not None and len(via) >= self.max_states:
+                            open_[sid] = 1
+                            self.cut = True
+                            model = None
+                            continue
+                        target = self.add(key, model, sid, event, depth[sid] + 1)
+                    if target not in targets:
+                        targets.add(target)
+                    if target != sid and (ways_out is None or ways_out(event)):
+                        out_src.append(sid)
+                        out_dst.append(target)
+                    if target != sid:
+                        model = None  # it stands for another state now: replay for the next
+                self.edges += len(targets)
+                if index & 31 == 0:
+                    show.update(len(via), self.generated, depth[sid], len(via) - index)
+        finally:
+            show.close()
+            self.wall = time.perf_counter() - start
+        if self.goal is not None:
+            trap = _first_trap(len(via), self.goals, open_, out_src, out_dst)
+            if trap is not None:
+                self.record(
+                    NO_TRAP,
+                    trap,
+                    None,
+                    "no sequence of events"
+                    + ("" if ways_out is None else f" ({_description(ways_out, 'ways out only')})")
+                    + " leads from this state to a goal state"
+                    + (f" ({_description(self.goal, '')})" if _docstring(self.goal) else ""),
+                )
+
+    # -- the report ----------------------------------------------------------------------------
+
+    def report(
+        self,
+        *,
+        title: str,
+        bounds: dict[str, Any],
+        describe: Callable[[M], str] | None,
+        label: Callable[[E], str],
+        data: Callable[[E], Any] | None,
+        annotate: Callable[[M], Mapping[str, Any]] | None,
+    ) -> CheckReport:
+        def show(model: M) -> str:
+            return describe(model) if describe is not None else repr(self.snapshot(model))
+
+        def result(name: str, description: str) -> PropertyResult:
+            found = self.first.get(name)
+            if found is None:
+                return PropertyResult(name=name, description=description, passed=True)
+            source, last, message = found
+            return PropertyResult(
+                name=name,
+                description=description,
+                passed=False,
+                message=message,
+                counterexample=self.trace(
+                    source=source, last=last, show=show, label=label, data=data, annotate=annotate
+                ),
+            )
+
+        results = [result(NO_EXCEPTION, "no exception escapes from applying an event")]
+        results += [result(name, _description(check, name)) for name, check in self.checks]
+        if self.goal is not None:
+            goal = _description(self.goal, "")
+            results.append(
+                result(
+                    NO_TRAP,
+                    "from every reachable state a goal state is still reachable"
+                    + (f" ({goal})" if _docstring(self.goal) else ""),
+                )
+            )
+        table: tuple[TransitionCoverage, ...] = ()
+        reached: tuple[str, ...] = ()
+        if self.machine is not None:
+            missing = [s for s in self.declared_states if s not in self.seen_states]
+            results.append(
+                PropertyResult(
+                    name=STATES_REACHED,
+                    description="every declared state is entered",
+                    passed=not missing,
+                    message="never entered: " + ", ".join(missing) if missing else "",
+                )
+            )
+            declared = set(self.declared)
+            problems = [f"never fired: {_arrow(t)}" for t in self.declared if not self.coverage[t]]
+            problems += [
+                f"fired but not declared: {_arrow(t)}" for t in self.coverage if t not in declared
+            ]
+            results.append(
+                PropertyResult(
+                    name=TRANSITIONS_FIRED,
+                    description="every declared transition fires, and no undeclared one",
+                    passed=not problems,
+                    message="; ".join(problems),
+                )
+            )
+            table = tuple(
+                TransitionCoverage(
+                    source=t[0], event=t[1], dest=t[2], count=n, declared=t in declared
+                )
+                for t, n in self.coverage.items()
+            )
+            reached = tuple(s for s in self.declared_states if s in self.seen_states)
+            reached += tuple(sorted(self.seen_states - set(self.declared_states)))
+        return CheckReport(
+            title=title,
+            bounds=bounds,
+            states_generated=self.generated,
+            distinct_states=len(self.via),
+            edges=self.edges,
+            max_depth=max(self.depth),
+            finished=not self.cut,
+            wall_time=self.wall,
+            properties=tuple(results),
+            coverage=table,
+            states_reached=reached,
+        )
+
+    def trace(
+        self,
+        *,
+        source: int,
+        last: Any,
+        show: Callable[[M], str],
+        label: Callable[[E], str],
+        data: Callable[[E], Any] | None,
+        annotate: Callable[[M], Mapping[str, Any]] | None,
+    ) -> Counterexample:
+        """Replay the path to ``source`` (then ``last``), describing the state after each event."""
+        path = self.path(source) if source >= 0 else []
+        if last is not None:
+            path.append(last)
+        model = self.initial()
+        initial_text = show(model)
+        steps: list[TraceStep] = []
+        for number, event in enumerate(path, 1):
+            try:
+                self.apply(model, event)
+                after = show(model)
+            except Exception as exc:
+                after = f"raised {type(exc).__name__}: {exc}"
+            steps.append(
+                TraceStep(
+                    number=number,
+                    event=label(event),
+                    data=_jsonable(data(event) if data is not None else label(event)),
+                    state=after,
+                )
+            )
+        return Counterexample(
+            initial=initial_text,
+            steps=tuple(steps),
+            extra=dict(annotate(model)) if annotate is not None else {},
+        )
+
+
+def _arrow(t: Triple) -> str:
+    return f"{t[0]} --{t[1]}--> {t[2]}"
+
+
+def _first_trap(
+    n: int, goals: bytearray, open_: bytearray, src: array[int], dst: array[int]
+) -> int | None:
+    """The first (so shallowest) state from which no goal state and no open state is reachable.
+
+    Backward breadth-first search over the reversed edges, stored compactly (CSR).
+    """
+    start = [0] * (n + 1)
+    for d in dst:
+        start[d + 1] += 1
+    for i in range(n):
+        start[i + 1] += start[i]
+    fill = start[:]
+    preds = array("i", bytes(4 * len(src)))
+    for s, d in zip(src, dst, strict=True):
+        preds[fill[d]] = s
+        fill[d] += 1
+    good = bytearray(n)
+    todo: deque[int] = deque()
+    for i in range(n):
+        if goals[i] or open_[i]:
+            good[i] = 1
+            todo.append(i)
+    while todo:
+        d = todo.popleft()
+        for k in range(start[d], start[d + 1]):
+            s = preds[k]
+            if not good[s]:
+                good[s] = 1
+                todo.append(s)
+    return good.find(0) if 0 in good else None

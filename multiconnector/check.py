@@ -1,0 +1,921 @@
+"""``multiconnector check``: an exhaustive model check of the transfer machine, on the real code.
+
+Hypothesis samples interleavings; this explores *every* state of a bounded scenario, the way TLC
+does for a TLA+ specification, but it drives the real :class:`~multiconnector.MultiConnector`
+rather than a second model that could drift from it. The scenario:
+
+* connector names, each a scripted saver (its ``request_finished`` answer is chosen by the
+  event: "request finished with every subset of savers"), a ``None`` slot, or one whose calls
+  raise; plus names never registered;
+* request ids, each begun at most once;
+* the whole event alphabet (:data:`ALPHABET`): ``begin``; ``request_finished`` with every subset
+  of the registered savers; ``transfer_finished`` for every (request, name), which covers
+  duplicates, phantoms, ``None`` slots and unknown names; ``cancel``; ``unregister`` and
+  ``register`` of every name; ``take``.
+
+A state is the canonical snapshot of what the aggregator shows: the registry's (name, ready)
+list, each held request's record (state, awaiting, expected, abandoned), the order requests are
+held in, and what :meth:`~multiconnector.MultiConnector.take` would hand back. Each request also
+carries what the checker observed on its own, independently of the aggregator's bookkeeping:
+which connectors promised an asynchronous save (they answered ``True`` when asked) and have not
+yet reported or been unregistered, and whether the caller cancelled it. Request ids are
+interchangeable, so snapshots are canonicalized over their permutations (symmetry reduction;
+``symmetry=False`` turns it off). States, events and the declared transitions come from
+:mod:`multiconnector.machine`.
+
+Properties (each PASS or FAIL, with a shortest counterexample):
+
+``no exception``
+    No event raises, except the :class:`~multiconnector.ConnectorFailures` a raising connector
+    documents.
+``terminal absorbing``
+    A finished or cancelled request never changes again: not its state, not its bookkeeping.
+``no early free``
+    A request is ``finished`` (and handed back by ``take()`` as finished) only when every
+    connector that promised a save reported it or was unregistered (the unregister rule);
+    ``take()`` hands back only terminal requests, each once, as cancelled only if cancelled.
+``no leak``
+    A request handed back is no longer held; a terminal request is queued for ``take()``; no
+    request vanishes without being handed back; once every begun request was handed back the
+    aggregator holds nothing.
+``no trap``
+    From every reachable state, events other than ``cancel`` can bring every live request to a
+    terminal state (``cancel`` would rescue any trap, so it does not count).
+``states reached`` / ``transitions fired``
+    Every declared state is entered, every declared (source, event, dest) transition fires, and
+    no undeclared one does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from ._explore import (
+    NO_EXCEPTION,
+    NO_TRAP,
+    STATES_REACHED,
+    TRANSITIONS_FIRED,
+    CheckReport,
+    Counterexample,
+    PropertyResult,
+    TraceStep,
+    TransitionCoverage,
+    declared_transitions,
+    explore,
+)
+from ._validate import check_bool, check_name, shown
+from .aggregator import MultiConnector
+from .errors import ConnectorFailures, InvalidArgumentError, MultiConnectorError
+from .machine import TERMINAL, RequestTransferState, State, build_machine
+from .registry import ConnectorRegistry
+
+__all__ = [
+    "ALPHABET",
+    "DEFAULT_CONNECTORS",
+    "PROPERTIES",
+    "CheckReport",
+    "Counterexample",
+    "PropertyResult",
+    "TraceStep",
+    "TransitionCoverage",
+    "check_aggregator",
+    "declared_transitions",
+    "explore",
+    "run_cli",
+]
+
+#: The kinds of events the aggregator scenario applies.
+ALPHABET: Final[tuple[str, ...]] = (
+    "begin",
+    "request_finished",
+    "transfer_finished",
+    "cancel",
+    "unregister",
+    "register",
+    "take",
+)
+#: Connector kinds: a scripted saver, one whose calls raise, or ``None`` (a not-ready slot).
+SAVER: Final = "saver"
+RAISES: Final = "raises"
+#: The default bound: two savers, a ``None`` slot, one connector that raises.
+DEFAULT_CONNECTORS: Final[Mapping[str, str | None]] = {
+    "a": SAVER,
+    "b": SAVER,
+    "none": None,
+    "boom": RAISES,
+}
+DEFAULT_UNKNOWN: Final[tuple[str, ...]] = ("ghost",)
+
+TERMINAL_ABSORBING: Final = "terminal absorbing"
+NO_EARLY_FREE: Final = "no early free"
+NO_LEAK: Final = "no leak"
+#: Every property the aggregator check reports, in report order.
+PROPERTIES: Final[tuple[str, ...]] = (
+    NO_EXCEPTION,
+    TERMINAL_ABSORBING,
+    NO_EARLY_FREE,
+    NO_LEAK,
+    NO_TRAP,
+    STATES_REACHED,
+    TRANSITIONS_FIRED,
+)
+
+_UNBORN, _HELD, _TAKEN = 0, 1, 2
+_FINISHED: Final = State.finished
+_NOTHING: Final[frozenset[str]] = frozenset()
+_CANCELLED: Final = State.cancelled
+
+#: What the checker reads of a held record: state, awaiting, expected, abandoned.
+View = tuple[State, tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+Event = tuple[Any, ...]
+
+
+class ConnectorCrash(RuntimeError):
+    """What a connector of kind ``"raises"`` raises when asked anything."""
+
+
+@attrs.define(slots=True, eq=False)
+class _Pad:
+    """Shared by a scenario's connectors: the answer the current event chose, and who was asked."""
+
+    savers: frozenset[str] = frozenset()
+    asked: list[tuple[str, bool]] = attrs.field(factory=list)
+
+
+class _Scripted:
+    """Saves asynchronously exactly when the current event says so."""
+
+    def __init__(self, name: str, pad: _Pad) -> None:
+        self.name, self.pad = name, pad
+
+    def request_finished(self, request_id: str, blocks: Sequence[int]) -> tuple[bool, None]:
+        saves = self.name in self.pad.savers
+        self.pad.asked.append((self.name, saves))
+        return saves, None
+
+    def __repr__(self) -> str:
+        return f"scripted {self.name}"
+
+
+class _Raising:
+    """Raises whenever it is asked."""
+
+    def __init__(self, name: str, pad: _Pad) -> None:
+        self.name, self.pad = name, pad
+
+    def request_finished(self, request_id: str, blocks: Sequence[int]) -> tuple[bool, None]:
+        self.pad.asked.append((self.name, False))
+        raise ConnectorCrash(f"connector {self.name!r} failed")
+
+    def __repr__(self) -> str:
+        return f"raising {self.name}"
+
+
+@attrs.define(slots=True, eq=False)
+class _Request:
+    """One request id: what the checker saw happen to it, and the aggregator's record of it."""
+
+    request_id: str
+    phase: int = _UNBORN
+    #: Names that promised a save (answered True) and neither reported nor were unregistered.
+    owed: frozenset[str] = frozenset()
+    #: Whether ``cancel`` was called while it was held.
+    cancelled: bool = False
+    #: The aggregator's record while it holds one; the record take() handed back once taken.
+    record: RequestTransferState | None = None
+    #: ``record``'s (state, awaiting, expected, abandoned) while held, else ``None``.
+    view: View | None = None
+
+
+@attrs.define(slots=True, eq=False)
+class _Last:
+    """What the latest event did, for the properties that concern a transition."""
+
+    event: Event
+    before: tuple[View | None, ...]
+    phases: tuple[int, ...]
+    lengths: tuple[int, ...]
+    taken: list[RequestTransferState]
+    fired: list[tuple[str, str, str]] = attrs.field(factory=list)
+
+
+@attrs.frozen(kw_only=True)
+class _Scenario:
+    names: tuple[str, ...]
+    kinds: Mapping[str, str | None]
+    unknown: tuple[str, ...]
+    ids: tuple[str, ...]
+    alphabet: frozenset[str]
+    factory: Callable[..., MultiConnector]
+    pad: _Pad
+    connectors: Mapping[str, Any]
+    #: Renamings of request indices and connector names under which the scenario is unchanged.
+    symmetries: tuple[tuple[tuple[int, ...], Mapping[str, str]], ...]
+    interner: _Interner
+
+    def fresh(self) -> _World:
+        registry = ConnectorRegistry({n: self.connectors[n] for n in self.names})
+        mc = self.factory(registry, trace=True, stripes=1)
+        if not isinstance(mc, MultiConnector):
+            raise InvalidArgumentError(
+                f"factory returned {shown(mc)}; it must return a MultiConnector"
+            )
+        return _World(self, mc)
+
+
+class _World:
+    """The aggregator under check, plus the checker's own observations.
+
+    What the aggregator shows is read lazily (:meth:`sync`), so replaying a path to a state
+    costs only the events themselves.
+    """
+
+    __slots__ = (
+        "dirty",
+        "index",
+        "last",
+        "mc",
+        "order",
+        "queue",
+        "registry",
+        "requests",
+        "scenario",
+    )
+
+    def __init__(self, scenario: _Scenario, mc: MultiConnector) -> None:
+        self.scenario = scenario
+        self.mc = mc
+        self.requests = [_Request(i) for i in scenario.ids]
+        self.index = {r: i for i, r in enumerate(scenario.ids)}
+        self.last: _Last | None = None
+        self.registry: tuple[tuple[str, bool], ...] = ()
+        self.order: tuple[int, ...] = ()
+        self.queue: tuple[int, ...] = ()
+        self.dirty = True
+        self.sync()
+
+    def sync(self) -> None:
+        """Read what the aggregator shows, if an event ran since the last read."""
+        if not self.dirty:
+            return
+        self.dirty = False
+        mc = self.mc
+        index = self.index
+        held = _held(mc)
+        self.registry = tuple((n, c is not None) for n, c in mc.registry.items())
+        self.order = tuple(index.get(r, -1) for r in held)
+        self.queue = tuple(index.get(r.request_id, -1) for r in _take_queue(mc))
+        for r in self.requests:
+            record = held.get(r.request_id)
+            if record is not None:
+                r.record = record
+                r.view = (record.state, record.awaiting, record.expected, record.abandoned)
+            else:
+                r.view = None
+        last = self.last
+        if last is not None:
+            for r, n in zip(self.requests, last.lengths, strict=True):
+                history = r.record.history if r.record is not None else None
+                if history and len(history) > n:
+                    last.fired += [(s.source.value, s.event, s.dest.value) for s in history[n:]]
+
+
+def _held(mc: MultiConnector) -> Mapping[str, RequestTransferState]:
+    """The records the aggregator holds, by request id (read, never written)."""
+    return mc._requests
+
+
+def _take_queue(mc: MultiConnector) -> Sequence[RequestTransferState]:
+    """What ``take()`` would hand back now, without taking it.
+
+    Read from the aggregator's queue of terminal records, which ``take()`` empties in order:
+    taking would be an event, not an observation.
+    """
+    return mc._done
+
+
+def _apply(world: _World, event: Event) -> None:
+    scenario = world.scenario
+    mc = world.mc
+    requests = world.requests
+    kind = event[0]
+    if world.dirty:  # replaying a path: nothing reads what happened in between
+        world.last = None
+    else:
+        world.last = _Last(
+            event=event,
+            before=tuple(r.view for r in requests),
+            phases=tuple(r.phase for r in requests),
+            lengths=tuple(
+                len(r.record.history or ()) if r.record is not None else 0 for r in requests
+            ),
+            taken=[],
+        )
+    world.dirty = True
+    pad = scenario.pad
+    pad.asked = []
+    request = requests[event[1]] if kind in _PER_REQUEST else None
+    taken: list[RequestTransferState] = []
+    try:
+        if kind == "transfer_finished":
+            assert request is not None
+            mc.transfer_finished(request.request_id, event[2])
+        elif kind == "request_finished":
+            assert request is not None
+            pad.savers = frozenset(event[2])
+            mc.request_finished(request.request_id, ())
+        elif kind == "cancel":
+            assert request is not None
+            mc.cancel(request.request_id)
+        elif kind == "begin":
+            assert request is not None
+            mc.begin(request.request_id)
+        elif kind == "take":
+            taken = mc.take()
+        elif kind == "unregister":
+            mc.unregister(event[1])
+        elif kind == "register":
+            mc.register(event[1], scenario.connectors[event[1]])
+        else:  # pragma: no cover - events come from _events
+            raise AssertionError(f"unknown event {event!r}")
+    except ConnectorFailures as exc:
+        # Documented: a connector that raises counts as not saving; the others are applied.
+        expected = all(scenario.kinds.get(n) == RAISES for n in exc.failed) and all(
+            isinstance(e, ConnectorCrash) for e in exc.exceptions
+        )
+        if not expected:
+            raise
+    finally:
+        pad.savers = frozenset()
+    # What the checker saw, independently of the aggregator's bookkeeping.
+    if kind == "request_finished":
+        assert request is not None
+        request.owed |= {name for name, saves in pad.asked if saves}
+    elif kind == "transfer_finished":
+        assert request is not None
+        request.owed -= {event[2]}
+    elif kind == "unregister":
+        for r in requests:
+            r.owed -= {event[1]}
+    elif kind == "cancel":
+        assert request is not None
+        if request.phase == _HELD:
+            request.cancelled = True
+    elif kind == "begin":
+        assert request is not None
+        request.phase = _HELD
+    for record in taken:
+        i = world.index.get(record.request_id)
+        if i is not None:
+            requests[i].phase = _TAKEN
+            requests[i].record = record
+    if world.last is not None:
+        world.last.taken = taken
+
+
+_PER_REQUEST: Final = frozenset({"begin", "request_finished", "transfer_finished", "cancel"})
+
+
+def _events(world: _World) -> list[Event]:
+    world.sync()
+    scenario = world.scenario
+    alphabet = scenario.alphabet
+    ids = range(len(world.requests))
+    out: list[Event] = []
+    if "begin" in alphabet:
+        out += [("begin", i) for i in ids if world.requests[i].phase == _UNBORN]
+    if "request_finished" in alphabet:
+        savers = [n for n, ready in world.registry if ready and scenario.kinds.get(n) == SAVER]
+        subsets = [c for k in range(len(savers) + 1) for c in itertools.combinations(savers, k)]
+        out += [("request_finished", i, s) for i in ids for s in subsets]
+    if "transfer_finished" in alphabet:
+        names = scenario.names + scenario.unknown
+        out += [("transfer_finished", i, n) for i in ids for n in names]
+    if "cancel" in alphabet:
+        out += [("cancel", i) for i in ids]
+    registered = {n for n, _ in world.registry}
+    if "unregister" in alphabet:
+        out += [("unregister", n) for n in scenario.names if n in registered]
+    if "register" in alphabet:
+        out += [("register", n) for n in scenario.names if n not in registered]
+    if "take" in alphabet:
+        out.append(("take",))
+    return out
+
+
+class _Interner:
+    """Numbers the distinct request parts and registries, and their renamings, once each.
+
+    Snapshots are then tuples of small ints: cheap to hash, compare and keep.
+    """
+
+    def __init__(self, symmetries: Sequence[tuple[tuple[int, ...], Mapping[str, str]]]) -> None:
+        self.renamings = [rename for _, rename in symmetries]
+        self.ids: dict[Any, int] = {}
+        #: renamed[k][id]: the id of the thing numbered ``id``, renamed by renaming ``k``.
+        self.renamed: list[dict[int, int]] = [{} for _ in self.renamings]
+
+    def number(self, thing: Any) -> int:
+        found = self.ids.get(thing)
+        if found is None:
+            found = self.ids[thing] = len(self.ids)
+        return found
+
+    def rename(self, k: int, thing: Any, number: int, how: Callable[..., Any]) -> int:
+        table = self.renamed[k]
+        found = table.get(number)
+        if found is None:
+            rename = self.renamings[k]
+            found = table[number] = self.number(how(thing, rename) if rename else thing)
+        return found
+
+
+def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
+    kind, phase, view, owed, cancelled = part
+    if view is not None:
+        view = (
+            view[0],
+            tuple(rename.get(n, n) for n in view[1]),
+            tuple(rename.get(n, n) for n in view[2]),
+            tuple(rename.get(n, n) for n in view[3]),
+        )
+    return (kind, phase, view, frozenset(rename.get(n, n) for n in owed), cancelled)
+
+
+def _rename_registry(registry: Any, rename: Mapping[str, str]) -> Any:
+    return (registry[0], tuple((rename.get(n, n), ready) for n, ready in registry[1]))
+
+
+def _snapshot(world: _World) -> Hashable:
+    """The canonical state: the least renaming of the observed state under the symmetries."""
+    world.sync()
+    scenario = world.scenario
+    numbers = scenario.interner
+    requests = world.requests
+    registry = ("registry", world.registry)
+    reg_id = numbers.number(registry)
+    part_ids = []
+    parts = []
+    for r in requests:
+        view = r.view
+        if r.phase == _TAKEN or (view is not None and view[0] is _CANCELLED):
+            # Nothing reads the promises of a request that is cancelled or handed back: a
+            # cancelled one that changes again fails "terminal absorbing" there and then.
+            part = ("request", r.phase, view, _NOTHING, r.cancelled)
+        else:
+            part = ("request", r.phase, view, r.owed, r.cancelled)
+        parts.append(part)
+        part_ids.append(numbers.number(part))
+    order, queue = world.order, world.queue
+    best: tuple[Any, ...] | None = None
+    for k, (perm, _) in enumerate(scenario.symmetries):
+        moved = [0] * len(requests)
+        for i, part in enumerate(parts):
+            moved[perm[i]] = numbers.rename(k, part, part_ids[i], _rename_part)
+        key = (
+            numbers.rename(k, registry, reg_id, _rename_registry),
+            tuple(moved),
+            tuple(perm[i] if i >= 0 else -1 for i in order),
+            tuple(perm[i] if i >= 0 else -1 for i in queue),
+        )
+        if best is None or key < best:
+            best = key
+    return best
+
+
+def _symmetries(
+    kinds: Mapping[str, str | None], requests: int, on: bool
+) -> tuple[tuple[tuple[int, ...], Mapping[str, str]], ...]:
+    """Request-index permutations times renamings of connectors of one kind."""
+    identity: tuple[tuple[tuple[int, ...], Mapping[str, str]], ...] = (
+        (tuple(range(requests)), {}),
+    )
+    if not on:
+        return identity
+    groups: dict[str | None, list[str]] = {}
+    for name, kind in kinds.items():
+        groups.setdefault(kind, []).append(name)
+    renamings: list[dict[str, str]] = [{}]
+    for group in groups.values():
+        renamings = [
+            {**base, **{a: b for a, b in zip(group, p, strict=True) if a != b}}
+            for base in renamings
+            for p in itertools.permutations(group)
+        ]
+    return tuple(
+        (perm, rename) for perm in itertools.permutations(range(requests)) for rename in renamings
+    )
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+
+def _terminal_absorbing(world: _World) -> str | None:
+    """a finished or cancelled request never changes again"""
+    world.sync()
+    last = world.last
+    if last is None:
+        return None
+    taken = {r.request_id: r for r in last.taken}
+    for r, before in zip(world.requests, last.before, strict=True):
+        if before is None or before[0] not in TERMINAL:
+            continue
+        record = taken.get(r.request_id)
+        now = r.view if record is None else _view(record)
+        if now is not None and now != before:
+            return f"{r.request_id} was {_show_view(before)}, then became {_show_view(now)}"
+    for source, event, dest in last.fired:
+        if State(source) in TERMINAL:
+            return f"a request left {source}: {source} --{event}--> {dest}"
+    return None
+
+
+def _no_early_free(world: _World) -> str | None:
+    """a request is handed back as finished only when every promised save was reported"""
+    world.sync()
+    for r in world.requests:
+        if r.view is not None and r.view[0] is _FINISHED and r.owed:
+            return (
+                f"{r.request_id} is finished (take() hands it back to be freed) while "
+                f"{_names(r.owed)} promised a save and has not reported it"
+            )
+    last = world.last
+    if last is None:
+        return None
+    for record in last.taken:
+        i = world.index.get(record.request_id)
+        if i is None or last.phases[i] != _HELD:
+            what = "an unknown request" if i is None else "a request not held"
+            return f"take() handed back {record.request_id}, {what}"
+        r = world.requests[i]
+        if record.state not in TERMINAL:
+            return f"take() handed back {r.request_id} while it was {record.state.value}"
+        if record.state is _FINISHED and r.owed:
+            return (
+                f"take() handed back {r.request_id} as finished while {_names(r.owed)} "
+                "had not reported its promised save"
+            )
+        if record.state is _CANCELLED and not r.cancelled:
+            return f"take() handed back {r.request_id} as cancelled; it was never cancelled"
+    return None
+
+
+def _no_leak(world: _World) -> str | None:
+    """no state outlives its request, and no terminal request is stranded"""
+    world.sync()
+    mc = world.mc
+    for i, r in enumerate(world.requests):
+        if r.phase == _TAKEN and r.request_id in mc:
+            return f"{r.request_id} was handed back by take() but is still held"
+        if r.phase == _HELD and r.view is None:
+            return f"{r.request_id} is no longer held but take() never handed it back"
+        if r.view is not None and r.view[0] in TERMINAL and i not in world.queue:
+            return f"{r.request_id} is {r.view[0].value} but take() will never hand it back"
+    if -1 in world.order:
+        return f"the aggregator holds requests that were never begun: {mc.request_ids()}"
+    begun = [r for r in world.requests if r.phase != _UNBORN]
+    if begun and all(r.phase == _TAKEN for r in begun) and (len(mc) or world.queue):
+        return (
+            f"every request was handed back, yet {len(mc)} are held and "
+            f"{len(world.queue)} queued for take()"
+        )
+    return None
+
+
+def _no_live_request(world: _World) -> bool:
+    """every request finished, cancelled, handed back or not begun"""
+    world.sync()
+    return all(r.view is None or r.view[0] in TERMINAL for r in world.requests)
+
+
+def _not_cancel(event: Event) -> bool:
+    """cancel excluded: it would rescue any trap"""
+    return bool(event[0] != "cancel")
+
+
+def _fired(world: _World) -> list[tuple[str, str, str]]:
+    world.sync()
+    return world.last.fired if world.last is not None else []
+
+
+def _view(record: RequestTransferState) -> View:
+    return (record.state, record.awaiting, record.expected, record.abandoned)
+
+
+def _names(names: Collection[str]) -> str:
+    return ", ".join(sorted(names))
+
+
+def _show_view(view: View) -> str:
+    state, awaiting, expected, abandoned = view
+    text = state.value
+    if awaiting:
+        text += f" awaiting {', '.join(awaiting)}"
+    elif expected:
+        text += f" (saved by {', '.join(expected)})"
+    if abandoned:
+        text += f" (abandoned {', '.join(abandoned)})"
+    return text
+
+
+def _describe(world: _World) -> str:
+    world.sync()
+    parts = []
+    for i, r in enumerate(world.requests):
+        if r.view is not None:
+            text = _show_view(r.view)
+            if i in world.queue:
+                text += ", queued for take"
+        else:
+            text = {_UNBORN: "not begun", _HELD: "GONE", _TAKEN: "taken"}[r.phase]
+        if r.owed and (r.view is None or set(r.view[1]) != r.owed):
+            text += f" [owed: {_names(r.owed)}]"
+        parts.append(f"{r.request_id} {text}")
+    registry = " ".join(n if ready else f"{n}(None)" for n, ready in world.registry)
+    return f"{'; '.join(parts)} | registry: {registry or '-'}"
+
+
+def _label(world: _World) -> Callable[[Event], str]:
+    ids = world.scenario.ids
+
+    def label(event: Event) -> str:
+        kind = event[0]
+        if kind == "request_finished":
+            savers = ", ".join(event[2]) or "none"
+            return f"request_finished({ids[event[1]]}) saving: {savers}"
+        if kind == "transfer_finished":
+            return f"transfer_finished({ids[event[1]]}, {event[2]})"
+        if kind in _PER_REQUEST:
+            return f"{kind}({ids[event[1]]})"
+        if kind == "take":
+            return "take()"
+        return f"{kind}({event[1]})"
+
+    return label
+
+
+def _data(ids: tuple[str, ...]) -> Callable[[Event], Any]:
+    def data(event: Event) -> Any:
+        if event[0] in _PER_REQUEST:
+            return [event[0], ids[event[1]], *event[2:]]
+        return list(event)
+
+    return data
+
+
+def _annotate(world: _World) -> dict[str, Any]:
+    """Each request's path, as ``[event, source, dest, name]`` steps (for the diagrams)."""
+    world.sync()
+    return {
+        "paths": {
+            r.request_id: [
+                [s.event, s.source.value, s.dest.value, s.name]
+                for s in (r.record.history or () if r.record is not None else ())
+            ]
+            for r in world.requests
+            if r.phase != _UNBORN
+        }
+    }
+
+
+# -- the public entry point ---------------------------------------------------------------------
+
+
+def check_aggregator(
+    connectors: Mapping[str, str | None] | None = None,
+    *,
+    requests: int = 2,
+    unknown: Sequence[str] = DEFAULT_UNKNOWN,
+    events: Collection[str] | None = None,
+    factory: Callable[..., MultiConnector] = MultiConnector,
+    symmetry: bool = True,
+    max_states: int | None = None,
+    max_depth: int | None = None,
+    progress: bool = False,
+) -> CheckReport:
+    """Model-check the real aggregator on a bounded scenario: every reachable state, every event.
+
+    ``connectors`` maps each name to its kind: ``"saver"`` (a scripted connector; every subset
+    of the registered savers is tried at ``request_finished``), ``"raises"`` (its calls raise)
+    or ``None`` (a slot that is not ready). Use your own names: ranks of one connector are
+    names such as ``"pd@0"``, ``"pd@1"``. Default: :data:`DEFAULT_CONNECTORS`. ``unknown``
+    names are never registered; reports under them are events too. ``requests`` is how many
+    request ids take part. ``events`` restricts the alphabet to some of :data:`ALPHABET`.
+    ``factory(registry, trace=True, stripes=1)`` builds the aggregator: pass a subclass, or a
+    ``functools.partial`` with your options. ``max_states``/``max_depth`` bound the search
+    (default: none, so it finishes); see :func:`explore` for the rest.
+
+    Returns a :class:`CheckReport` with one result per name in :data:`PROPERTIES`.
+
+    .. versionadded:: 0.1.0
+    """
+    if connectors is None:
+        connectors = DEFAULT_CONNECTORS
+    if not isinstance(connectors, Mapping) or not connectors:
+        raise InvalidArgumentError(
+            f"connectors={shown(connectors)} must be a non-empty Mapping of name to kind"
+        )
+    kinds: dict[str, str | None] = {}
+    for name, kind in connectors.items():
+        check_name(name, "connectors key")
+        if kind not in (SAVER, RAISES, None):
+            raise InvalidArgumentError(
+                f"connectors[{name!r}]={shown(kind)} must be 'saver', 'raises' or None"
+            )
+        kinds[name] = kind
+    if isinstance(unknown, str) or not isinstance(unknown, Sequence):
+        raise InvalidArgumentError(f"unknown={shown(unknown)} must be a sequence of names")
+    for name in unknown:
+        check_name(name, "unknown item")
+        if name in kinds:
+            raise InvalidArgumentError(f"unknown={shown(unknown)} names a connector: {name!r}")
+    if type(requests) is not int or not 1 <= requests <= 6:
+        raise InvalidArgumentError(f"requests={shown(requests)} must be an int from 1 to 6")
+    if events is None:
+        alphabet = frozenset(ALPHABET)
+    else:
+        if isinstance(events, str) or not isinstance(events, Collection):
+            raise InvalidArgumentError(f"events={shown(events)} must be a collection of str")
+        alphabet = frozenset(events)
+        bad = sorted(str(e) for e in alphabet if e not in ALPHABET)
+        if bad:
+            raise InvalidArgumentError(
+                f"events={shown(events)} has unknown kinds {bad}; choose from {list(ALPHABET)}"
+            )
+    if not callable(factory):
+        raise InvalidArgumentError(f"factory={shown(factory)} must be callable")
+    check_bool(symmetry, "symmetry")
+    pad = _Pad()
+    made: dict[str, Any] = {}
+    for name, kind in kinds.items():
+        made[name] = _Scripted(name, pad) if kind == SAVER else None
+        if kind == RAISES:
+            made[name] = _Raising(name, pad)
+    symmetries = _symmetries(kinds, requests, symmetry)
+    scenario = _Scenario(
+        names=tuple(kinds),
+        kinds=kinds,
+        unknown=tuple(unknown),
+        ids=tuple(f"r{i}" for i in range(1, requests + 1)),
+        alphabet=alphabet,
+        factory=factory,
+        pad=pad,
+        connectors=made,
+        symmetries=symmetries,
+        interner=_Interner(symmetries),
+    )
+    probe = scenario.fresh()
+    shown_kinds = {SAVER: "saver", RAISES: "raises", None: "None slot"}
+    bounds = {
+        "connectors": [f"{n} ({shown_kinds[k]})" for n, k in kinds.items()],
+        "unknown names": list(unknown),
+        "requests": requests,
+        "events": [e for e in ALPHABET if e in alphabet],
+        "symmetry": f"{len(scenario.symmetries)} renamings of request ids and same-kind names"
+        if len(scenario.symmetries) > 1
+        else "off",
+        "max states": max_states if max_states is not None else "unbounded",
+        "max depth": max_depth if max_depth is not None else "unbounded",
+    }
+    factory_name = getattr(factory, "__qualname__", type(probe).__qualname__)
+    return explore(
+        scenario.fresh,
+        _events,
+        _apply,
+        _snapshot,
+        {
+            TERMINAL_ABSORBING: _terminal_absorbing,
+            NO_EARLY_FREE: _no_early_free,
+            NO_LEAK: _no_leak,
+        },
+        goal=_no_live_request,
+        ways_out=_not_cancel,
+        machine=build_machine(),
+        fired=_fired,
+        describe=_describe,
+        label=_label(probe),
+        data=_data(scenario.ids),
+        annotate=_annotate,
+        max_states=max_states,
+        max_depth=max_depth,
+        progress=progress,
+        bounds=bounds,
+        title=f"multiconnector check: the transfer machine, on the real {factory_name}",
+    )
+
+
+# -- the command --------------------------------------------------------------------------------
+
+
+def _parse_connectors(text: str) -> dict[str, str | None]:
+    kinds: dict[str, str | None] = {}
+    for item in text.split(","):
+        name, _, kind = item.strip().partition("=")
+        kind = kind.strip().lower() or SAVER
+        if not name or kind not in (SAVER, RAISES, "none"):
+            raise argparse.ArgumentTypeError(
+                f"{item!r}: expected NAME or NAME=saver|none|raises, comma-separated"
+            )
+        if name in kinds:
+            raise argparse.ArgumentTypeError(f"{name!r} is given twice")
+        kinds[name.strip()] = None if kind == "none" else kind
+    return kinds
+
+
+def _parse_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="multiconnector check",
+        description="Explore every reachable state of a bounded scenario on the real "
+        "MultiConnector and check its properties. Exit status: 0 all PASS, 1 a property "
+        "FAILs, 2 bad arguments.",
+    )
+    default = ",".join(
+        n if k == SAVER else f"{n}={k or 'none'}" for n, k in DEFAULT_CONNECTORS.items()
+    )
+    parser.add_argument(
+        "--connectors",
+        type=_parse_connectors,
+        default=dict(DEFAULT_CONNECTORS),
+        metavar="SPEC",
+        help=f"NAME[=saver|none|raises],... (default: {default})",
+    )
+    parser.add_argument(
+        "--unknown",
+        type=_parse_list,
+        default=list(DEFAULT_UNKNOWN),
+        metavar="NAMES",
+        help="names never registered, comma-separated (default: ghost)",
+    )
+    parser.add_argument("--requests", type=_positive, default=2, help="request ids (default: 2)")
+    parser.add_argument(
+        "--events",
+        type=_parse_list,
+        default=None,
+        metavar="KINDS",
+        help=f"restrict the alphabet to some of: {', '.join(ALPHABET)}",
+    )
+    parser.add_argument("--max-states", type=_positive, default=None, metavar="N")
+    parser.add_argument("--max-depth", type=_positive, default=None, metavar="N")
+    parser.add_argument(
+        "--no-symmetry",
+        action="store_true",
+        help="do not merge states that differ only by request ids or same-kind connector names",
+    )
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the report")
+    parser.add_argument("--no-progress", action="store_true", help="never show progress")
+    return parser
+
+
+def run_cli(argv: Sequence[str]) -> int:
+    """``multiconnector check``: 0 when every property passes, 1 on a violation, 2 on bad input."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as exc:  # argparse exits 2 on errors, 0 for --help
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        report = check_aggregator(
+            args.connectors,
+            requests=args.requests,
+            unknown=args.unknown,
+            events=args.events,
+            symmetry=not args.no_symmetry,
+            max_states=args.max_states,
+            max_depth=args.max_depth,
+            progress=not args.no_progress,
+        )
+    except MultiConnectorError as exc:
+        print(f"multiconnector check: error: {exc}", file=sys.stderr)
+        return 2
+    print(report.to_text())
+    if args.json is not None:
+        try:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        except OSError as exc:
+            print(f"multiconnector check: error: cannot write --json: {exc}", file=sys.stderr)
+            return 2
+        print(f"report written to {args.json}")
+    return 0 if report.ok else 1

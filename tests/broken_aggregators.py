@@ -1,0 +1,205 @@
+"""Deliberately broken aggregators: the model checker must be able to fail.
+
+Each entry plants one bug that real aggregators have had, as a small subclass of the real
+:class:`~multiconnector.MultiConnector` (``@final`` is for type checkers only) or as a patch of
+the compiled transition table, and names the property the checker must fail with the length of
+the known shortest counterexample. ``tests/test_check_broken.py`` runs the checker on each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import attrs
+
+from multiconnector import MultiConnector, Outcome, State
+from multiconnector import machine as machine_module
+from multiconnector.machine import Compiled, RequestTransferState
+
+
+class CountBasedDraining(MultiConnector):  # type: ignore[misc]
+    """Counts reports instead of tracking names: a duplicate from one saver drains another.
+
+    vLLM's original aggregator decremented a counter per completion, so a connector reporting
+    twice released a request another connector was still saving.
+    """
+
+    def transfer_finished(self, request_id: str, name: str, blocks: Sequence[int] = ()) -> Outcome:
+        record = self._requests.get(request_id)
+        if (
+            record is not None
+            and record.state is State.finishing
+            and name in record.expected
+            and name not in record.awaiting
+            and record.awaiting
+        ):
+            name = record.awaiting[0]  # the bug: any committed saver's report counts one down
+        return super().transfer_finished(request_id, name, blocks)
+
+
+class LateCompletionAfterCancel(MultiConnector):  # type: ignore[misc]
+    """Applies a transfer report that arrives after the request was cancelled."""
+
+    def transfer_finished(self, request_id: str, name: str, blocks: Sequence[int] = ()) -> Outcome:
+        record = self._requests.get(request_id)
+        if record is not None and record.state is State.cancelled and name in record.awaiting:
+            record.awaiting = tuple(n for n in record.awaiting if n != name)  # the bug
+            return Outcome.applied
+        return super().transfer_finished(request_id, name, blocks)
+
+
+class NoneSlotDereferenced(MultiConnector):  # type: ignore[misc]
+    """Looks a reporting connector up and uses it, though the slot may hold ``None``.
+
+    The position-indexed original crashed the server on a report from a connector that had
+    failed to start.
+    """
+
+    def transfer_finished(self, request_id: str, name: str, blocks: Sequence[int] = ()) -> Outcome:
+        record = self._requests.get(request_id)
+        entry = self.registry.entry(name)
+        if record is not None and entry is not None and name not in record.awaiting:
+            entry.connector.request_finished  # the bug: AttributeError on a None slot  # noqa: B018
+        return super().transfer_finished(request_id, name, blocks)
+
+
+class FinishedNeverDropped(MultiConnector):  # type: ignore[misc]
+    """Hands terminal requests back but keeps holding them: their state outlives them."""
+
+    def take(self) -> list[RequestTransferState]:
+        taken = list(self._done)
+        self._done.clear()  # the bug: self._requests still holds every one of them
+        return taken
+
+
+class PhantomAccepted(MultiConnector):  # type: ignore[misc]
+    """Counts a report from a ready connector that never promised a save for the request."""
+
+    def transfer_finished(self, request_id: str, name: str, blocks: Sequence[int] = ()) -> Outcome:
+        record = self._requests.get(request_id)
+        entry = self.registry.entry(name)
+        if (
+            record is not None
+            and record.state is State.finishing
+            and entry is not None
+            and entry.connector is not None
+            and name not in record.expected
+        ):
+            name = record.awaiting[0]  # the bug: the phantom report stands in for a real one
+        return super().transfer_finished(request_id, name, blocks)
+
+
+@contextmanager
+def patched_table(changes: Mapping[tuple[State, str], tuple[Compiled, ...]]) -> Iterator[None]:
+    """Replace some (state, event) entries of the compiled table, and restore them after.
+
+    The hot path's per-event decisions (``machine.DECISIONS``) are derived from the table, so
+    they are patched to match; the declaration (``TRANSITIONS``) is left alone, which is what
+    makes the patched runtime wrong.
+    """
+    table: Any = machine_module.TABLE
+    decisions: Any = getattr(machine_module, "DECISIONS", {})
+    decide: Callable[..., Any] | None = getattr(machine_module, "_decision", None)
+    saved_table = {key: table[key[0]].get(key[1]) for key in changes}
+    saved_decisions = {key: decisions[key[1]].get(key[0]) for key in changes if key[1] in decisions}
+    try:
+        for (state, event), candidates in changes.items():
+            table[state][event] = candidates
+            if event in decisions:
+                decision = decide(candidates) if decide is not None else None
+                if decision is None:
+                    decisions[event].pop(state, None)
+                else:
+                    decisions[event][state] = decision
+        yield
+    finally:
+        for (state, event), old in saved_table.items():
+            if old is None:
+                table[state].pop(event, None)
+            else:
+                table[state][event] = old
+        for (state, event), old_decision in saved_decisions.items():
+            if old_decision is None:
+                decisions[event].pop(state, None)
+            else:
+                decisions[event][state] = old_decision
+
+
+@attrs.frozen(kw_only=True)
+class Broken:
+    """One planted bug: how to build it, the property it breaks, its shortest trace's length."""
+
+    name: str
+    prop: str
+    shortest: int
+    why: str
+    factory: Callable[..., MultiConnector] = MultiConnector
+    table: Mapping[tuple[State, str], tuple[Compiled, ...]] = attrs.field(factory=dict)
+
+    @contextmanager
+    def installed(self) -> Iterator[Callable[..., MultiConnector]]:
+        """The factory to check, with the table patch (if any) in force."""
+        with patched_table(self.table):
+            yield self.factory
+
+
+#: The catalog. ``shortest`` is the length of the shortest event sequence that exposes the bug
+#: in the scenario the tests use (savers ``a`` and ``b``, a ``None`` slot, one request).
+CATALOG: tuple[Broken, ...] = (
+    Broken(
+        name="count-based draining",
+        prop="no early free",
+        shortest=4,
+        why="begin, request_finished saving a and b, transfer_finished a twice: b is drained",
+        factory=CountBasedDraining,
+    ),
+    Broken(
+        name="late completion after cancel accepted",
+        prop="terminal absorbing",
+        shortest=4,
+        why="begin, request_finished saving a, cancel, transfer_finished a",
+        factory=LateCompletionAfterCancel,
+    ),
+    Broken(
+        name="None slot dereferenced",
+        prop="no exception",
+        shortest=2,
+        why="begin, transfer_finished from the None slot",
+        factory=NoneSlotDereferenced,
+    ),
+    Broken(
+        name="finished request never dropped",
+        prop="no leak",
+        shortest=3,
+        why="begin, request_finished saving nothing, take: still held",
+        factory=FinishedNeverDropped,
+    ),
+    Broken(
+        name="terminal state left again",
+        prop="terminal absorbing",
+        shortest=3,
+        why="begin, request_finished saving nothing (finished), cancel: finished -> cancelled",
+        table={(State.finished, "cancel"): ((None, True, State.cancelled),)},
+    ),
+    Broken(
+        name="phantom report accepted",
+        prop="no early free",
+        shortest=3,
+        why="begin, request_finished saving a, transfer_finished b (never promised)",
+        factory=PhantomAccepted,
+    ),
+    Broken(
+        name="last report does not finish",
+        prop="no trap",
+        shortest=3,
+        why="begin, request_finished saving a, transfer_finished a: finishing, awaiting nothing",
+        table={
+            (State.finishing, "transfer_finished"): (
+                (RequestTransferState.is_last, True, State.finishing),
+                (RequestTransferState.is_last, False, State.finishing),
+            )
+        },
+    ),
+)
