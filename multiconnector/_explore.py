@@ -245,7 +245,15 @@ class CheckReport:
                 out.append(f"  {arrow:<{width}}  {c.count:>9,}{note}")
         if self.states_reached:
             out.append("states reached: " + ", ".join(self.states_reached))
-        out.append("result: " + ("PASS" if self.ok else f"FAIL ({len(self.failures)} properties)"))
+        failed = len(self.failures)
+        out.append(
+            "result: "
+            + (
+                "PASS"
+                if self.ok
+                else f"FAIL ({failed} {'property' if failed == 1 else 'properties'})"
+            )
+        )
         return "\n".join(out)
 
 

@@ -1,0 +1,491 @@
+"""The model checker: the real aggregator passes complete bounds; the report, JSON, CLI, engine.
+
+The planted bugs it must catch are in ``test_check_broken.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transitions import Machine
+
+from multiconnector import InvalidArgumentError, InvalidNameError, MultiConnector
+from multiconnector import _explore as engine
+from multiconnector.check import (
+    ALPHABET,
+    PROPERTIES,
+    CheckReport,
+    check_aggregator,
+    declared_transitions,
+    explore,
+    run_cli,
+)
+from multiconnector.machine import STATES, build_machine
+from tests.broken_aggregators import CATALOG
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = {"a": "saver", "b": "saver", "none": None}
+
+
+def declared() -> set[tuple[str, str, str]]:
+    return set(declared_transitions(build_machine())[1])
+
+
+def assert_all_pass(report: CheckReport) -> None:
+    assert report.ok, report.to_text()
+    assert report.finished
+    assert [p.name for p in report.properties] == list(PROPERTIES)
+    fired = {(c.source, c.event, c.dest) for c in report.coverage if c.count > 0}
+    assert fired == declared()
+    assert report.states_reached == tuple(s.value for s in STATES)
+
+
+# -- the real aggregator, complete bounds -------------------------------------------------------
+
+
+def test_one_request_every_kind_of_connector_passes() -> None:
+    report = check_aggregator(
+        {"a": "saver", "b": "saver", "none": None, "boom": "raises"}, requests=1
+    )
+    assert_all_pass(report)
+    # Figures are exact: the search is deterministic.
+    assert (report.distinct_states, report.max_depth) == (1752, 12)
+    assert report.states_generated > report.edges > report.distinct_states
+
+
+def test_two_requests_bound_in_make_test_passes() -> None:
+    """The bound `make test` explores completely: two requests, two savers, a None slot.
+
+    ``register`` is left out here to keep it fast; the default bound (``make check``) has it.
+    """
+    start = time.perf_counter()
+    report = check_aggregator(SMALL, requests=2, events=set(ALPHABET) - {"register"})
+    assert time.perf_counter() - start < 20
+    assert_all_pass(report)
+    assert (report.distinct_states, report.max_depth) == (6708, 13)
+
+
+def test_symmetry_merges_states_without_changing_the_verdict() -> None:
+    events = {"begin", "request_finished", "transfer_finished", "cancel", "unregister", "take"}
+    on = check_aggregator({"a": "saver", "b": "saver"}, requests=2, events=events)
+    off = check_aggregator({"a": "saver", "b": "saver"}, requests=2, events=events, symmetry=False)
+    assert on.ok and off.ok, on.to_text()
+    assert on.distinct_states < off.distinct_states
+    assert on.max_depth == off.max_depth
+    # Each merged state stands for at most 4 renamings (2 request ids x 2 saver names).
+    assert off.distinct_states <= 4 * on.distinct_states
+    assert "4 renamings" in on.to_text() and "symmetry off" in off.to_text()
+
+
+def test_a_narrow_alphabet_fails_the_structural_properties() -> None:
+    events = {"begin", "request_finished", "transfer_finished", "take"}
+    report = check_aggregator(SMALL, requests=1, events=events)
+    assert not report.ok
+    assert report.result("states reached").message == "never entered: cancelled"
+    fired = report.result("transitions fired")
+    assert not fired.passed and "never fired: pending --cancel--> cancelled" in fired.message
+    # The behavioural properties still hold (without transfer_finished, "no trap" would not).
+    for name in ("no exception", "terminal absorbing", "no early free", "no leak", "no trap"):
+        assert report.result(name).passed
+
+
+def test_bounds_cut_the_search_and_say_so() -> None:
+    report = check_aggregator(SMALL, requests=1, max_depth=3)
+    assert not report.finished and report.max_depth == 3
+    assert report.ok  # the unexplored rest counts as able to reach the goal: no false trap
+    capped = check_aggregator(SMALL, requests=1, max_states=50)
+    assert not capped.finished and capped.distinct_states == 50
+
+
+# -- the report and its JSON --------------------------------------------------------------------
+
+
+def test_text_report_has_every_figure() -> None:
+    text = check_aggregator(SMALL, requests=1).to_text()
+    for needle in (
+        "bounds: connectors a (saver), b (saver), none (None slot); unknown names ghost",
+        "states generated",
+        "distinct",
+        "edges",
+        "max depth 10",
+        "finished (nothing left queued)",
+        "states/s",
+        "PASS  no trap",
+        "pending --request_finished--> finishing",
+        "result: PASS",
+    ):
+        assert needle in text
+
+
+def test_json_report_round_trips(tmp_path: Path) -> None:
+    out = tmp_path / "nested" / "check.json"
+    assert run_cli(["--connectors", "a,b,none=none", "--requests", "1", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["ok"] is True and data["finished"] is True
+    assert data["distinct_states"] == 430
+    assert [p["name"] for p in data["properties"]] == list(PROPERTIES)
+    assert {p["result"] for p in data["properties"]} == {"PASS"}
+    assert {(c["source"], c["event"], c["dest"]) for c in data["coverage"]} == declared()
+    assert data["bounds"]["requests"] == 1
+    for key in ("states_generated", "edges", "max_depth", "wall_time", "states_per_second"):
+        assert data[key] > 0
+
+
+# -- the command --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--requests", "0"],
+        ["--requests", "two"],
+        ["--connectors", "a=weird"],
+        ["--connectors", "a,a"],
+        ["--events", "begin,teleport"],
+        ["--unknown", "a", "--connectors", "a"],
+        ["--no-such-option"],
+        ["--requests", "9"],
+    ],
+)
+def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(argv) == 2
+    assert capsys.readouterr().err
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["--help"]) == 0
+    assert "--connectors" in capsys.readouterr().out
+
+
+def test_a_violation_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["--connectors", "a,none=none", "--requests", "1", "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    # One saver cannot make a request wait for a second report: coverage fails, honestly.
+    assert "FAIL  transitions fired" in out
+    assert "never fired: finishing --transfer_finished--> finishing" in out
+
+
+def test_python_dash_m_runs_the_command(tmp_path: Path) -> None:
+    out = tmp_path / "check.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "multiconnector", "check", "--requests", "1", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "result: PASS" in run.stdout
+    assert json.loads(out.read_text())["ok"] is True
+
+
+def test_unwritable_json_path_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    argv = ["--connectors", "a", "--requests", "1", "--json", str(blocker / "check.json")]
+    assert run_cli(argv) == 2
+    assert "cannot write --json" in capsys.readouterr().err
+
+
+# -- arguments of the API -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "needle"),
+    [
+        ({"connectors": {}}, InvalidArgumentError, "connectors={}"),
+        ({"connectors": {"a": "sometimes"}}, InvalidArgumentError, "connectors['a']='sometimes'"),
+        ({"connectors": {3: "saver"}}, InvalidNameError, "connectors key=3"),
+        ({"requests": 0}, InvalidArgumentError, "requests=0"),
+        ({"requests": True}, InvalidArgumentError, "requests=True"),
+        ({"unknown": "ghost"}, InvalidArgumentError, "unknown='ghost'"),
+        ({"unknown": ["a"]}, InvalidArgumentError, "names a connector: 'a'"),
+        ({"events": ["begin", "jump"]}, InvalidArgumentError, "unknown kinds ['jump']"),
+        ({"symmetry": 1}, InvalidArgumentError, "symmetry=1"),
+        ({"max_depth": 0}, InvalidArgumentError, "max_depth=0"),
+        ({"factory": lambda registry, **kw: object()}, InvalidArgumentError, "factory returned"),
+    ],
+)
+def test_bad_api_arguments_raise_typed_errors(
+    kwargs: dict[str, Any], error: type[Exception], needle: str
+) -> None:
+    kwargs.setdefault("connectors", {"a": "saver"})
+    with pytest.raises(error, match=re.escape(needle)):
+        check_aggregator(**kwargs)
+
+
+def test_factory_gets_a_traced_single_stripe_aggregator() -> None:
+    made: list[MultiConnector] = []
+
+    def factory(registry: Any, **options: Any) -> MultiConnector:
+        assert options == {"trace": True, "stripes": 1}
+        made.append(MultiConnector(registry, **options))
+        return made[-1]
+
+    report = check_aggregator({"a": "saver"}, requests=1, events={"begin", "take"}, factory=factory)
+    assert report.result("no exception").passed and made
+
+
+# -- the engine, on a machine of its own ---------------------------------------------------------
+
+
+class Light:
+    """A traffic light that counts its cycles, up to a bound."""
+
+    def __init__(self) -> None:
+        self.state = "red"
+        self.cycles = 0
+        self.fired: list[tuple[str, str, str]] = []
+
+
+LIGHT = Machine(
+    model=None,
+    states=["red", "green", "yellow", "broken"],
+    initial="red",
+    transitions=[
+        {"trigger": "go", "source": "red", "dest": "green"},
+        {"trigger": "slow", "source": "green", "dest": "yellow"},
+        {"trigger": "stop", "source": "yellow", "dest": "red"},
+        {"trigger": "smash", "source": "*", "dest": "broken"},
+    ],
+    auto_transitions=False,
+)
+
+
+def light_apply(light: Light, trigger: str) -> None:
+    source = light.state
+    LIGHT.events[trigger].trigger(light)
+    if trigger == "stop":
+        light.cycles += 1
+    light.fired = [(source, trigger, light.state)]
+
+
+def light_events(light: Light) -> list[str]:
+    return [t for t in LIGHT.get_triggers(light.state) if light.cycles < 2 or t != "go"]
+
+
+def test_explore_counts_every_state_of_a_small_machine() -> None:
+    def not_too_many_cycles(light: Light) -> bool:
+        """at most two cycles"""
+        return light.cycles <= 2
+
+    report = explore(
+        Light,
+        light_events,
+        light_apply,
+        lambda light: (light.state, light.cycles),
+        {"cycles": not_too_many_cycles},
+        goal=lambda light: light.state in {"red", "broken"},
+        machine=LIGHT,
+        fired=lambda light: light.fired,
+    )
+    assert report.ok, report.to_text()
+    # red0 green0 yellow0 red1 green1 yellow1 red2, and broken after 0, 1 or 2 cycles.
+    assert report.distinct_states == 10
+    assert report.max_depth == 7  # red2 --smash--> broken2
+    assert report.result("cycles").description == "at most two cycles"
+    counts = {(c.source, c.event, c.dest): c.count for c in report.coverage}
+    assert counts[("red", "go", "green")] == 2
+    assert counts[("broken", "smash", "broken")] == 3
+    assert all(c.declared for c in report.coverage)
+
+
+def test_explore_reports_the_shortest_counterexample() -> None:
+    def at_most_one_cycle(light: Light) -> str | None:
+        return None if light.cycles <= 1 else f"{light.cycles} cycles"
+
+    report = explore(
+        Light,
+        light_events,
+        light_apply,
+        lambda light: (light.state, light.cycles),
+        {"one cycle": at_most_one_cycle},
+        describe=lambda light: f"{light.state}/{light.cycles}",
+        label=str,
+    )
+    result = report.result("one cycle")
+    assert not result.passed and result.message == "2 cycles"
+    assert result.counterexample is not None
+    assert [s.event for s in result.counterexample.steps] == ["go", "slow", "stop"] * 2
+    assert result.counterexample.steps[-1].state == "red/2"
+    assert result.counterexample.initial == "red/0"
+    assert "  6. stop  -> red/2" in report.to_text()
+
+
+def test_explore_reports_exceptions_assertions_and_traps() -> None:
+    def apply(light: Light, trigger: str) -> None:
+        if light.state == "yellow" and trigger == "smash":
+            raise RuntimeError("glass everywhere")
+        light_apply(light, trigger)
+
+    def never_broken(light: Light) -> None:
+        assert light.state != "broken", "the light broke"
+
+    report = explore(
+        Light,
+        light_events,
+        apply,
+        lambda light: (light.state, light.cycles),
+        {"intact": never_broken},
+        goal=lambda light: light.state == "green",
+        label=str,
+    )
+    crash = report.result("no exception")
+    assert crash.message == "RuntimeError: glass everywhere"
+    assert crash.counterexample is not None
+    assert [s.event for s in crash.counterexample.steps] == ["go", "slow", "smash"]
+    assert crash.counterexample.steps[-1].state.startswith("raised RuntimeError")
+    assert report.result("intact").message.startswith("the light broke")
+    assert len(report.result("intact").counterexample or ()) == 1
+    trap = report.result("no trap")  # broken can never turn green again
+    assert not trap.passed and [s.event for s in trap.counterexample.steps] == ["smash"]  # type: ignore[union-attr]
+
+
+def test_explore_ways_out_limits_the_escape_routes() -> None:
+    report = explore(
+        Light,
+        light_events,
+        light_apply,
+        lambda light: (light.state, light.cycles),
+        goal=lambda light: light.state == "broken",
+        ways_out=lambda trigger: trigger != "smash",
+    )
+    trap = report.result("no trap")
+    assert not trap.passed
+    assert trap.counterexample is not None and len(trap.counterexample) == 0  # red0 is a trap
+
+
+def test_explore_detects_a_nondeterministic_model() -> None:
+    ticks = iter(range(10**6))
+
+    with pytest.raises(engine.NondeterminismError, match="replaying the path to state"):
+        explore(
+            Light,
+            light_events,
+            light_apply,
+            lambda light: (light.state, light.cycles, next(ticks) if light.cycles else 0),
+        )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"initial": None}, "initial=None"),
+        ({"events": 3}, "events=3"),
+        ({"invariants": {"x": 3}}, "invariants="),
+        ({"invariants": [lambda light: True]}, "invariants="),
+        ({"goal": "green"}, "goal='green'"),
+        ({"max_states": 0}, "max_states=0"),
+        ({"progress": "yes"}, "progress='yes'"),
+        ({"machine": LIGHT}, "must be given together"),
+    ],
+)
+def test_explore_rejects_bad_arguments(kwargs: dict[str, Any], needle: str) -> None:
+    arguments: dict[str, Any] = {
+        "initial": Light,
+        "events": light_events,
+        "apply": light_apply,
+        "snapshot": lambda light: (light.state, light.cycles),
+        **kwargs,
+    }
+    with pytest.raises(InvalidArgumentError, match=re.escape(needle)):
+        explore(**arguments)
+
+
+def test_an_invariant_returning_garbage_is_an_error() -> None:
+    with pytest.raises(InvalidArgumentError, match="an invariant returned 3"):
+        explore(
+            Light,
+            light_events,
+            light_apply,
+            lambda light: light.state,
+            {"bad": lambda light: 3},
+        )
+
+
+def test_declared_transitions_reads_a_transitions_machine() -> None:
+    states, transitions = declared_transitions(build_machine())
+    assert states == tuple(s.value for s in STATES)
+    assert ("finishing", "transfer_finished", "finishing") in transitions
+    assert len(transitions) == 8
+    with pytest.raises(InvalidArgumentError, match="machine="):
+        declared_transitions(object())
+
+
+# -- progress -----------------------------------------------------------------------------------
+
+
+def test_progress_prints_plain_lines_off_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(engine, "PROGRESS_AFTER", 0.0)
+    report = check_aggregator(SMALL, requests=1, progress=True)
+    err = capsys.readouterr().err
+    assert report.ok
+    assert re.search(r"check: depth \d+, [\d,]+ distinct states, [\d,]+ generated", err), err
+
+
+def test_progress_uses_rich_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    rich_status = pytest.importorskip("rich.status")
+    started: list[Any] = []
+
+    class Status:
+        def __init__(self, text: str, console: Any) -> None:
+            self.texts = [text]
+            started.append(self)
+
+        def start(self) -> None:
+            pass
+
+        def update(self, text: str) -> None:
+            self.texts.append(text)
+
+        def stop(self) -> None:
+            self.texts.append("stopped")
+
+    monkeypatch.setattr(rich_status, "Status", Status)
+    monkeypatch.setattr(engine, "PROGRESS_AFTER", 0.0)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert check_aggregator(SMALL, requests=1, progress=True).ok
+    (status,) = started
+    assert any("distinct states" in t for t in status.texts) and status.texts[-1] == "stopped"
+
+
+def test_no_progress_when_not_asked(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(engine, "PROGRESS_AFTER", 0.0)
+    check_aggregator(SMALL, requests=1)
+    assert capsys.readouterr().err == ""
+
+
+# -- the how-to page ----------------------------------------------------------------------------
+
+
+def test_docs_check_md_examples_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every python block of docs/check.md, top to bottom, in one namespace."""
+    page = (ROOT / "docs" / "check.md").read_text(encoding="utf-8")
+    code = re.findall(r"^```python\n(.*?)^```", page, flags=re.S | re.M)
+    assert len(code) == 3
+    namespace: dict[str, Any] = {"__name__": "docs_check"}
+    for block in code:
+        exec(compile(block, "docs/check.md", "exec"), namespace)
+    assert re.fullmatch(r"\d+ states, depth \d+\n", capsys.readouterr().out)
+    assert not namespace["trap"].passed
+
+
+def test_docs_quote_the_real_text_of_a_counterexample() -> None:
+    """The sample failure on the page is what the checker prints for that planted bug."""
+    page = (ROOT / "docs" / "check.md").read_text(encoding="utf-8")
+    (sample,) = re.findall(r"^```text\n(.*?)^```", page, flags=re.S | re.M)
+    bug = next(b for b in CATALOG if b.name == "count-based draining")
+    with bug.installed() as factory:
+        report = check_aggregator(SMALL, requests=1, factory=factory)
+    assert sample.rstrip("\n") in report.to_text()

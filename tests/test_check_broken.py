@@ -1,0 +1,89 @@
+"""The checker must be able to fail: every planted bug is caught, with a shortest trace.
+
+The catalog is ``tests/broken_aggregators.py``. Each bug is checked in a small complete bound
+(savers ``a`` and ``b``, a ``None`` slot, the unknown name ``ghost``, one request, every event),
+in which the real aggregator passes every property.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from multiconnector import MultiConnector, State
+from multiconnector import machine as machine_module
+from multiconnector.check import check_aggregator
+from multiconnector.diagram import find_path
+from tests.broken_aggregators import CATALOG, Broken
+
+BOUND: dict[str, Any] = {"connectors": {"a": "saver", "b": "saver", "none": None}, "requests": 1}
+
+
+def test_the_real_aggregator_passes_the_same_bound() -> None:
+    report = check_aggregator(**BOUND)
+    assert report.ok and report.finished, report.to_text()
+
+
+@pytest.mark.parametrize("bug", CATALOG, ids=[b.name for b in CATALOG])
+@pytest.mark.parametrize("symmetry", [True, False], ids=["symmetry", "no-symmetry"])
+def test_each_planted_bug_fails_its_property_with_a_shortest_trace(
+    bug: Broken, symmetry: bool
+) -> None:
+    with bug.installed() as factory:
+        report = check_aggregator(**BOUND, factory=factory, symmetry=symmetry)
+    assert report.finished
+    result = report.result(bug.prop)
+    assert not result.passed, f"{bug.name}: {bug.prop} passed\n{report.to_text()}"
+    trace = result.counterexample
+    assert trace is not None
+    assert len(trace) <= bug.shortest, f"{bug.name}: {bug.why}\n{report.to_text()}"
+    assert all(s.number == i for i, s in enumerate(trace.steps, 1))
+    assert not report.ok
+    text = report.to_text()
+    assert f"FAIL  {bug.prop}" in text and f"shortest trace ({len(trace)} events)" in text
+
+
+def test_the_table_patch_is_undone() -> None:
+    before = {s: dict(events) for s, events in machine_module.TABLE.items()}
+    decisions = {e: dict(d) for e, d in getattr(machine_module, "DECISIONS", {}).items()}
+    for bug in CATALOG:
+        if bug.table:
+            with bug.installed():
+                assert any(machine_module.TABLE[s].get(e) != before[s].get(e) for s, e in bug.table)
+    assert {s: dict(events) for s, events in machine_module.TABLE.items()} == before
+    assert {e: dict(d) for e, d in getattr(machine_module, "DECISIONS", {}).items()} == decisions
+    mc = MultiConnector({"a": None})
+    mc.begin("r")
+    mc.request_finished("r")
+    mc.cancel("r")  # the patched table would have left finished here
+    (done,) = mc.take()
+    assert done.state is State.finished
+
+
+def test_a_counterexample_carries_each_requests_path_for_the_diagrams() -> None:
+    bug = next(b for b in CATALOG if b.name == "count-based draining")
+    with bug.installed() as factory:
+        report = check_aggregator(**BOUND, factory=factory)
+    data = json.loads(json.dumps(report.to_dict()))
+    (prop,) = [p for p in data["properties"] if p["name"] == "no early free"]
+    assert prop["result"] == "FAIL"
+    trace = prop["counterexample"]
+    assert trace["length"] == 4
+    assert [s["data"] for s in trace["steps"]] == [
+        ["begin", "r1"],
+        ["request_finished", "r1", ["a", "b"]],
+        ["transfer_finished", "r1", "a"],
+        ["transfer_finished", "r1", "a"],
+    ]
+    assert trace["paths"] == {
+        "r1": [
+            ["request_finished", "pending", "finishing", None],
+            ["transfer_finished", "finishing", "finishing", "a"],
+            ["transfer_finished", "finishing", "finished", "b"],
+        ]
+    }
+    # The diagram generator reads the path straight from the report.
+    request, steps = find_path(data, prop="no early free")
+    assert request == "r1" and [s.dest for s in steps][-1] is State.finished
