@@ -108,6 +108,7 @@ class MultiConnector:
         "_applied",
         "_counts",
         "_done",
+        "_finishes",
         "_interned",
         "_locks",
         "_mask",
@@ -153,6 +154,8 @@ class MultiConnector:
         )
         # The hot paths count applied events here, by name alone: no key tuple to build and hash.
         self._applied: tuple[dict[str | None, int], ...] = tuple({} for _ in range(stripes))
+        # Applied request_finished events, one slot per stripe (written under its lock).
+        self._finishes: list[int] = [0] * stripes
         # Name tuples shared by every request with the same awaited set (memory), and each
         # tuple's "minus one name" successors (time): both small, both capped.
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
@@ -263,8 +266,8 @@ class MultiConnector:
         ready = registry._ready  # what ready_entries() returns, without the call
         savers: list[Entry] = []
         answers: list[Any] = []  # the params of each connector that answered, in order
-        errors: list[Exception] = []
-        failed: list[str] = []
+        failures: list[tuple[str, Exception]] | None = None  # made on the first failure
+        clash: Exception | None = None
         # merge_transfer_params' result for plain dicts with str keys and no clash, built as we
         # go; anything else (``plain`` false) goes to merge_transfer_params itself.
         merged: dict[str, Any] | None = None
@@ -274,18 +277,22 @@ class MultiConnector:
             try:
                 saves, params = entry.request_finished(request_id, blocks)  # type: ignore[misc]
             except Exception as exc:
-                errors.append(exc)
-                failed.append(entry.name)
+                failures = [] if failures is None else failures
+                failures.append((entry.name, exc))
                 continue
             if saves is True:
                 savers.append(entry)
             elif saves is not False:
-                errors.append(
-                    InvalidArgumentError(
-                        f"connector {entry.name!r} answered saves={shown(saves)}; must be a bool"
+                failures = [] if failures is None else failures
+                failures.append(
+                    (
+                        entry.name,
+                        InvalidArgumentError(
+                            f"connector {entry.name!r} answered saves={shown(saves)}; "
+                            "must be a bool"
+                        ),
                     )
                 )
-                failed.append(entry.name)
                 continue
             answers.append(params)
             if params is None:
@@ -309,12 +316,13 @@ class MultiConnector:
         if not plain:
             merged = None
             try:
+                failed = {name for name, _ in failures or ()}
                 names = [e.name for e in ready if e.name not in failed]
                 merged = merge_transfer_params(
                     list(zip(names, answers, strict=True)), allow_equal=self._allow_equal
                 )
             except (KeyClashError, InvalidParamsError) as exc:
-                errors.append(exc)
+                clash = exc
         index = hash(request_id) & self._mask
         lock = self._locks[index]
         lock.acquire()
@@ -360,23 +368,25 @@ class MultiConnector:
                         record.abandoned = tuple([n for n in record.expected if n not in awaited])
                     record.params = merged
             if outcome is _APPLIED:
-                applied = self._applied[index]
-                applied[_NO_NAME] = applied.get(_NO_NAME, 0) + 1
+                self._finishes[index] += 1
             else:
                 self._count(index, outcome, _NO_NAME)
         finally:
             lock.release()
         result = (outcome, merged if outcome is _APPLIED else None)
-        if errors:
-            if len(errors) == 1 and not failed:
-                raise errors[0]  # a lone KeyClashError or InvalidParamsError
-            raise ConnectorFailures(
-                f"{len(errors)} failure(s) while finishing request {request_id!r}",
-                errors,
-                failed=failed,
-                result=result,
-            )
-        return result
+        if failures is None:
+            if clash is not None:
+                raise clash  # a lone KeyClashError or InvalidParamsError
+            return result
+        errors = [exc for _, exc in failures]
+        if clash is not None:
+            errors.append(clash)
+        raise ConnectorFailures(
+            f"{len(errors)} failure(s) while finishing request {request_id!r}",
+            errors,
+            failed=[name for name, _ in failures],
+            result=result,
+        )
 
     @staticmethod
     def _refuse_finish(record: RequestTransferState) -> Outcome:
@@ -670,9 +680,12 @@ class MultiConnector:
 
     def _merged_counts(self) -> dict[tuple[Outcome, str | None], int]:
         merged: dict[tuple[Outcome, str | None], int] = {}
-        for lock, counts, applied in zip(self._locks, self._counts, self._applied, strict=True):
+        stripes = zip(self._locks, self._counts, self._applied, strict=True)
+        for index, (lock, counts, applied) in enumerate(stripes):
             with lock:
                 items = [*counts.items(), *(((_APPLIED, k), n) for k, n in applied.items())]
+                if self._finishes[index]:
+                    items.append(((_APPLIED, _NO_NAME), self._finishes[index]))
             for key, n in items:
                 merged[key] = merged.get(key, 0) + n
         return merged
