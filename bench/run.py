@@ -41,7 +41,7 @@ BLOCKS = [0, 1, 2, 3]
 class Sizes:
     lifecycle_batch: int = 4000
     machine_batch: int = 200
-    lifecycle_repeats: int = 41
+    lifecycle_repeats: int = 61
     memory_requests: int = 100_000
     flat_small: int = 1_000
     flat_large: int = 1_000_000
