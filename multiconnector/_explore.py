@@ -414,7 +414,7 @@ def explore(
       line of the callable's docstring describes the property in the report.
     * Property ``"no exception"``: ``apply`` raising anything is a violation, and the search
       does not continue from that state. Catch the exceptions your model documents in
-      ``apply``.
+      ``apply``; the first line of its docstring, if any, describes the property.
     * ``goal(model)``, when given, adds property ``"no trap"``: from every explored state some
       goal state must be reachable, using only the events for which ``ways_out(event)`` is true
       (all events when it is ``None``). Computed on the explored graph by backward
@@ -707,7 +707,9 @@ class _Search(Generic[M, E]):
                 ),
             )
 
-        results = [result(NO_EXCEPTION, "no exception escapes from applying an event")]
+        results = [
+            result(NO_EXCEPTION, _docstring(self.apply) or "no exception escapes from an event")
+        ]
         results += [result(name, _description(check, name)) for name, check in self.checks]
         if self.goal is not None:
             goal = _description(self.goal, "")
