@@ -303,7 +303,7 @@ class MultiConnector:
                 merged = params.copy()
                 supplied = len(params)
             else:
-                merged.update(params)
+                merged |= params
                 supplied += len(params)
         if merged is not None and plain:
             if len(merged) != supplied:
