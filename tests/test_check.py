@@ -27,7 +27,7 @@ from multiconnector.check import (
     explore,
     run_cli,
 )
-from multiconnector.machine import STATES, build_machine
+from multiconnector.machine import EVENTS, STATES, build_machine
 from tests.broken_aggregators import CATALOG
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,6 +82,12 @@ def test_symmetry_merges_states_without_changing_the_verdict() -> None:
     # Each merged state stands for at most 4 renamings (2 request ids x 2 saver names).
     assert off.distinct_states <= 4 * on.distinct_states
     assert "4 renamings" in on.to_text() and "symmetry off" in off.to_text()
+
+
+def test_the_alphabet_fires_every_event_of_the_declaration() -> None:
+    # connector_gone is fired by unregistering a connector a request awaits.
+    assert set(EVENTS) - {"connector_gone"} <= set(ALPHABET)
+    assert {t[1] for t in declared()} == set(EVENTS)
 
 
 def test_a_narrow_alphabet_fails_the_structural_properties() -> None:
