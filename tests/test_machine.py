@@ -9,7 +9,6 @@ import pytest
 from transitions import MachineError
 
 from multiconnector.machine import (
-    DECISIONS,
     EVENTS,
     STATES,
     TABLE,
@@ -104,19 +103,3 @@ def test_lifecycle_through_the_table() -> None:
     assert step(record, "transfer_finished", "b") is State.finished
     assert step(record, "cancel", None) is State.cancelled
 
-
-@pytest.mark.parametrize(("state", "event"), list(itertools.product(STATES, EVENTS)))
-def test_hot_path_decisions_agree_with_the_table(state: State, event: str) -> None:
-    """DECISIONS, the aggregator's per-event form of TABLE, decides exactly as step() does."""
-    decision = DECISIONS[event].get(state)
-    if decision is None:
-        return  # the aggregator falls back to step() for this pair
-    guard, yes, no = decision
-    for awaiting, arg in SCENARIOS:
-        if event == "request_finished" and not isinstance(arg, tuple):
-            continue
-        if event in {"transfer_finished", "connector_gone"} and not isinstance(arg, str):
-            continue
-        record = RequestTransferState("r", state=state, awaiting=awaiting)
-        fast = yes if guard is None or guard(record, arg) else no
-        assert fast == step(record, event, arg), (state, event, awaiting, arg)
