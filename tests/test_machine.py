@@ -102,4 +102,3 @@ def test_lifecycle_through_the_table() -> None:
     record.awaiting = ("b",)
     assert step(record, "transfer_finished", "b") is State.finished
     assert step(record, "cancel", None) is State.cancelled
-
