@@ -8,7 +8,8 @@ child reports every request as sent), ``clear_connector_metadata``; then the sch
 ``update_connector_output`` with what the worker reported (vLLM's own forwards it to the children;
 ours releases the requests there). Both connectors are built by vLLM's own factory from a
 ``VllmConfig``, as a server builds them. The core runs the same bookkeeping directly: ``begin`` and
-``request_finished`` per request, each child's reports, ``take``.
+``request_finished`` per request, each child's reports (one ``transfer_finished_many`` per child,
+as a worker's ``get_finished`` delivers them), ``take``.
 
 Imported only when vLLM and the adapter are importable.
 """
@@ -104,13 +105,12 @@ class Core:
 
     def step(self) -> None:
         mc, ids = self.mc, self.ids
-        begin, finish, report = mc.begin, mc.request_finished, mc.transfer_finished
+        begin, finish = mc.begin, mc.request_finished
         for request_id in ids:
             begin(request_id)
             finish(request_id, BLOCKS)
-        for name in NAMES:  # what each child's get_finished reported
-            for request_id in ids:
-                report(request_id, name)
+        for name in NAMES:  # what each child's get_finished reported: one batch per child
+            mc.transfer_finished_many(name, ids)
         self.sent = {r.request_id for r in mc.take()}
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, final
 
 import attrs
@@ -430,38 +430,7 @@ class MultiConnector:
         lock = self._locks[index]
         lock.acquire()
         try:
-            record = self._requests.get(request_id)
-            if record is None:
-                outcome = Outcome.unknown_request
-            else:
-                awaiting = record.awaiting
-                dest = None
-                if name in awaiting:
-                    # Inlined `step(record, "transfer_finished", name)`: see machine.DECISIONS.
-                    decision = _ON_TRANSFER_FINISHED.get(record.state)
-                    if decision is None:
-                        dest = step(record, "transfer_finished", name)
-                    else:
-                        guard, yes, no = decision
-                        dest = yes if guard is None or guard(record, name) else no
-                if dest is None:
-                    outcome = self._classify(record, name)
-                else:
-                    outcome = _APPLIED
-                    source = record.state
-                    record.state = dest
-                    if record.history is not None:
-                        record.history.append(Step("transfer_finished", source, dest, name))
-                    if dest is not source and dest in TERMINAL:
-                        self._done.append(record)
-                    following = self._without.get(awaiting)
-                    rest = None if following is None else following.get(name)
-                    record.awaiting = self._minus(awaiting, name) if rest is None else rest
-            if outcome is _APPLIED:
-                applied = self._applied[index]
-                applied[name] = applied.get(name, 0) + 1
-            else:
-                self._count(index, outcome, name)
+            outcome = self._report(self._requests.get(request_id), name, index)
         finally:
             lock.release()
         if outcome is not _APPLIED:
@@ -471,6 +440,109 @@ class MultiConnector:
         entry = self._registry._entries.get(name)
         if entry is not None and entry.on_finished is not None:
             self._call_back(entry, entry.on_finished, request_id, blocks)
+        return outcome
+
+    def transfer_finished_many(
+        self, name: str, request_ids: Iterable[str], blocks: Sequence[int] = ()
+    ) -> list[Outcome]:
+        """Connector ``name`` reports that it finished saving each of ``request_ids``.
+
+        The same as calling :meth:`transfer_finished` for each id in turn — the same decision,
+        under each request's own lock, the same outcomes, counts, states, ``on_finished`` calls
+        and logging — without a method call and argument checks per report. Servers learn
+        completions in batches (a vLLM worker's ``get_finished`` returns one set per connector
+        per step), and a step's worth of reports is where a per-call overhead adds up.
+
+        Returns the outcomes in the order of ``request_ids``. Every argument is checked before
+        any report is applied, so a bad one changes nothing: :class:`InvalidNameError` for
+        ``name``, :class:`InvalidArgumentError` for ``request_ids`` that is a ``str`` or not
+        iterable, for an item that is not a ``str``, or for bad ``blocks``. When ``on_finished``
+        callbacks raise, every report is still applied and every callback still called, then
+        :class:`ConnectorFailures` is raised with the outcomes as its ``result``.
+
+        .. versionadded:: 0.1.0
+        """
+        if name.__class__ is not str:
+            name = check_name(name)
+        if blocks.__class__ is not tuple and blocks.__class__ is not list:
+            check_blocks(blocks)
+        ids = request_ids
+        if ids.__class__ is not list and ids.__class__ is not tuple and ids.__class__ is not set:
+            if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
+                raise InvalidArgumentError(
+                    f"request_ids={shown(ids)} must be an iterable of request ids (str)"
+                )
+            ids = list(ids)
+        for request_id in ids:
+            if request_id.__class__ is not str:
+                bad_request_id(request_id, "an item of request_ids")
+        outcomes: list[Outcome] = []
+        failures: list[Exception] | None = None
+        requests, locks, mask, report = self._requests, self._locks, self._mask, self._report
+        entries = self._registry._entries
+        for request_id in ids:
+            index = hash(request_id) & mask
+            lock = locks[index]
+            lock.acquire()
+            try:
+                outcome = report(requests.get(request_id), name, index)
+            finally:
+                lock.release()
+            outcomes.append(outcome)
+            if outcome is not _APPLIED:
+                self._log_ignored("transfer_finished", request_id, name, outcome)
+                continue
+            entry = entries.get(name)
+            if entry is not None and entry.on_finished is not None:
+                try:
+                    entry.on_finished(request_id, blocks)
+                except Exception as exc:
+                    failures = [] if failures is None else failures
+                    failures.append(exc)
+        if failures is not None:
+            raise ConnectorFailures(
+                f"connector {name!r} raised in {len(failures)} callback(s)",
+                failures,
+                failed=[name] * len(failures),
+                result=outcomes,
+            )
+        return outcomes
+
+    def _report(self, record: RequestTransferState | None, name: str, index: int) -> Outcome:
+        """Apply ``name``'s report to ``record`` (``None``: not held) and count it.
+
+        The one decision behind :meth:`transfer_finished` and :meth:`transfer_finished_many`;
+        the caller holds lock ``index``, the record's stripe.
+        """
+        if record is None:
+            outcome = Outcome.unknown_request
+        else:
+            awaiting = record.awaiting
+            dest = None
+            if name in awaiting:
+                # Inlined `step(record, "transfer_finished", name)`: see machine.DECISIONS.
+                decision = _ON_TRANSFER_FINISHED.get(record.state)
+                if decision is None:
+                    dest = step(record, "transfer_finished", name)
+                else:
+                    guard, yes, no = decision
+                    dest = yes if guard is None or guard(record, name) else no
+            if dest is None:
+                outcome = self._classify(record, name)
+            else:
+                source = record.state
+                record.state = dest
+                if record.history is not None:
+                    record.history.append(Step("transfer_finished", source, dest, name))
+                if dest is not source and dest in TERMINAL:
+                    self._done.append(record)
+                following = self._without.get(awaiting)
+                rest = None if following is None else following.get(name)
+                record.awaiting = self._minus(awaiting, name) if rest is None else rest
+                applied = self._applied[index]
+                applied[name] = applied.get(name, 0) + 1
+                return _APPLIED
+        self._count(index, outcome, name)
         return outcome
 
     def _classify(self, record: RequestTransferState, name: str) -> Outcome:
@@ -651,6 +723,19 @@ class MultiConnector:
             if record.history is not None:
                 copy.history = list(record.history)
             return copy
+
+    def peek(self, request_id: str) -> RequestTransferState | None:
+        """The held record itself, not a copy, or ``None`` if the request is not held.
+
+        Read-only: never assign to its fields, and expect them to change as events apply (each
+        field read is atomic, but two reads may straddle an update made by another thread).
+        :meth:`get` copies the record under its lock, for a consistent snapshot; ``peek`` is
+        for a hot path that needs one field and owns the request's events (the vLLM adapter,
+        whose step-wise calls come from one thread).
+
+        .. versionadded:: 0.1.0
+        """
+        return self._requests.get(request_id)
 
     def __len__(self) -> int:
         """How many requests are held (live, or terminal and not yet taken)."""

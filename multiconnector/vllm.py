@@ -640,7 +640,7 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return results
 
     def _loader(self, request_id: str) -> str | None:
-        record = self._tracker.get(request_id)
+        record = self._tracker.peek(request_id)
         return None if record is None else record.loader
 
     def _ensure(self, request: Any) -> str:
@@ -883,9 +883,10 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
             failure, per_child = exc, exc.result
         results = KVConnectorTransferResults()
         loads = self._loads
+        tracker = self._tracker
         for name, child_results in per_child.items():
-            for request_id in child_results.finished_sending:
-                self._tracker.transfer_finished(request_id, name)
+            if child_results.finished_sending:
+                tracker.transfer_finished_many(name, child_results.finished_sending)
             failed = child_results.failed_recving
             # Failed receives also count as finished: the scheduler must stop waiting.
             for request_id in child_results.finished_recving | failed:
@@ -898,7 +899,7 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
                     self._finished_while_loading.discard(request_id)
                     loads.cancel(request_id)
         for request_id in finished_req_ids:
-            record = loads.get(request_id)
+            record = loads.peek(request_id)
             if record is None:
                 continue
             if record.loader is None or record.loaded:
@@ -906,7 +907,7 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
             else:  # aborted while loading: the scheduler still needs that one completion
                 self._finished_while_loading.add(request_id)
         loads.take()
-        for record in self._tracker.take():
+        for record in tracker.take():
             if record.state is State.finished:
                 results.finished_sending.add(record.request_id)
         if failure is not None:
@@ -1048,22 +1049,40 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 "NamedMultiConnectorWorkerMetadata"
             )
 
-        def update(name: str, child: Any) -> None:
-            if worker_meta is not None:
-                connector_output.kv_connector_worker_meta = worker_meta.children.get(name)
-            child.update_connector_output(connector_output)
-
+        errors: list[Exception] = []
+        failed: list[str] = []
         try:
-            self._gather("update_connector_output", update)
+            for name, child in self._children.items():
+                try:
+                    if worker_meta is not None:
+                        connector_output.kv_connector_worker_meta = worker_meta.children.get(name)
+                    child.update_connector_output(connector_output)
+                except Exception as exc:
+                    errors.append(exc)
+                    failed.append(name)
         finally:
             connector_output.kv_connector_worker_meta = worker_meta
+        if errors:
+            raise ConnectorFailures(
+                f"{len(errors)} child connector(s) raised in update_connector_output: "
+                + ", ".join(failed),
+                errors,
+                failed=failed,
+                result={name: None for name in self._children if name not in failed},
+            )
         # The workers report a request finished sending only once every saver confirmed.
         tracker = self._tracker
+        confirmed: dict[str, list[str]] = {}
         for request_id in connector_output.finished_sending or ():
-            record = tracker.get(request_id)
+            record = tracker.peek(request_id)
             if record is not None:
                 for name in record.awaiting:
-                    tracker.transfer_finished(request_id, name)
+                    if name in confirmed:
+                        confirmed[name].append(request_id)
+                    else:
+                        confirmed[name] = [request_id]
+        for name, request_ids in confirmed.items():
+            tracker.transfer_finished_many(name, request_ids)
         for request_id in connector_output.finished_recving or ():
             loader = self._loader(request_id)
             if loader is not None:
@@ -1100,7 +1119,7 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
         try:
             _, params = self._tracker.request_finished(request_id, block_ids)
         finally:
-            record = self._tracker.get(request_id)
+            record = self._tracker.peek(request_id)
             savers = (
                 record.awaiting if record is not None and record.state is State.finishing else ()
             )

@@ -1,0 +1,207 @@
+"""``transfer_finished_many`` against the single-event path it batches; ``peek``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from multiconnector import (
+    ConnectorFailures,
+    ConnectorRegistry,
+    InvalidArgumentError,
+    InvalidNameError,
+    MultiConnector,
+    Outcome,
+    State,
+)
+from tests.connectors import Scripted
+
+REQUESTS = ("r0", "r1", "r2", "r3")
+NAMES = ("a", "b", "quiet", "dead")
+REPORTERS = (*NAMES, "ghost")
+
+ops = st.one_of(
+    st.tuples(st.just("begin"), st.sampled_from(REQUESTS)),
+    st.tuples(st.just("finish"), st.sampled_from(REQUESTS)),
+    st.tuples(st.just("cancel"), st.sampled_from(REQUESTS)),
+    st.tuples(st.just("take"), st.none()),
+    st.tuples(st.just("unregister"), st.sampled_from(NAMES)),
+    st.tuples(st.just("register"), st.sampled_from(NAMES)),
+    st.tuples(
+        st.just("reports"),
+        st.tuples(
+            st.sampled_from(REPORTERS),
+            st.lists(st.sampled_from((*REQUESTS, "unknown")), max_size=8),
+        ),
+    ),
+)
+
+
+def connector(name: str) -> Scripted | None:
+    """``a`` and ``b`` save asynchronously, ``quiet`` does not, ``dead`` is a None slot."""
+    return None if name == "dead" else Scripted(saves=name != "quiet")
+
+
+def run(program: list[tuple[str, Any]], batched: bool) -> dict[str, Any]:
+    """Run ``program`` on a fresh aggregator; reports batched or one call each."""
+    made: list[Scripted] = []
+
+    def fresh(name: str) -> Scripted | None:
+        c = connector(name)
+        if c is not None:
+            made.append(c)
+        return c
+
+    mc = MultiConnector(ConnectorRegistry({n: fresh(n) for n in NAMES}), trace=True)
+    seen: list[Any] = []
+    for op, arg in program:
+        if op == "begin":
+            if arg not in mc:
+                mc.begin(arg)
+        elif op == "finish":
+            seen.append(mc.request_finished(arg, [1]))
+        elif op == "cancel":
+            seen.append(mc.cancel(arg))
+        elif op == "take":
+            seen.append([(r.request_id, r.state, r.awaiting, r.abandoned) for r in mc.take()])
+        elif op == "unregister":
+            if arg in mc.registry:
+                mc.unregister(arg)
+        elif op == "register":
+            if arg not in mc.registry:
+                mc.register(arg, fresh(arg))
+        else:
+            name, ids = arg
+            if batched:
+                seen.append(mc.transfer_finished_many(name, ids, [7]))
+            else:
+                seen.append([mc.transfer_finished(rid, name, [7]) for rid in ids])
+    held = {}
+    for rid in mc.request_ids():
+        record = mc.get(rid)
+        assert record is not None
+        held[rid] = (
+            record.state,
+            record.awaiting,
+            record.expected,
+            record.abandoned,
+            record.history,
+        )
+    return {
+        "seen": seen,
+        "held": held,
+        "done": [r.request_id for r in mc._done],
+        "counts": mc.counts(),
+        "per_connector": mc.connector_counts(),
+        "callbacks": [c.on_finished_calls for c in made],
+    }
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ops, max_size=40))
+def test_batched_reports_match_one_call_each(program: list[tuple[str, Any]]) -> None:
+    assert run(program, batched=True) == run(program, batched=False)
+
+
+def test_a_batch_releases_a_step_of_requests() -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(), "b": Scripted()}))
+    ids = [f"r{i}" for i in range(5)]
+    for rid in ids:
+        mc.begin(rid)
+        mc.request_finished(rid)
+    assert mc.transfer_finished_many("a", ids) == [Outcome.applied] * 5
+    assert mc.transfer_finished_many("a", ids[:2]) == [Outcome.duplicate] * 2
+    assert mc.take() == []
+    # A set, as vLLM's get_finished returns: a duplicate id cannot occur, any order is fine.
+    assert mc.transfer_finished_many("b", set(ids)) == [Outcome.applied] * 5
+    assert sorted(r.request_id for r in mc.take()) == ids
+    assert mc.counts() == {Outcome.applied: 15, Outcome.duplicate: 2}
+
+
+def test_any_iterable_of_ids() -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted()}))
+    mc.begin("r")
+    mc.request_finished("r")
+
+    def ids() -> Iterator[str]:
+        yield "r"
+        yield "r"
+
+    assert mc.transfer_finished_many("a", ids()) == [Outcome.applied, Outcome.terminal]
+    assert mc.transfer_finished_many("a", []) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "request_ids", "blocks", "error", "argument"),
+    [
+        (3, ["r"], (), InvalidNameError, "name="),
+        ("a", "r", (), InvalidArgumentError, "request_ids="),
+        ("a", b"r", (), InvalidArgumentError, "request_ids="),
+        ("a", 5, (), InvalidArgumentError, "request_ids="),
+        ("a", ["r", 5], (), InvalidArgumentError, "request_ids="),
+        ("a", ("r", None), (), InvalidArgumentError, "request_ids="),
+        ("a", ["r"], "blocks", InvalidArgumentError, "blocks="),
+    ],
+)
+def test_bad_arguments_change_nothing(
+    name: Any, request_ids: Any, blocks: Any, error: type[Exception], argument: str
+) -> None:
+    saver = Scripted()
+    mc = MultiConnector(ConnectorRegistry({"a": saver}))
+    mc.begin("r")
+    mc.request_finished("r")
+    before = mc.get("r")
+    with pytest.raises(error, match=argument):
+        mc.transfer_finished_many(name, request_ids, blocks)
+    after = mc.get("r")
+    assert before is not None and after is not None
+    assert (after.state, after.awaiting) == (before.state, before.awaiting)
+    assert (after.state, after.awaiting) == (State.finishing, ("a",))
+    assert mc.counts() == {Outcome.applied: 1}
+    assert saver.on_finished_calls == []
+
+
+class Failing(Scripted):
+    """Its ``on_finished`` raises for ids that end in ``!``."""
+
+    def on_finished(self, request_id: str, blocks: Any) -> None:
+        super().on_finished(request_id, blocks)
+        if request_id.endswith("!"):
+            raise OSError(f"no ack for {request_id}")
+
+
+def test_callback_failures_raised_together_after_every_report() -> None:
+    saver = Failing()
+    mc = MultiConnector(ConnectorRegistry({"a": saver}))
+    ids = ["r1!", "r2", "r3!", "r4"]
+    for rid in ids:
+        mc.begin(rid)
+        mc.request_finished(rid)
+    with pytest.raises(ConnectorFailures) as caught:
+        mc.transfer_finished_many("a", [*ids, "nope"])
+    assert caught.value.result == [Outcome.applied] * 4 + [Outcome.unknown_request]
+    assert caught.value.failed == ("a", "a")
+    assert [str(e) for e in caught.value.exceptions] == ["no ack for r1!", "no ack for r3!"]
+    assert [rid for rid, _ in saver.on_finished_calls] == ids
+    assert [r.request_id for r in mc.take()] == ids
+
+
+def test_peek_is_the_held_record_get_a_copy() -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted()}))
+    assert mc.peek("r") is None
+    mc.begin("r")
+    mc.request_finished("r")
+    record = mc.peek("r")
+    assert record is not None and record is mc.peek("r")
+    copy = mc.get("r")
+    assert copy is not record and copy is not None
+    assert (copy.state, copy.awaiting) == (record.state, record.awaiting)
+    mc.transfer_finished("r", "a")
+    assert record.state is State.finished  # the live record moved on; the copy did not
+    assert copy.state is State.finishing
+    assert mc.take() == [record]
+    assert mc.peek("r") is None
