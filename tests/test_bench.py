@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -10,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.vllm.vllm_support import missing_reason, require_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "bench" / "run.py"
@@ -45,7 +46,7 @@ def test_runner_prints_the_table_and_writes_every_key(tmp_path: Path) -> None:
         value = figures[key]
         assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
     check = figures["check_states_per_second"]
-    assert check is None or (isinstance(check, float) and check > 0)
+    assert isinstance(check, float) and check > 0  # asked for with --only: it must run
     assert figures["quick"] is True
     header = table.splitlines()[0]
     for column in ("figure", "median", "p90", "target", "met"):
@@ -69,7 +70,7 @@ def test_the_memory_figure_counts_what_requests_hold(tmp_path: Path) -> None:
 
 
 def test_vllm_rows_are_skipped_with_a_line_without_the_extra(tmp_path: Path) -> None:
-    if importlib.util.find_spec("vllm") is not None:
+    if missing_reason() is None:
         pytest.skip("the vLLM extra is installed: the rows run (see the vllm-marked test)")
     table, figures = run(tmp_path, "--only", "vllm")
     assert "vLLM rows skipped" in table
@@ -78,7 +79,7 @@ def test_vllm_rows_are_skipped_with_a_line_without_the_extra(tmp_path: Path) -> 
 
 @pytest.mark.vllm
 def test_vllm_rows_run_through_all_three(tmp_path: Path) -> None:
-    pytest.importorskip("vllm")
+    require_vllm()
     table, figures = run(tmp_path, "--only", "vllm")
     ratios = figures["lifecycle_ratio_vs_real_vllm"]
     assert isinstance(ratios, dict)
