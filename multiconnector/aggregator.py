@@ -104,6 +104,7 @@ class MultiConnector:
     """
 
     __slots__ = (
+        "__weakref__",  # the registry holds our unregister listener weakly
         "_allow_equal",
         "_applied",
         "_counts",
@@ -346,30 +347,13 @@ class MultiConnector:
                     else:
                         awaited = self._intern(tuple([e.name for e in ready]))
                         self._ready_names = (ready, awaited)
-                decision = _ON_REQUEST_FINISHED.get(record.state)
-                if decision is None:
-                    dest = step(record, "request_finished", awaited)
-                else:
-                    guard, yes, no = decision
-                    dest = yes if guard is None or guard(record, awaited) else no
-                if dest is None:
-                    outcome = self._refuse_finish(record)
-                else:
-                    outcome = _APPLIED
-                    source = record.state
-                    record.state = dest
-                    if record.history is not None:
-                        record.history.append(Step("request_finished", source, dest, None))
-                    if dest is not source and dest in TERMINAL:
-                        self._done.append(record)
-                    record.awaiting = record.expected = awaited
-                    if len(awaited) != len(savers):
-                        record.expected = self._intern(tuple([e.name for e in savers]))
-                        record.abandoned = tuple([n for n in record.expected if n not in awaited])
-                    record.params = merged
-            if outcome is _APPLIED:
-                self._finishes[index] += 1
-            else:
+                expected = (
+                    awaited
+                    if len(awaited) == len(savers)
+                    else self._intern(tuple([e.name for e in savers]))
+                )
+                outcome = self._finish(record, awaited, expected, merged, index)
+            if outcome is Outcome.unknown_request:
                 self._count(index, outcome, _NO_NAME)
         finally:
             lock.release()
@@ -387,6 +371,101 @@ class MultiConnector:
             failed=[name for name, _ in failures],
             result=result,
         )
+
+    def request_finished_by(self, request_id: str, savers: Iterable[str]) -> Outcome:
+        """The request finished generating, and the caller knows who saves it asynchronously.
+
+        The same transition as :meth:`request_finished` — the same decision and bookkeeping —
+        for a side that learns the savers from elsewhere instead of asking its connectors: a
+        vLLM worker learns them from the scheduler's connector metadata. No connector is called
+        and no params are merged (``params`` stays ``None``). The request awaits the names in
+        ``savers`` that are ready registered connectors, in registration order; any other name
+        can never report, so it is abandoned at once (in ``expected`` and ``abandoned``), as a
+        saver unregistered while :meth:`request_finished` asked it is.
+
+        Returns the :class:`Outcome`. Raises :class:`InvalidArgumentError` for a bad
+        ``request_id`` or ``savers`` (a ``str``, or not iterable) and :class:`InvalidNameError`
+        for a name that is not a non-empty ``str``; nothing changes then.
+
+        .. versionadded:: 0.1.0
+        """
+        if request_id.__class__ is not str:
+            bad_request_id(request_id)
+        names = savers
+        if names.__class__ is not tuple:
+            if isinstance(names, str | bytes) or not isinstance(names, Iterable):
+                raise InvalidArgumentError(
+                    f"savers={shown(names)} must be an iterable of connector names (str)"
+                )
+            names = tuple(names)
+        for name in names:
+            if name.__class__ is not str or not name:
+                check_name(name, "an item of savers")
+        registry = self._registry
+        index = hash(request_id) & self._mask
+        lock = self._locks[index]
+        lock.acquire()
+        try:
+            record = self._requests.get(request_id)
+            if record is None:
+                outcome = Outcome.unknown_request
+                self._count(index, outcome, _NO_NAME)
+            else:
+                ready = registry._ready
+                cached = self._ready_names
+                if cached[0] is not ready:
+                    cached = (ready, self._intern(tuple([e.name for e in ready])))
+                    self._ready_names = cached
+                if names == cached[1]:
+                    awaited = expected = cached[1]
+                else:
+                    given = set(names)
+                    awaited = self._intern(tuple([e.name for e in ready if e.name in given]))
+                    rest = [n for n in dict.fromkeys(names) if n not in awaited]
+                    expected = self._intern((*awaited, *rest)) if rest else awaited
+                outcome = self._finish(record, awaited, expected, None, index)
+        finally:
+            lock.release()
+        if outcome is not _APPLIED:
+            self._log_ignored("request_finished", request_id, None, outcome)
+        return outcome
+
+    def _finish(
+        self,
+        record: RequestTransferState,
+        awaited: tuple[str, ...],
+        expected: tuple[str, ...],
+        params: dict[str, Any] | None,
+        index: int,
+    ) -> Outcome:
+        """Apply ``request_finished`` to held ``record`` and count it; the caller holds lock
+        ``index``. The one decision behind :meth:`request_finished` and
+        :meth:`request_finished_by`: ``awaited`` are the savers that can still report,
+        ``expected`` every saver (``awaited`` itself when they are the same).
+        """
+        decision = _ON_REQUEST_FINISHED.get(record.state)
+        if decision is None:
+            dest = step(record, "request_finished", awaited)
+        else:
+            guard, yes, no = decision
+            dest = yes if guard is None or guard(record, awaited) else no
+        if dest is None:
+            outcome = self._refuse_finish(record)
+            self._count(index, outcome, _NO_NAME)
+            return outcome
+        source = record.state
+        record.state = dest
+        if record.history is not None:
+            record.history.append(Step("request_finished", source, dest, None))
+        if dest is not source and dest in TERMINAL:
+            self._done.append(record)
+        record.awaiting = awaited
+        record.expected = expected
+        if expected is not awaited:
+            record.abandoned = tuple([n for n in expected if n not in awaited])
+        record.params = params
+        self._finishes[index] += 1
+        return _APPLIED
 
     @staticmethod
     def _refuse_finish(record: RequestTransferState) -> Outcome:

@@ -548,7 +548,9 @@ class _WorkerSide(_Side):
         return 1 if self.owner._load_plan.get(request_id) == self.name else 0
 
     def request_finished(self, request_id: str, blocks: Sequence[int]) -> tuple[bool, None]:
-        return self.name in self.owner._save_plan.get(request_id, ()), None
+        # Never asked: a worker finishes a request with the names the scheduler sent, through
+        # MultiConnector.request_finished_by. Answering anything here could free blocks early.
+        raise RuntimeError("a worker learns who saves a request from the connector metadata")
 
 
 # -- the connector -----------------------------------------------------------------------------
@@ -586,7 +588,6 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._new_savers: dict[str, tuple[str, ...]] = {}
         self._new_loads: dict[str, str] = {}
         # Worker state.
-        self._save_plan: dict[str, tuple[str, ...]] = {}
         self._load_plan: dict[str, str] = {}
         self._finished_while_loading: set[str] = set()
 
@@ -761,15 +762,12 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         metadata = self._check_metadata(connector_metadata)
+        tracker = self._tracker
         for request_id, names in metadata.savers.items():
             # The request finished on the scheduler; from now on it awaits exactly these names.
-            if request_id not in self._tracker:
-                self._tracker.begin(request_id)
-            self._save_plan[request_id] = names
-            try:
-                self._tracker.request_finished(request_id)
-            finally:
-                del self._save_plan[request_id]
+            if request_id not in tracker:
+                tracker.begin(request_id)
+            tracker.request_finished_by(request_id, names)
         for request_id, name in metadata.loads.items():
             if request_id not in self._loads:
                 self._loads.begin(request_id)

@@ -205,3 +205,76 @@ def test_peek_is_the_held_record_get_a_copy() -> None:
     assert copy.state is State.finishing
     assert mc.take() == [record]
     assert mc.peek("r") is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from(("a", "b", "c")), max_size=4),
+    st.sampled_from(("pending", "finishing", "cancelled", "unknown")),
+)
+def test_request_finished_by_matches_asking_the_connectors(savers: list[str], state: str) -> None:
+    """Told who saves, the same outcome and record as when the connectors answer it."""
+
+    def made(by: bool) -> tuple[Any, Any]:
+        connectors = {n: Scripted(saves=n in savers) for n in ("a", "b", "c")}
+        mc = MultiConnector(ConnectorRegistry(connectors), trace=True)
+        if state != "unknown":
+            mc.begin("r")
+        if state == "finishing":
+            mc.request_finished("r")
+        elif state == "cancelled":
+            mc.cancel("r")
+        if by:
+            outcome = mc.request_finished_by("r", savers)
+        else:
+            outcome, _ = mc.request_finished("r")
+        record = mc.get("r")
+        shown = None
+        if record is not None:
+            shown = (record.state, record.awaiting, record.expected, record.abandoned)
+            shown = (*shown, record.history)
+        return outcome, (shown, mc.counts(), [r.request_id for r in mc.take()])
+
+    assert made(by=True) == made(by=False)
+
+
+def test_request_finished_by_abandons_names_that_cannot_report() -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(), "dead": None, "b": Scripted()}))
+    mc.begin("r")
+    assert mc.request_finished_by("r", ["ghost", "b", "dead", "a", "b"]) is Outcome.applied
+    record = mc.peek("r")
+    assert record is not None
+    assert record.awaiting == ("a", "b")  # registration order
+    assert record.expected == ("a", "b", "ghost", "dead")
+    assert record.abandoned == ("ghost", "dead")
+    assert record.params is None
+    assert mc.transfer_finished_many("b", ["r"]) == [Outcome.applied]
+    assert mc.transfer_finished_many("ghost", ["r"]) == [Outcome.unregistered]
+    assert mc.transfer_finished_many("a", ["r"]) == [Outcome.applied]
+    assert [r.state for r in mc.take()] == [State.finished]
+    mc.begin("s")
+    assert mc.request_finished_by("s", ()) is Outcome.applied
+    assert mc.take()[0].state is State.finished
+    assert mc.request_finished_by("s", ()) is Outcome.unknown_request
+
+
+@pytest.mark.parametrize(
+    ("request_id", "savers", "error", "argument"),
+    [
+        (5, ["a"], InvalidArgumentError, "request_id="),
+        ("r", "a", InvalidArgumentError, "savers="),
+        ("r", 3, InvalidArgumentError, "savers="),
+        ("r", ["a", 3], InvalidNameError, "savers="),
+        ("r", ("a", ""), InvalidNameError, "savers="),
+    ],
+)
+def test_request_finished_by_bad_arguments_change_nothing(
+    request_id: Any, savers: Any, error: type[Exception], argument: str
+) -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted()}))
+    mc.begin("r")
+    with pytest.raises(error, match=argument):
+        mc.request_finished_by(request_id, savers)
+    record = mc.peek("r")
+    assert record is not None and record.state is State.pending
+    assert mc.counts() == {}
