@@ -533,9 +533,11 @@ class _SchedulerSide(_Side):
     ) -> tuple[bool, Mapping[str, Any] | None]:
         owner = self.owner
         saves, params = self.child.request_finished(owner._live[request_id], blocks)
+        if saves is True:
+            return True, params
         # A child that took the partial tail at finish also owes a "finished sending" report.
-        tail = self.name in owner._tail_savers.get(request_id, ())
-        return bool(saves) or tail, params
+        tails = owner._tail_savers
+        return bool(saves) or (bool(tails) and self.name in tails.get(request_id, ())), params
 
 
 @final
@@ -1124,9 +1126,11 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
             if savers:
                 self._new_savers[request_id] = savers
             self._live.pop(request_id, None)
-            self._tail_savers.pop(request_id, None)
+            if self._tail_savers:
+                self._tail_savers.pop(request_id, None)
             for side in self._sides.values():
-                side.load_async.pop(request_id, None)
+                if side.load_async:
+                    side.load_async.pop(request_id, None)
             self._tracker.take()
         return bool(savers), params
 
