@@ -8,14 +8,22 @@ may be registered with ``None``: known, but not ready. Nothing is ever looked up
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, final, runtime_checkable
 
 import attrs
 
 from ._validate import check_name, shown
-from .errors import DuplicateConnectorError, InvalidArgumentError, UnknownConnectorError
+from .errors import (
+    ConnectorFailures,
+    DuplicateConnectorError,
+    InvalidArgumentError,
+    UnknownConnectorError,
+)
 
 __all__ = ["Connector", "ConnectorRegistry"]
 
@@ -90,6 +98,10 @@ class Entry:
 Listener = Callable[[Entry], None]
 
 
+def _same(listener: Listener) -> Listener:
+    return listener
+
+
 @final
 class ConnectorRegistry:
     """Connectors under unique, non-empty string names, in registration order.
@@ -119,10 +131,22 @@ class ConnectorRegistry:
         self._lock = threading.RLock()
         self._entries: dict[str, Entry] = {}
         self._ready: tuple[Entry, ...] = ()
-        self._listeners: tuple[Listener, ...] = ()
-        items = connectors.items() if isinstance(connectors, Mapping) else connectors
-        for name, connector in items:
-            self.register(name, connector)
+        self._listeners: tuple[Callable[[], Listener | None], ...] = ()
+        if isinstance(connectors, Mapping):
+            items: Iterable[Any] = connectors.items()
+        elif isinstance(connectors, Iterable) and not isinstance(connectors, str | bytes):
+            items = connectors
+        else:
+            raise InvalidArgumentError(
+                f"connectors={shown(connectors)} must be a Mapping or an iterable of "
+                "(name, connector) pairs"
+            )
+        for index, item in enumerate(items):
+            if not isinstance(item, tuple) or len(item) != 2:
+                raise InvalidArgumentError(
+                    f"connectors[{index}]={shown(item)} must be a (name, connector) pair"
+                )
+            self.register(*item)
 
     # -- changes -------------------------------------------------------------------------------
 
@@ -162,8 +186,20 @@ class ConnectorRegistry:
             entries = dict(self._entries)
             del entries[name]
             self._publish(entries)
-            for listener in self._listeners:
-                listener(entry)
+            errors: list[Exception] = []
+            for ref in self._listeners:
+                listener = ref()
+                if listener is None:
+                    continue
+                try:
+                    listener(entry)
+                except Exception as exc:  # every listener is told, whatever the others do
+                    errors.append(exc)
+            self._listeners = tuple(ref for ref in self._listeners if ref() is not None)
+        if errors:
+            raise ConnectorFailures(
+                f"{len(errors)} listener(s) failed after unregistering {name!r}", errors
+            )
         return entry.connector
 
     def _publish(self, entries: dict[str, Entry]) -> None:
@@ -174,10 +210,19 @@ class ConnectorRegistry:
         """Call ``listener(entry)`` after each unregistration, under the registry's lock.
 
         The aggregator uses this so that a connector unregistered directly on the registry still
-        releases the requests awaiting it.
+        releases the requests awaiting it. A bound method is held weakly: subscribing does not
+        keep its object alive, and a collected one is dropped. Every listener is called even when
+        one raises; the failures are raised together afterwards.
         """
+        if not callable(listener):
+            raise InvalidArgumentError(f"listener={shown(listener)} must be callable")
+        ref: Callable[[], Listener | None]
+        if inspect.ismethod(listener):
+            ref = weakref.WeakMethod(listener)
+        else:
+            ref = functools.partial(_same, listener)
         with self._lock:
-            self._listeners = (*self._listeners, listener)
+            self._listeners = (*self._listeners, ref)
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -1,15 +1,21 @@
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 
 from multiconnector import (
+    ConnectorFailures,
     ConnectorRegistry,
     DuplicateConnectorError,
     InvalidArgumentError,
     InvalidNameError,
+    MultiConnector,
     MultiConnectorError,
     UnknownConnectorError,
 )
+from multiconnector.registry import Entry
 from tests.connectors import Scripted
 
 
@@ -68,3 +74,36 @@ def test_object_without_request_finished_is_rejected() -> None:
     with pytest.raises(InvalidArgumentError, match=r"connector=.*request_finished"):
         registry.register("x", object())  # type: ignore[arg-type]
     assert registry.names() == ()
+
+
+@pytest.mark.parametrize(
+    ("connectors", "words"),
+    [(5, "connectors=5"), ([("a",)], "connectors[0]=('a',)"), (["ab"], "connectors[0]='ab'")],
+)
+def test_bad_constructor_input_is_named(connectors: object, words: str) -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        ConnectorRegistry(connectors)  # type: ignore[arg-type]
+    assert words in str(info.value)
+
+
+def test_listeners_are_held_weakly_and_all_called() -> None:
+    registry = ConnectorRegistry({"a": Scripted(), "b": Scripted()})
+    aggregators = [MultiConnector(registry) for _ in range(5)]
+    refs = [weakref.ref(mc) for mc in aggregators]
+    del aggregators
+    gc.collect()
+    assert all(r() is None for r in refs)  # subscribing kept none of them alive
+
+    seen: list[str] = []
+
+    def failing(entry: Entry) -> None:
+        raise RuntimeError("listener")
+
+    registry.subscribe(failing)
+    registry.subscribe(lambda entry: seen.append(entry.name))
+    with pytest.raises(ConnectorFailures) as info:
+        registry.unregister("a")
+    assert seen == ["a"] and registry.names() == ("b",)
+    assert [str(e) for e in info.value.exceptions] == ["listener"]
+    with pytest.raises(InvalidArgumentError, match="listener=5"):
+        registry.subscribe(5)  # type: ignore[arg-type]
