@@ -31,7 +31,14 @@ from typing import Any, Final, final
 
 import attrs
 
-from ._validate import bad_request_id, check_blocks, check_int, check_name, shown
+from ._validate import (
+    bad_request_id,
+    check_blocks,
+    check_int,
+    check_name,
+    check_request_id,
+    shown,
+)
 from .errors import (
     ConnectorFailures,
     DuplicateRequestError,
@@ -73,6 +80,10 @@ _NOT_FINISHABLE: Final = frozenset(
 )
 #: Distinct name tuples kept for sharing (awaiting sets are few; requests are many).
 _INTERN_LIMIT: Final = 4096
+#: Distinct (outcome, name) counters kept per lock stripe; later names count under OTHER_NAMES.
+_COUNTER_LIMIT: Final = 1024
+#: The name under which every name past the counter limit is counted (see connector_counts).
+OTHER_NAMES: Final = "<other names>"
 
 
 @final
@@ -107,6 +118,7 @@ class MultiConnector:
         "__weakref__",  # the registry holds our unregister listener weakly
         "_allow_equal",
         "_applied",
+        "_asking",
         "_counts",
         "_done",
         "_finishes",
@@ -147,6 +159,8 @@ class MultiConnector:
         self._allow_equal = allow_equal_params
         self._requests: dict[str, RequestTransferState] = {}
         self._done: deque[RequestTransferState] = deque()
+        # Ids whose request_finished is asking connectors; changed under the id's stripe lock.
+        self._asking: set[str] = set()
         self._locks = tuple(threading.Lock() for _ in range(stripes))
         self._mask = stripes - 1
         # One counter dict per stripe, only ever written under that stripe's lock.
@@ -185,22 +199,29 @@ class MultiConnector:
         return self._registry.unregister(name)
 
     def _connector_gone(self, entry: Entry) -> None:
-        # Called under the registry lock, after `entry` was removed: no request_finished can
-        # newly await it (the apply step checks the registration), so one scan suffices.
+        # Called under the registry lock, after `entry` was removed. The scan holds every stripe
+        # lock: a request_finished that checked the registry before the removal writes its
+        # awaited names under its stripe lock, so the scan sees them, or it checked after and
+        # leaves the name out itself. A scan without the locks could miss such a request and
+        # strand it. Unregistering is rare; the scan is O(held requests).
         name = entry.name
-        candidates = [r for r in list(self._requests.values()) if name in r.awaiting]
-        for record in candidates:
-            index = hash(record.request_id) & self._mask
-            with self._locks[index]:
+        locks = self._locks
+        for lock in locks:
+            lock.acquire()
+        try:
+            for record in list(self._requests.values()):
                 if name not in record.awaiting:
                     continue
                 dest = step(record, "connector_gone", name)
                 if dest is None:  # cancelled: keep what it was awaiting, for the record
                     continue
-                self._transition(record, "connector_gone", dest, name)
-                record.awaiting = tuple(n for n in record.awaiting if n != name)
+                record.awaiting = tuple([n for n in record.awaiting if n != name])
                 record.abandoned = (*record.abandoned, name)
-                self._count(index, Outcome.applied, name)
+                self._transition(record, "connector_gone", dest, name)
+                self._count(hash(record.request_id) & self._mask, Outcome.applied, name)
+        finally:
+            for lock in reversed(locks):
+                lock.release()
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -211,7 +232,7 @@ class MultiConnector:
         not yet taken): that would discard the first request's bookkeeping. Nothing changes then.
         """
         if request_id.__class__ is not str or not request_id:
-            bad_request_id(request_id)
+            request_id = check_request_id(request_id)
         record = RequestTransferState(request_id)
         if self._trace:
             record.history = []
@@ -229,9 +250,12 @@ class MultiConnector:
         Params are merged by :func:`merge_transfer_params`. Returns ``(outcome, merged params)``.
 
         All answers are gathered first and the state changes once, so a failure cannot leave a
-        committed save untracked. When a connector raises (or answers garbage) it counts as not
-        saving, the others are still asked and applied, and :class:`ConnectorFailures` is raised
-        afterwards. On a params clash the request is still updated from every answer (finishing
+        committed save untracked. When a connector raises it counts as not saving (it made no
+        promise); when it answers a ``saves`` that is not a bool it is awaited (it may have
+        started a save) and its params are dropped. Either way the others are still asked and
+        applied, and :class:`ConnectorFailures` is raised afterwards. A second
+        ``request_finished`` for a request, while the first is still asking, is a ``duplicate``
+        and asks nobody. On a params clash the request is still updated from every answer (finishing
         and awaiting every saver: no save goes untracked, no block is freed early), its params
         stay ``None``, and :class:`KeyClashError` is raised (inside ``ConnectorFailures`` when a
         connector also failed). Either error's ``result``/state is final: later events follow
@@ -246,23 +270,46 @@ class MultiConnector:
         # connectors a refused request: reading one attribute is atomic, and the update decides
         # again under the lock.
         requests = self._requests
-        record = requests.get(request_id)
-        refused: Outcome | None = None
-        if record is None:
-            refused = Outcome.unknown_request
-        elif record.state in _NOT_FINISHABLE:
-            refused = self._refuse_finish(record)
-        if refused is not None:
-            index = hash(request_id) & self._mask
-            lock = self._locks[index]
-            lock.acquire()  # not `with`: acquire/release costs a third as much here
-            try:
+        asking = self._asking
+        index = hash(request_id) & self._mask
+        lock = self._locks[index]
+        lock.acquire()  # not `with`: acquire/release costs a third as much here
+        try:
+            # Claim the request: a second, concurrent request_finished is a duplicate and asks
+            # nobody, so no connector commits to a save that only one of two calls would track.
+            record = requests.get(request_id)
+            refused: Outcome | None = None
+            if record is None:
+                refused = Outcome.unknown_request
+            elif record.state in _NOT_FINISHABLE:
+                refused = self._refuse_finish(record)
+            elif request_id in asking:
+                refused = Outcome.duplicate
+            else:
+                asking.add(request_id)
+            if refused is not None:
                 self._count(index, refused, _NO_NAME)
-            finally:
-                lock.release()
+        finally:
+            lock.release()
+        if refused is not None:
             self._log_ignored("request_finished", request_id, None, refused)
             return refused, None
         assert record is not None
+        try:
+            return self._ask_and_finish(request_id, record, blocks, index, lock)
+        finally:
+            asking.discard(request_id)  # already done under the lock, unless something raised
+
+    def _ask_and_finish(
+        self,
+        request_id: str,
+        record: RequestTransferState,
+        blocks: Sequence[int],
+        index: int,
+        lock: Any,
+    ) -> tuple[Outcome, dict[str, Any] | None]:
+        """The rest of :meth:`request_finished`, once the request is claimed."""
+        requests = self._requests
         registry = self._registry
         ready = registry._ready  # what ready_entries() returns, without the call
         savers: list[Entry] = []
@@ -284,6 +331,9 @@ class MultiConnector:
             if saves is True:
                 savers.append(entry)
             elif saves is not False:
+                # It may have started a save: await it (conservative), drop its params, and
+                # report the garbage.
+                savers.append(entry)
                 failures = [] if failures is None else failures
                 failures.append(
                     (
@@ -324,10 +374,9 @@ class MultiConnector:
                 )
             except (KeyClashError, InvalidParamsError) as exc:
                 clash = exc
-        index = hash(request_id) & self._mask
-        lock = self._locks[index]
         lock.acquire()
         try:
+            self._asking.discard(request_id)
             if requests.get(request_id) is not record:
                 outcome = Outcome.unknown_request  # cancelled and taken while we asked
             else:
@@ -453,17 +502,12 @@ class MultiConnector:
             outcome = self._refuse_finish(record)
             self._count(index, outcome, _NO_NAME)
             return outcome
-        source = record.state
-        record.state = dest
-        if record.history is not None:
-            record.history.append(Step("request_finished", source, dest, None))
-        if dest is not source and dest in TERMINAL:
-            self._done.append(record)
         record.awaiting = awaited
         record.expected = expected
         if expected is not awaited:
             record.abandoned = tuple([n for n in expected if n not in awaited])
         record.params = params
+        self._transition(record, "request_finished", dest, None)  # last: take() may see it
         self._finishes[index] += 1
         return _APPLIED
 
@@ -609,15 +653,15 @@ class MultiConnector:
             if dest is None:
                 outcome = self._classify(record, name)
             else:
+                following = self._without.get(awaiting)
+                rest = None if following is None else following.get(name)
+                record.awaiting = self._minus(awaiting, name) if rest is None else rest
                 source = record.state
                 record.state = dest
                 if record.history is not None:
                     record.history.append(Step("transfer_finished", source, dest, name))
                 if dest is not source and dest in TERMINAL:
-                    self._done.append(record)
-                following = self._without.get(awaiting)
-                rest = None if following is None else following.get(name)
-                record.awaiting = self._minus(awaiting, name) if rest is None else rest
+                    self._done.append(record)  # last: take() may hand it over at once
                 applied = self._applied[index]
                 applied[name] = applied.get(name, 0) + 1
                 return _APPLIED
@@ -794,6 +838,8 @@ class MultiConnector:
 
     def get(self, request_id: str) -> RequestTransferState | None:
         """A copy of the request's record, or ``None`` if it is not held."""
+        if request_id.__class__ is not str:
+            check_request_id(request_id)
         record = self._requests.get(request_id)
         if record is None:
             return None
@@ -814,6 +860,8 @@ class MultiConnector:
 
         .. versionadded:: 0.1.0
         """
+        if request_id.__class__ is not str:
+            check_request_id(request_id)
         return self._requests.get(request_id)
 
     def __len__(self) -> int:
@@ -835,7 +883,12 @@ class MultiConnector:
         return totals
 
     def connector_counts(self) -> dict[str, dict[Outcome, int]]:
-        """Event outcomes per connector name (reports and load reports)."""
+        """Event outcomes per connector name (reports and load reports).
+
+        Names are whatever reports carried, registered or not. To keep memory bounded, each lock
+        stripe keeps at most 1 024 distinct (outcome, name) counters; further names are counted
+        under :data:`OTHER_NAMES` (``"<other names>"``).
+        """
         per: dict[str, dict[Outcome, int]] = {}
         for (outcome, name), n in self._merged_counts().items():
             if name is not None:
@@ -907,7 +960,8 @@ class MultiConnector:
     def _transition(
         self, record: RequestTransferState, event: str, dest: State, name: str | None
     ) -> None:
-        """Move ``record`` to ``dest``; caller holds its lock."""
+        """Move ``record`` to ``dest``; caller holds its lock and has written every other field
+        (a terminal record is queued for :meth:`take`, which may hand it over at once)."""
         source = record.state
         record.state = dest
         if record.history is not None:
@@ -918,7 +972,13 @@ class MultiConnector:
     def _count(self, index: int, outcome: Outcome, name: str | None) -> None:
         counts = self._counts[index]
         key = (outcome, name)
-        counts[key] = counts.get(key, 0) + 1
+        n = counts.get(key)
+        if n is None and len(counts) >= _COUNTER_LIMIT:
+            # Reports may carry any name at all: past the limit, new names share one key, so
+            # a flood of made-up names cannot grow memory without bound.
+            key = (outcome, OTHER_NAMES)
+            n = counts.get(key)
+        counts[key] = 1 if n is None else n + 1
 
     @staticmethod
     def _log_ignored(event: str, request_id: str, name: str | None, outcome: Outcome) -> None:

@@ -1,0 +1,102 @@
+"""Interleavings that need two threads, forced deterministically at the racy point."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from multiconnector import ConnectorRegistry, MultiConnector, Outcome, State
+from multiconnector.aggregator import OTHER_NAMES
+from tests.connectors import Scripted
+
+
+def test_unregister_while_request_finished_applies_never_strands(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The unregister scan cannot miss a request whose awaited set is being written."""
+    inside, go = threading.Event(), threading.Event()
+    original = MultiConnector._intern
+
+    def paused(self: MultiConnector, names: tuple[str, ...]) -> tuple[str, ...]:
+        # Runs under the request's stripe lock, after the registry was checked.
+        if threading.current_thread().name == "finisher" and not inside.is_set():
+            inside.set()
+            go.wait(5)
+        return original(self, names)
+
+    monkeypatch.setattr(MultiConnector, "_intern", paused)
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(), "b": Scripted(saves=False)}))
+    mc.begin("r")
+    mc.register("c", Scripted())
+    finisher = threading.Thread(target=mc.request_finished, args=("r",), name="finisher")
+    finisher.start()
+    assert inside.wait(5)
+    remover = threading.Thread(target=mc.unregister, args=("a",))
+    remover.start()
+    time.sleep(0.05)  # the remover now waits for the finisher's stripe lock
+    go.set()
+    finisher.join(5)
+    remover.join(5)
+    record = mc.get("r")
+    assert record is not None
+    assert (record.awaiting, record.abandoned) == (("c",), ("a",))
+    assert mc.transfer_finished("r", "c") is Outcome.applied
+    assert [r.state for r in mc.take()] == [State.finished]
+
+
+def test_a_second_concurrent_request_finished_is_a_duplicate_and_asks_nobody() -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    class Slow(Scripted):
+        def request_finished(
+            self, request_id: str, blocks: Sequence[int]
+        ) -> tuple[bool, Mapping[str, Any] | None]:
+            entered.set()
+            release.wait(5)
+            return super().request_finished(request_id, blocks)
+
+    slow = Slow()
+    mc = MultiConnector(ConnectorRegistry({"slow": slow}))
+    mc.begin("r")
+    results: list[Any] = []
+    first = threading.Thread(target=lambda: results.append(mc.request_finished("r")))
+    first.start()
+    assert entered.wait(5)
+    assert mc.request_finished("r") == (Outcome.duplicate, None)
+    release.set()
+    first.join(5)
+    assert results == [(Outcome.applied, None)]
+    assert len(slow.finished_calls) == 1  # asked once: one promise, one awaited name
+    assert mc.get("r").awaiting == ("slow",)  # type: ignore[union-attr]
+
+
+def test_a_claim_is_released_when_a_connector_raises_a_base_exception() -> None:
+    class Interrupted(Scripted):
+        def request_finished(
+            self, request_id: str, blocks: Sequence[int]
+        ) -> tuple[bool, Mapping[str, Any] | None]:
+            raise KeyboardInterrupt
+
+    mc = MultiConnector(ConnectorRegistry({"x": Interrupted()}))
+    mc.begin("r")
+    with pytest.raises(KeyboardInterrupt):
+        mc.request_finished("r")
+    mc.unregister("x")
+    assert mc.request_finished("r")[0] is Outcome.applied  # not refused as a duplicate
+
+
+def test_counters_stay_bounded_under_made_up_names() -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted()}), stripes=1)
+    mc.begin("r")
+    mc.request_finished("r")
+    for i in range(5_000):
+        assert mc.transfer_finished("r", f"made-up-{i}") is Outcome.unknown_connector
+    per = mc.connector_counts()
+    assert len(per) <= 1_025
+    assert sum(n for counts in per.values() for n in counts.values()) == 5_000
+    assert per[OTHER_NAMES][Outcome.unknown_connector] > 3_000
+    assert mc.counts()[Outcome.unknown_connector] == 5_000
