@@ -265,10 +265,9 @@ class MultiConnector:
             bad_request_id(request_id)
         if blocks.__class__ is not list and blocks.__class__ is not tuple:
             check_blocks(blocks)
-        # The hot path: decisions (machine.DECISIONS), the common merge and the counters inlined,
-        # one lock round for the update. A first look at the state, without the lock, spares the
-        # connectors a refused request: reading one attribute is atomic, and the update decides
-        # again under the lock.
+        # The hot path: decisions (machine.DECISIONS), the common merge and the counters inlined.
+        # Two lock rounds: one to claim the request (refused ones ask nobody), one to update it
+        # from every answer; no lock is held while connectors are asked.
         requests = self._requests
         asking = self._asking
         index = hash(request_id) & self._mask
@@ -296,130 +295,119 @@ class MultiConnector:
             return refused, None
         assert record is not None
         try:
-            return self._ask_and_finish(request_id, record, blocks, index, lock)
-        finally:
-            asking.discard(request_id)  # already done under the lock, unless something raised
-
-    def _ask_and_finish(
-        self,
-        request_id: str,
-        record: RequestTransferState,
-        blocks: Sequence[int],
-        index: int,
-        lock: Any,
-    ) -> tuple[Outcome, dict[str, Any] | None]:
-        """The rest of :meth:`request_finished`, once the request is claimed."""
-        requests = self._requests
-        registry = self._registry
-        ready = registry._ready  # what ready_entries() returns, without the call
-        savers: list[Entry] = []
-        answers: list[Any] = []  # the params of each connector that answered, in order
-        failures: list[tuple[str, Exception]] | None = None  # made on the first failure
-        clash: Exception | None = None
-        # merge_transfer_params' result for plain dicts with str keys and no clash, built as we
-        # go; anything else (``plain`` false) goes to merge_transfer_params itself.
-        merged: dict[str, Any] | None = None
-        supplied = 0
-        plain = True
-        for entry in ready:
-            try:
-                saves, params = entry.request_finished(request_id, blocks)  # type: ignore[misc]
-            except Exception as exc:
-                failures = [] if failures is None else failures
-                failures.append((entry.name, exc))
-                continue
-            if saves is True:
-                savers.append(entry)
-            elif saves is not False:
-                # It may have started a save: await it (conservative), drop its params, and
-                # report the garbage.
-                savers.append(entry)
-                failures = [] if failures is None else failures
-                failures.append(
-                    (
-                        entry.name,
-                        InvalidArgumentError(
-                            f"connector {entry.name!r} answered saves={shown(saves)}; "
-                            "must be a bool"
-                        ),
+            registry = self._registry
+            ready = registry._ready  # what ready_entries() returns, without the call
+            savers: list[Entry] = []
+            answers: list[Any] = []  # the params of each connector that answered, in order
+            failures: list[tuple[str, Exception]] | None = None  # made on the first failure
+            clash: Exception | None = None
+            # merge_transfer_params' result for plain dicts with str keys and no clash, built as we
+            # go; anything else (``plain`` false) goes to merge_transfer_params itself.
+            merged: dict[str, Any] | None = None
+            supplied = 0
+            plain = True
+            for entry in ready:
+                try:
+                    saves, params = entry.request_finished(request_id, blocks)  # type: ignore[misc]
+                except Exception as exc:
+                    failures = [] if failures is None else failures
+                    failures.append((entry.name, exc))
+                    continue
+                if saves is True:
+                    savers.append(entry)
+                elif saves is not False:
+                    # It may have started a save: await it (conservative), drop its params, and
+                    # report the garbage.
+                    savers.append(entry)
+                    failures = [] if failures is None else failures
+                    failures.append(
+                        (
+                            entry.name,
+                            InvalidArgumentError(
+                                f"connector {entry.name!r} answered saves={shown(saves)}; "
+                                "must be a bool"
+                            ),
+                        )
                     )
-                )
-                continue
-            answers.append(params)
-            if params is None:
-                continue
-            if params.__class__ is not dict:
-                plain = False
-            elif merged is None:
-                merged = params.copy()
-                supplied = len(params)
-            else:
-                merged |= params
-                supplied += len(params)
-        if merged is not None and plain:
-            if len(merged) != supplied:
-                plain = False  # a key supplied twice
-            else:
-                for param in merged:
-                    if param.__class__ is not str:
-                        plain = False
-                        break
-        if not plain:
-            merged = None
-            try:
-                failed = {name for name, _ in failures or ()}
-                names = [e.name for e in ready if e.name not in failed]
-                merged = merge_transfer_params(
-                    list(zip(names, answers, strict=True)), allow_equal=self._allow_equal
-                )
-            except (KeyClashError, InvalidParamsError) as exc:
-                clash = exc
-        lock.acquire()
-        try:
-            self._asking.discard(request_id)
-            if requests.get(request_id) is not record:
-                outcome = Outcome.unknown_request  # cancelled and taken while we asked
-            else:
-                # A saver unregistered while we asked it can never report: abandoned at once.
-                # While the registry publishes the snapshot we asked (every change publishes a
-                # new one), every saver is still registered.
-                if registry._ready is not ready:
-                    awaited = self._intern(
-                        tuple([e.name for e in savers if registry.entry(e.name) is e])
-                    )
-                elif len(savers) != len(ready):
-                    awaited = self._intern(tuple([e.name for e in savers]))
+                    continue
+                answers.append(params)
+                if params is None:
+                    continue
+                if params.__class__ is not dict:
+                    plain = False
+                elif merged is None:
+                    merged = params.copy()
+                    supplied = len(params)
                 else:
-                    cached = self._ready_names
-                    if cached[0] is ready:
-                        awaited = cached[1]
+                    merged |= params
+                    supplied += len(params)
+            if merged is not None and plain:
+                if len(merged) != supplied:
+                    plain = False  # a key supplied twice
+                else:
+                    for param in merged:
+                        if param.__class__ is not str:
+                            plain = False
+                            break
+            if not plain:
+                merged = None
+                try:
+                    failed = {name for name, _ in failures or ()}
+                    names = [e.name for e in ready if e.name not in failed]
+                    merged = merge_transfer_params(
+                        list(zip(names, answers, strict=True)), allow_equal=self._allow_equal
+                    )
+                except (KeyClashError, InvalidParamsError) as exc:
+                    clash = exc
+            lock.acquire()
+            try:
+                asking.discard(request_id)
+                if requests.get(request_id) is not record:
+                    outcome = Outcome.unknown_request  # cancelled and taken while we asked
+                else:
+                    # A saver unregistered while we asked it can never report: abandoned at once.
+                    # While the registry publishes the snapshot we asked (every change publishes a
+                    # new one), every saver is still registered.
+                    if registry._ready is not ready:
+                        awaited = self._intern(
+                            tuple([e.name for e in savers if registry.entry(e.name) is e])
+                        )
+                    elif len(savers) != len(ready):
+                        awaited = self._intern(tuple([e.name for e in savers]))
                     else:
-                        awaited = self._intern(tuple([e.name for e in ready]))
-                        self._ready_names = (ready, awaited)
-                expected = (
-                    awaited
-                    if len(awaited) == len(savers)
-                    else self._intern(tuple([e.name for e in savers]))
-                )
-                outcome = self._finish(record, awaited, expected, merged, index)
-            if outcome is Outcome.unknown_request:
-                self._count(index, outcome, _NO_NAME)
-        finally:
-            lock.release()
-        result = (outcome, merged if outcome is _APPLIED else None)
-        if failures is None:
+                        cached = self._ready_names
+                        if cached[0] is ready:
+                            awaited = cached[1]
+                        else:
+                            awaited = self._intern(tuple([e.name for e in ready]))
+                            self._ready_names = (ready, awaited)
+                    expected = (
+                        awaited
+                        if len(awaited) == len(savers)
+                        else self._intern(tuple([e.name for e in savers]))
+                    )
+                    outcome = self._finish(record, awaited, expected, merged, index)
+                if outcome is Outcome.unknown_request:
+                    self._count(index, outcome, _NO_NAME)
+            finally:
+                lock.release()
+            result = (outcome, merged if outcome is _APPLIED else None)
+            if failures is None:
+                if clash is not None:
+                    raise clash  # a lone KeyClashError or InvalidParamsError
+                return result
+            errors = [exc for _, exc in failures]
             if clash is not None:
-                raise clash  # a lone KeyClashError or InvalidParamsError
-            return result
-        errors = [exc for _, exc in failures]
-        if clash is not None:
-            errors.append(clash)
-        raise ConnectorFailures(
-            f"{len(errors)} failure(s) while finishing request {request_id!r}",
-            errors,
-            failed=[name for name, _ in failures],
-            result=result,
-        )
+                errors.append(clash)
+            raise ConnectorFailures(
+                f"{len(errors)} failure(s) while finishing request {request_id!r}",
+                errors,
+                failed=[name for name, _ in failures],
+                result=result,
+            )
+        except BaseException:
+            asking.discard(request_id)  # done under the lock on the way out, unless it raised
+            raise
 
     def request_finished_by(self, request_id: str, savers: Iterable[str]) -> Outcome:
         """The request finished generating, and the caller knows who saves it asynchronously.
@@ -507,7 +495,12 @@ class MultiConnector:
         if expected is not awaited:
             record.abandoned = tuple([n for n in expected if n not in awaited])
         record.params = params
-        self._transition(record, "request_finished", dest, None)  # last: take() may see it
+        source = record.state
+        record.state = dest
+        if record.history is not None:
+            record.history.append(Step("request_finished", source, dest, None))
+        if dest is not source and dest in TERMINAL:
+            self._done.append(record)  # last: take() may hand it over at once
         self._finishes[index] += 1
         return _APPLIED
 
