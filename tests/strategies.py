@@ -32,3 +32,16 @@ def contributions(
             used.update(p)
         out.append((name, p))
     return out
+
+
+#: (awaiting, event argument) pairs that drive every guard of the machine both ways.
+GUARD_SCENARIOS: list[tuple[tuple[str, ...], Any]] = [
+    ((), ()),
+    ((), ("a",)),
+    ((), ("a", "b")),
+    (("a",), "a"),
+    (("a", "b"), "a"),
+    (("b", "a"), "a"),
+    (("a",), "b"),
+    (("a",), None),
+]

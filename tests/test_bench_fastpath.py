@@ -34,16 +34,9 @@ from multiconnector.machine import (
     _decision,
     step,
 )
+from tests.strategies import GUARD_SCENARIOS
 
-SCENARIOS: list[tuple[tuple[str, ...], Any]] = [
-    ((), ()),
-    ((), ("a",)),
-    ((), ("a", "b")),
-    (("a",), "a"),
-    (("a", "b"), "a"),
-    (("b", "a"), "a"),
-    (("a",), "b"),
-]
+SCENARIOS = GUARD_SCENARIOS
 
 
 def decide(record: RequestTransferState, event: str, arg: Any) -> State | None:

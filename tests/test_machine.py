@@ -19,17 +19,9 @@ from multiconnector.machine import (
     build_machine,
     step,
 )
+from tests.strategies import GUARD_SCENARIOS
 
-# (awaiting, arg) scenarios that exercise every guard both ways, for every event.
-SCENARIOS: list[tuple[tuple[str, ...], Any]] = [
-    ((), ()),
-    ((), ("a",)),
-    ((), ("a", "b")),
-    (("a",), "a"),
-    (("a", "b"), "a"),
-    (("b", "a"), "a"),
-    (("a",), None),
-]
+SCENARIOS = GUARD_SCENARIOS
 
 
 def machine_says(state: State, event: str, awaiting: tuple[str, ...], arg: Any) -> State | None:
