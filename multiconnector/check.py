@@ -8,17 +8,22 @@ rather than a second model that could drift from it. The scenario:
   event: "request finished with every subset of savers"), a ``None`` slot, or one whose calls
   raise; plus names never registered;
 * request ids, each begun at most once;
-* the whole event alphabet (:data:`ALPHABET`): ``begin``; ``request_finished`` with every subset
+* the default event alphabet (:data:`ALPHABET`): ``begin``; ``request_finished`` with every subset
   of the registered savers; ``transfer_finished`` for every (request, name), which covers
   duplicates, phantoms, ``None`` slots and unknown names; ``cancel``; ``unregister`` and
-  ``register`` of every name; ``take``.
+  ``register`` of every name; ``take``;
+* opt-in, the load side (:data:`LOAD_EVENTS`): ``match_tokens`` for every held request with
+  every combination of the ready savers' token answers (0, 1 or ``None``), and
+  ``load_finished`` for every (request, name).
 
 A state is the canonical snapshot of what the aggregator shows: the registry's (name, ready)
 list, each held request's record (state, awaiting, expected, abandoned), the order requests are
 held in, and what :meth:`~multiconnector.MultiConnector.take` would hand back. Each request also
 carries what the checker observed on its own, independently of the aggregator's bookkeeping:
 which connectors promised an asynchronous save (they answered ``True`` when asked) and have not
-yet reported or been unregistered, and whether the caller cancelled it. Request ids are
+yet reported or been unregistered, whether the caller cancelled it, and (load side) which
+loader the token answers it scripted chose and whether that loader's completion was delivered
+while the request was live. Request ids are
 interchangeable, so snapshots are canonicalized over their permutations (symmetry reduction;
 ``symmetry=False`` turns it off). States, events and the declared transitions come from
 :mod:`multiconnector.machine`.
@@ -38,6 +43,11 @@ Properties (each PASS or FAIL, with a shortest counterexample):
     A request handed back is no longer held; a terminal request is queued for ``take()``; no
     request vanishes without being handed back; once every begun request was handed back the
     aggregator holds nothing.
+``load once`` (only with a load event in the alphabet)
+    A ``load_finished`` is applied (its ``Outcome``, the connector's ``on_load_finished``)
+    exactly when it is the first completion from the loader the latest decisive match chose,
+    while the request is live: at most once per match, never from another name, never after
+    terminal; and the chosen loader's completion is not lost.
 ``no trap``
     From every reachable state, events other than ``cancel`` can bring every live request to a
     terminal state (``cancel`` would rescue any trap, so it does not count).
@@ -73,13 +83,21 @@ from ._explore import (
 )
 from ._validate import check_bool, check_name, shown
 from .aggregator import MultiConnector
-from .errors import ConnectorFailures, InvalidArgumentError, MultiConnectorError
+from .errors import (
+    ConnectorFailures,
+    InvalidArgumentError,
+    MultiConnectorError,
+    UnknownRequestError,
+)
 from .machine import TERMINAL, RequestTransferState, State, build_machine
+from .outcome import Outcome
 from .registry import ConnectorRegistry
 
 __all__ = [
     "ALPHABET",
     "DEFAULT_CONNECTORS",
+    "LOAD_EVENTS",
+    "LOAD_ONCE",
     "PROPERTIES",
     "CheckReport",
     "Counterexample",
@@ -102,6 +120,10 @@ ALPHABET: Final[tuple[str, ...]] = (
     "register",
     "take",
 )
+#: The load side, opt-in (``events=ALPHABET + LOAD_EVENTS``, or ``--load``): ``match_tokens`` with
+#: every answer (0, 1 or ``None``) from each ready saver, and ``load_finished`` for every
+#: (request, name). Off by default: it multiplies the default bound's states.
+LOAD_EVENTS: Final[tuple[str, ...]] = ("match_tokens", "load_finished")
 #: Connector kinds: a scripted saver, one whose calls raise, or ``None`` (a not-ready slot).
 SAVER: Final = "saver"
 RAISES: Final = "raises"
@@ -114,6 +136,8 @@ DEFAULT_UNKNOWN: Final[tuple[str, ...]] = ("ghost",)
 TERMINAL_ABSORBING: Final = "terminal absorbing"
 NO_EARLY_FREE: Final = "no early free"
 NO_LEAK: Final = "no leak"
+#: Reported only when a load event is in the alphabet, after ``no leak``.
+LOAD_ONCE: Final = "load once"
 #: Every property the aggregator check reports, in report order.
 PROPERTIES: Final[tuple[str, ...]] = (
     NO_EXCEPTION,
@@ -129,6 +153,8 @@ _UNBORN, _HELD, _TAKEN = 0, 1, 2
 _FINISHED: Final = State.finished
 _NOTHING: Final[frozenset[str]] = frozenset()
 _CANCELLED: Final = State.cancelled
+_PENDING: Final = State.pending
+_APPLIED: Final = Outcome.applied
 
 #: What the checker reads of a held record: state, awaiting, expected, abandoned.
 View = tuple[State, tuple[str, ...], tuple[str, ...], tuple[str, ...]]
@@ -145,6 +171,12 @@ class _Pad:
 
     savers: frozenset[str] = frozenset()
     asked: list[tuple[str, bool]] = attrs.field(factory=list)
+    #: The token answers the current ``match_tokens`` event chose, by name (absent: 0).
+    tokens: Mapping[str, int | None] = attrs.field(factory=dict)
+    #: Who was asked for tokens, and what each answered, in the order asked.
+    matched: list[tuple[str, int | None]] = attrs.field(factory=list)
+    #: Whose ``on_load_finished`` was called (an applied load's callback).
+    loads: list[str] = attrs.field(factory=list)
 
 
 class _Scripted:
@@ -158,6 +190,14 @@ class _Scripted:
         self.pad.asked.append((self.name, saves))
         return saves, None
 
+    def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
+        tokens = self.pad.tokens.get(self.name, 0)
+        self.pad.matched.append((self.name, tokens))
+        return tokens
+
+    def on_load_finished(self, request_id: str) -> None:
+        self.pad.loads.append(self.name)
+
     def __repr__(self) -> str:
         return f"scripted {self.name}"
 
@@ -170,6 +210,10 @@ class _Raising:
 
     def request_finished(self, request_id: str, blocks: Sequence[int]) -> tuple[bool, None]:
         self.pad.asked.append((self.name, False))
+        raise ConnectorCrash(f"connector {self.name!r} failed")
+
+    def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
+        self.pad.matched.append((self.name, 0))  # a connector that raises counts as 0
         raise ConnectorCrash(f"connector {self.name!r} failed")
 
     def __repr__(self) -> str:
@@ -190,6 +234,12 @@ class _Request:
     record: RequestTransferState | None = None
     #: ``record``'s (state, awaiting, expected, abandoned) while held, else ``None``.
     view: View | None = None
+    #: ``record``'s (loader, loaded) while held: not a property's input, but part of the state.
+    load_view: tuple[str | None, bool] = (None, False)
+    #: The loader the latest decisive ``match_tokens`` chose, as the checker saw the answers.
+    loader: str | None = None
+    #: Whether that loader's completion was delivered while the request was live.
+    loaded: bool = False
 
 
 @attrs.define(slots=True, eq=False)
@@ -202,6 +252,23 @@ class _Last:
     lengths: tuple[int, ...]
     taken: list[RequestTransferState]
     fired: list[tuple[str, str, str]] = attrs.field(factory=list)
+    load: _Load | None = None
+
+
+@attrs.frozen(slots=True)
+class _Load:
+    """One ``load_finished`` as the checker saw it: what was due, and what the aggregator did."""
+
+    request_id: str
+    name: str
+    #: The request was held and not terminal when the completion arrived.
+    live: bool
+    #: The checker's chosen loader and whether its completion was already delivered, before.
+    loader: str | None
+    loaded: bool
+    outcome: Outcome
+    #: Whose ``on_load_finished`` the aggregator called.
+    callbacks: tuple[str, ...]
 
 
 @attrs.frozen(kw_only=True)
@@ -275,8 +342,10 @@ class _World:
             if record is not None:
                 r.record = record
                 r.view = (record.state, record.awaiting, record.expected, record.abandoned)
+                r.load_view = (record.loader, record.loaded)
             else:
                 r.view = None
+                r.load_view = (None, False)
         last = self.last
         if last is not None:
             for r, n in zip(self.requests, last.lengths, strict=True):
@@ -322,6 +391,10 @@ def _apply(world: _World, event: Event) -> None:
     pad.asked = []
     request = requests[event[1]] if kind in _PER_REQUEST else None
     taken: list[RequestTransferState] = []
+    if kind in _LOADING:
+        assert request is not None
+        _apply_load(world, request, event)
+        return
     try:
         if kind == "transfer_finished":
             assert request is not None
@@ -379,7 +452,51 @@ def _apply(world: _World, event: Event) -> None:
         world.last.taken = taken
 
 
-_PER_REQUEST: Final = frozenset({"begin", "request_finished", "transfer_finished", "cancel"})
+def _apply_load(world: _World, request: _Request, event: Event) -> None:
+    """A load event; the checker's own record of the chosen loader follows what it saw."""
+    scenario = world.scenario
+    mc = world.mc
+    pad = scenario.pad
+    # Only the machine state is read from the aggregator (never its loader bookkeeping): it
+    # decides whether the request is pending (a match counts) or live (a load is due).
+    before = mc.peek(request.request_id)
+    state = before.state if before is not None else None
+    if event[0] == "match_tokens":
+        pad.tokens = dict(event[2])
+        pad.matched = []
+        try:
+            mc.match_tokens(request.request_id)
+        except UnknownRequestError:
+            if before is not None:
+                raise
+        except ConnectorFailures as exc:
+            if not all(scenario.kinds.get(n) == RAISES for n in exc.failed):
+                raise
+        finally:
+            pad.tokens = {}
+        answers = pad.matched
+        if state is _PENDING and all(tokens is not None for _, tokens in answers):
+            request.loader = next((n for n, tokens in answers if tokens), None)
+            request.loaded = False
+        return
+    name = event[2]
+    pad.loads = []
+    live = state is not None and state not in TERMINAL
+    loader, loaded = request.loader, request.loaded
+    outcome = mc.load_finished(request.request_id, name)
+    if live and name == loader:
+        request.loaded = True
+    if world.last is not None:
+        world.last.load = _Load(
+            request.request_id, name, live, loader, loaded, outcome, tuple(pad.loads)
+        )
+
+
+_PER_REQUEST: Final = frozenset(
+    {"begin", "request_finished", "transfer_finished", "cancel", "match_tokens", "load_finished"}
+)
+_LOADING: Final = frozenset(LOAD_EVENTS)
+_KINDS: Final = ALPHABET + LOAD_EVENTS
 
 
 def _events(world: _World) -> list[Event]:
@@ -399,6 +516,17 @@ def _events(world: _World) -> list[Event]:
         out += [("transfer_finished", i, n) for i in ids for n in names]
     if "cancel" in alphabet:
         out += [("cancel", i) for i in ids]
+    if "match_tokens" in alphabet:
+        savers = [n for n, ready in world.registry if ready and scenario.kinds.get(n) == SAVER]
+        answers = [
+            tuple(zip(savers, choice, strict=True))
+            for choice in itertools.product((0, 1, None), repeat=len(savers))
+        ]
+        held = [i for i in ids if world.requests[i].phase == _HELD]
+        out += [("match_tokens", i, a) for i in held for a in answers]
+    if "load_finished" in alphabet:
+        names = scenario.names + scenario.unknown
+        out += [("load_finished", i, n) for i in ids for n in names]
     registered = {n for n, _ in world.registry}
     if "unregister" in alphabet:
         out += [("unregister", n) for n in scenario.names if n in registered]
@@ -437,7 +565,13 @@ class _Interner:
 
 
 def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
-    kind, phase, view, owed, cancelled = part
+    kind, phase, view, owed, cancelled, load = part
+    if load is not None:
+        seen, mine = load
+        load = (
+            (rename.get(seen[0], seen[0]), seen[1]),
+            (rename.get(mine[0], mine[0]), mine[1]),
+        )
     if view is not None:
         view = (
             view[0],
@@ -445,7 +579,7 @@ def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
             tuple(rename.get(n, n) for n in view[2]),
             tuple(rename.get(n, n) for n in view[3]),
         )
-    return (kind, phase, view, frozenset(rename.get(n, n) for n in owed), cancelled)
+    return (kind, phase, view, frozenset(rename.get(n, n) for n in owed), cancelled, load)
 
 
 def _rename_registry(registry: Any, rename: Mapping[str, str]) -> Any:
@@ -464,12 +598,18 @@ def _snapshot(world: _World) -> Hashable:
     parts = []
     for r in requests:
         view = r.view
+        # Nothing reads the loader of a terminal request: a load is never due after terminal.
+        load = (
+            None
+            if view is None or view[0] in TERMINAL or (not r.loader and not r.load_view[0])
+            else (r.load_view, (r.loader, r.loaded))
+        )
         if r.phase == _TAKEN or (view is not None and view[0] is _CANCELLED):
             # Nothing reads the promises of a request that is cancelled or handed back: a
             # cancelled one that changes again fails "terminal absorbing" there and then.
-            part = ("request", r.phase, view, _NOTHING, r.cancelled)
+            part = ("request", r.phase, view, _NOTHING, r.cancelled, load)
         else:
-            part = ("request", r.phase, view, r.owed, r.cancelled)
+            part = ("request", r.phase, view, r.owed, r.cancelled, load)
         parts.append(part)
         part_ids.append(numbers.number(part))
     order, queue = world.order, world.queue
@@ -588,6 +728,37 @@ def _no_leak(world: _World) -> str | None:
     return None
 
 
+def _load_once(world: _World) -> str | None:
+    """load applied at most once per match, only from the chosen loader, never after terminal"""
+    last = world.last
+    load = last.load if last is not None else None
+    if load is None:
+        return None
+    rid, name = load.request_id, load.name
+    applied = load.outcome is _APPLIED
+    due = load.live and name == load.loader and not load.loaded
+    if applied and not due:
+        if not load.live:
+            why = "after it was terminal or handed back"
+        elif load.loader is None:
+            why = "though no connector was chosen to load it"
+        elif name != load.loader:
+            why = f"from {name}, though {load.loader} was chosen to load it"
+        else:
+            why = f"twice from {name}, its chosen loader"
+        return f"load_finished({rid}, {name}) was applied {why}"
+    if load.callbacks and not applied:
+        return f"load_finished({rid}, {name}) was {load.outcome.value}, yet on_load_finished ran"
+    if len(load.callbacks) > 1 or set(load.callbacks) - {name}:
+        return f"load_finished({rid}, {name}) called on_load_finished of {list(load.callbacks)}"
+    if due and not applied:
+        return (
+            f"load_finished({rid}, {name}) from its chosen loader was {load.outcome.value}, "
+            "not applied: the load never completes"
+        )
+    return None
+
+
 def _no_live_request(world: _World) -> bool:
     """every request finished, cancelled, handed back or not begun"""
     world.sync()
@@ -649,8 +820,11 @@ def _label(world: _World) -> Callable[[Event], str]:
         if kind == "request_finished":
             savers = ", ".join(event[2]) or "none"
             return f"request_finished({ids[event[1]]}) saving: {savers}"
-        if kind == "transfer_finished":
-            return f"transfer_finished({ids[event[1]]}, {event[2]})"
+        if kind in ("transfer_finished", "load_finished"):
+            return f"{kind}({ids[event[1]]}, {event[2]})"
+        if kind == "match_tokens":
+            tokens = ", ".join(f"{n}: {t}" for n, t in event[2]) or "nobody asked"
+            return f"match_tokens({ids[event[1]]}) tokens: {tokens}"
         if kind in _PER_REQUEST:
             return f"{kind}({ids[event[1]]})"
         if kind == "take":
@@ -662,6 +836,8 @@ def _label(world: _World) -> Callable[[Event], str]:
 
 def _data(ids: tuple[str, ...]) -> Callable[[Event], Any]:
     def data(event: Event) -> Any:
+        if event[0] == "match_tokens":
+            return [event[0], ids[event[1]], dict(event[2])]
         if event[0] in _PER_REQUEST:
             return [event[0], ids[event[1]], *event[2:]]
         return list(event)
@@ -706,14 +882,19 @@ def check_aggregator(
     or ``None`` (a slot that is not ready). Use your own names: ranks of one connector are
     names such as ``"pd@0"``, ``"pd@1"``. Default: :data:`DEFAULT_CONNECTORS`. ``unknown``
     names are never registered; reports under them are events too. ``requests`` is how many
-    request ids take part. ``events`` restricts the alphabet to some of :data:`ALPHABET`.
+    request ids take part. ``events`` chooses the alphabet among :data:`ALPHABET` (the default)
+    and :data:`LOAD_EVENTS`; with a load event, scripted savers also answer ``match_tokens``
+    (0, 1 or ``None`` each, every combination tried) and the report adds :data:`LOAD_ONCE`.
     ``factory(registry, trace=True, stripes=1)`` builds the aggregator: pass a subclass, or a
     ``functools.partial`` with your options. ``max_states``/``max_depth`` bound the search
     (default: none, so it finishes); see :func:`explore` for the rest.
 
-    Returns a :class:`CheckReport` with one result per name in :data:`PROPERTIES`.
+    Returns a :class:`CheckReport` with one result per name in :data:`PROPERTIES` (and
+    :data:`LOAD_ONCE` after ``no leak`` when the alphabet has a load event).
 
     .. versionadded:: 0.1.0
+    .. versionchanged:: 0.1.0
+       ``events`` may include the load side, :data:`LOAD_EVENTS`.
     """
     if connectors is None:
         connectors = DEFAULT_CONNECTORS
@@ -743,10 +924,10 @@ def check_aggregator(
         if isinstance(events, str) or not isinstance(events, Collection):
             raise InvalidArgumentError(f"events={shown(events)} must be a collection of str")
         alphabet = frozenset(events)
-        bad = sorted(str(e) for e in alphabet if e not in ALPHABET)
+        bad = sorted(str(e) for e in alphabet if e not in _KINDS)
         if bad:
             raise InvalidArgumentError(
-                f"events={shown(events)} has unknown kinds {bad}; choose from {list(ALPHABET)}"
+                f"events={shown(events)} has unknown kinds {bad}; choose from {list(_KINDS)}"
             )
     if not callable(factory):
         raise InvalidArgumentError(f"factory={shown(factory)} must be callable")
@@ -776,7 +957,7 @@ def check_aggregator(
         "connectors": [f"{n} ({shown_kinds[k]})" for n, k in kinds.items()],
         "unknown names": list(unknown),
         "requests": requests,
-        "events": [e for e in ALPHABET if e in alphabet],
+        "events": [e for e in _KINDS if e in alphabet],
         "symmetry": f"{len(scenario.symmetries)} renamings of request ids and same-kind names"
         if len(scenario.symmetries) > 1
         else "off",
@@ -784,16 +965,19 @@ def check_aggregator(
         "max depth": max_depth if max_depth is not None else "unbounded",
     }
     factory_name = getattr(factory, "__qualname__", type(probe).__qualname__)
+    invariants: dict[str, Callable[[_World], object]] = {
+        TERMINAL_ABSORBING: _terminal_absorbing,
+        NO_EARLY_FREE: _no_early_free,
+        NO_LEAK: _no_leak,
+    }
+    if alphabet & _LOADING:
+        invariants[LOAD_ONCE] = _load_once
     return explore(
         scenario.fresh,
         _events,
         _apply,
         _snapshot,
-        {
-            TERMINAL_ABSORBING: _terminal_absorbing,
-            NO_EARLY_FREE: _no_early_free,
-            NO_LEAK: _no_leak,
-        },
+        invariants,
         goal=_no_live_request,
         ways_out=_not_cancel,
         machine=build_machine(),
@@ -872,7 +1056,14 @@ def _parser() -> argparse.ArgumentParser:
         type=_parse_list,
         default=None,
         metavar="KINDS",
-        help=f"restrict the alphabet to some of: {', '.join(ALPHABET)}",
+        help=f"choose the alphabet among: {', '.join(ALPHABET + LOAD_EVENTS)} "
+        "(default: all but the load events)",
+    )
+    parser.add_argument(
+        "--load",
+        action="store_true",
+        help="add the load side (match_tokens, load_finished) to the alphabet and check "
+        "that a load is applied at most once, only from the chosen loader",
     )
     parser.add_argument("--max-states", type=_positive, default=None, metavar="N")
     parser.add_argument("--max-depth", type=_positive, default=None, metavar="N")
@@ -884,6 +1075,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the report")
     parser.add_argument("--no-progress", action="store_true", help="never show progress")
     return parser
+
+
+def _alphabet(events: list[str] | None, load: bool) -> list[str] | None:
+    if not load:
+        return events
+    return [*(ALPHABET if events is None else events), *LOAD_EVENTS]
 
 
 def run_cli(argv: Sequence[str]) -> int:
@@ -898,7 +1095,7 @@ def run_cli(argv: Sequence[str]) -> int:
             args.connectors,
             requests=args.requests,
             unknown=args.unknown,
-            events=args.events,
+            events=_alphabet(args.events, args.load),
             symmetry=not args.no_symmetry,
             max_states=args.max_states,
             max_depth=args.max_depth,

@@ -16,6 +16,7 @@ import attrs
 
 from multiconnector import MultiConnector, Outcome, State
 from multiconnector import machine as machine_module
+from multiconnector.check import ALPHABET, LOAD_EVENTS
 from multiconnector.machine import Compiled, RequestTransferState
 
 
@@ -91,6 +92,39 @@ class PhantomAccepted(MultiConnector):  # type: ignore[misc]
         return super().transfer_finished(request_id, name, blocks)
 
 
+class DuplicateLoadAccepted(MultiConnector):  # type: ignore[misc]
+    """Applies the chosen loader's load completion every time it arrives, not once.
+
+    vLLM's MultiConnector crashed on a duplicate load completion (vLLM issues #51786, #53049);
+    one that applies it twice releases the loaded blocks twice.
+    """
+
+    def load_finished(self, request_id: str, name: str) -> Outcome:
+        record = self._requests.get(request_id)
+        if record is not None and record.loader == name:
+            record.loaded = False  # the bug: forgets that the completion was already applied
+        return super().load_finished(request_id, name)
+
+
+class UnchosenLoaderAccepted(MultiConnector):  # type: ignore[misc]
+    """Applies a load completion from a ready connector other than the chosen loader."""
+
+    def load_finished(self, request_id: str, name: str) -> Outcome:
+        record = self._requests.get(request_id)
+        entry = self.registry.entry(name)
+        if (
+            record is not None
+            and record.state not in (State.finished, State.cancelled)
+            and record.loader is not None
+            and record.loader != name
+            and entry is not None
+            and entry.connector is not None
+        ):
+            record.loaded = True  # the bug: any ready connector's completion counts as the load
+            return Outcome.applied
+        return super().load_finished(request_id, name)
+
+
 @contextmanager
 def patched_table(changes: Mapping[tuple[State, str], tuple[Compiled, ...]]) -> Iterator[None]:
     """Replace some (state, event) entries of the compiled table, and restore them after.
@@ -136,6 +170,8 @@ class Broken:
     shortest: int
     why: str
     factory: Callable[..., MultiConnector] = MultiConnector
+    #: The alphabet to check it with (``None``: the default one).
+    events: tuple[str, ...] | None = None
     table: Mapping[tuple[State, str], tuple[Compiled, ...]] = attrs.field(factory=dict)
 
     @contextmanager
@@ -201,5 +237,21 @@ CATALOG: tuple[Broken, ...] = (
                 (RequestTransferState.is_last, False, State.finishing),
             )
         },
+    ),
+    Broken(
+        name="duplicate load completion accepted",
+        prop="load once",
+        shortest=4,
+        why="begin, match_tokens with a answering 1, load_finished a twice",
+        factory=DuplicateLoadAccepted,
+        events=ALPHABET + LOAD_EVENTS,
+    ),
+    Broken(
+        name="load completion from an unchosen connector accepted",
+        prop="load once",
+        shortest=3,
+        why="begin, match_tokens with a answering 1 (a is chosen), load_finished b",
+        factory=UnchosenLoaderAccepted,
+        events=ALPHABET + LOAD_EVENTS,
     ),
 )

@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 from transitions import Machine
 
-from multiconnector import InvalidArgumentError, InvalidNameError, MultiConnector
+from multiconnector import InvalidArgumentError, InvalidNameError, MultiConnector, Outcome
 from multiconnector import _explore as engine
 from multiconnector.check import (
     ALPHABET,
+    LOAD_EVENTS,
+    LOAD_ONCE,
     PROPERTIES,
     CheckReport,
     check_aggregator,
@@ -38,10 +40,15 @@ def declared() -> set[tuple[str, str, str]]:
     return set(declared_transitions(build_machine())[1])
 
 
-def assert_all_pass(report: CheckReport) -> None:
+#: What the report lists when the alphabet has the load side: ``load once`` after ``no leak``.
+_AFTER_LEAK = PROPERTIES.index("no leak") + 1
+LOAD_PROPERTIES = [*PROPERTIES[:_AFTER_LEAK], LOAD_ONCE, *PROPERTIES[_AFTER_LEAK:]]
+
+
+def assert_all_pass(report: CheckReport, properties: Any = PROPERTIES) -> None:
     assert report.ok, report.to_text()
     assert report.finished
-    assert [p.name for p in report.properties] == list(PROPERTIES)
+    assert [p.name for p in report.properties] == list(properties)
     fired = {(c.source, c.event, c.dest) for c in report.coverage if c.count > 0}
     assert fired == declared()
     assert report.states_reached == tuple(s.value for s in STATES)
@@ -70,6 +77,112 @@ def test_two_requests_bound_in_make_test_passes() -> None:
     assert time.perf_counter() - start < 20
     assert_all_pass(report)
     assert (report.distinct_states, report.max_depth) == (6708, 13)
+
+
+# -- the load side (opt-in: it more than doubles the default bound) -----------------------------
+
+
+def test_load_side_bound_in_make_test_passes() -> None:
+    """The load side's bound in `make test`: one request, every kind of connector, every event.
+
+    ``match_tokens`` with every answer (0, 1, None) of each ready saver, ``load_finished`` from
+    every name (savers, the raising one, the None slot, ``ghost``), among all the other events.
+    """
+    start = time.perf_counter()
+    report = check_aggregator(
+        {"a": "saver", "b": "saver", "none": None, "boom": "raises"},
+        requests=1,
+        events=ALPHABET + LOAD_EVENTS,
+    )
+    assert time.perf_counter() - start < 10
+    assert_all_pass(report, LOAD_PROPERTIES)
+    assert (report.distinct_states, report.max_depth) == (2710, 12)
+    assert report.bounds["events"] == [*ALPHABET, *LOAD_EVENTS]
+
+
+def test_load_side_with_two_requests_keeps_the_behavioural_properties() -> None:
+    """Two requests' loads interleaved; without (un)registering, to stay within seconds.
+
+    Without ``unregister`` the declared ``connector_gone`` transitions cannot fire, so only
+    the structural "transitions fired" fails, as it must.
+    """
+    events = set(ALPHABET + LOAD_EVENTS) - {"register", "unregister"}
+    report = check_aggregator(SMALL, requests=2, events=events)
+    assert report.finished
+    assert [p.name for p in report.failures] == ["transitions fired"], report.to_text()
+    assert report.result(LOAD_ONCE).passed
+    assert (report.distinct_states, report.max_depth) == (2270, 10)
+
+
+def test_the_default_alphabet_leaves_the_load_side_out() -> None:
+    report = check_aggregator(SMALL, requests=1)
+    assert LOAD_ONCE not in [p.name for p in report.properties]
+    assert not set(LOAD_EVENTS) & set(ALPHABET)
+    assert not set(LOAD_EVENTS) & set(report.bounds["events"])
+
+
+class _LoadNeverApplied(MultiConnector):  # type: ignore[misc]
+    """Ignores every load completion: the chosen loader's load never completes."""
+
+    def load_finished(self, request_id: str, name: str) -> Outcome:
+        return Outcome.duplicate
+
+
+class _LoadAppliedUnchosen(MultiConnector):  # type: ignore[misc]
+    """Applies a load completion though no connector was chosen (a ``None`` answer came)."""
+
+    def load_finished(self, request_id: str, name: str) -> Outcome:
+        outcome = super().load_finished(request_id, name)
+        record = self._requests.get(request_id)
+        if record is not None and record.loader is None and name in self.registry:
+            return Outcome.applied
+        return outcome
+
+
+@pytest.mark.parametrize(
+    ("factory", "message", "shortest"),
+    [
+        (_LoadNeverApplied, "not applied: the load never completes", 3),
+        (_LoadAppliedUnchosen, "though no connector was chosen to load it", 2),
+    ],
+)
+def test_load_once_is_checked_against_what_the_checker_saw(
+    factory: Any, message: str, shortest: int
+) -> None:
+    # Neither bug touches a request's state or saves: only the checker's own record of the
+    # token answers it scripted tells that the outcome is wrong.
+    report = check_aggregator(SMALL, requests=1, events=ALPHABET + LOAD_EVENTS, factory=factory)
+    result = report.result(LOAD_ONCE)
+    assert not result.passed and message in result.message, report.to_text()
+    assert result.counterexample is not None and len(result.counterexample) == shortest
+    assert [p.name for p in report.failures] == [LOAD_ONCE]
+
+
+def test_a_none_answer_chooses_no_loader() -> None:
+    """``match_tokens`` where one saver answers None: nothing is remembered, no load is due."""
+    report = check_aggregator(
+        SMALL, requests=1, events=ALPHABET + LOAD_EVENTS, factory=_LoadAppliedUnchosen
+    )
+    trace = report.result(LOAD_ONCE).counterexample
+    assert trace is not None
+    assert [s.event.split("(")[0] for s in trace.steps] == ["begin", "load_finished"]
+    text = report.to_text()
+    assert "match_tokens" not in text.split("FAIL  load once")[1].split("PASS")[0]
+
+
+def test_cli_load_flag_adds_the_load_side(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "check.json"
+    argv = ["--connectors", "a,b,none=none", "--requests", "1", "--load", "--json", str(out)]
+    assert run_cli([*argv, "--no-progress"]) == 0
+    assert f"PASS  {LOAD_ONCE}: load applied at most once" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["bounds"]["events"] == [*ALPHABET, *LOAD_EVENTS]
+    assert [p["name"] for p in data["properties"]] == LOAD_PROPERTIES
+    # --load adds to a narrowed alphabet too.
+    assert run_cli(["--connectors", "a,b", "--requests", "1", "--events", "begin,take", "--load"])
+    assert "events begin, take, match_tokens, load_finished" in capsys.readouterr().out
 
 
 def test_symmetry_merges_states_without_changing_the_verdict() -> None:
@@ -214,6 +327,7 @@ def test_unwritable_json_path_exits_2(tmp_path: Path, capsys: pytest.CaptureFixt
         ({"unknown": "ghost"}, InvalidArgumentError, "unknown='ghost'"),
         ({"unknown": ["a"]}, InvalidArgumentError, "names a connector: 'a'"),
         ({"events": ["begin", "jump"]}, InvalidArgumentError, "unknown kinds ['jump']"),
+        ({"events": ["loading"]}, InvalidArgumentError, "'match_tokens', 'load_finished']"),
         ({"symmetry": 1}, InvalidArgumentError, "symmetry=1"),
         ({"max_depth": 0}, InvalidArgumentError, "max_depth=0"),
         ({"factory": lambda registry, **kw: object()}, InvalidArgumentError, "factory returned"),
@@ -479,7 +593,7 @@ def test_docs_check_md_examples_run(capsys: pytest.CaptureFixture[str]) -> None:
     """Every python block of docs/check.md, top to bottom, in one namespace."""
     page = (ROOT / "docs" / "check.md").read_text(encoding="utf-8")
     code = re.findall(r"^```python\n(.*?)^```", page, flags=re.S | re.M)
-    assert len(code) == 3
+    assert len(code) == 4
     namespace: dict[str, Any] = {"__name__": "docs_check"}
     for block in code:
         exec(compile(block, "docs/check.md", "exec"), namespace)

@@ -1,8 +1,9 @@
 """The checker must be able to fail: every planted bug is caught, with a shortest trace.
 
 The catalog is ``tests/broken_aggregators.py``. Each bug is checked in a small complete bound
-(savers ``a`` and ``b``, a ``None`` slot, the unknown name ``ghost``, one request, every event),
-in which the real aggregator passes every property.
+(savers ``a`` and ``b``, a ``None`` slot, the unknown name ``ghost``, one request, every event of
+the default alphabet, plus the load events for the load bugs), in which the real aggregator passes
+every property.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 
 from multiconnector import MultiConnector, State
 from multiconnector import machine as machine_module
-from multiconnector.check import check_aggregator
+from multiconnector.check import ALPHABET, LOAD_EVENTS, check_aggregator
 from multiconnector.diagram import find_path
 from tests.broken_aggregators import CATALOG, Broken
 
@@ -29,6 +30,10 @@ KNOWN: dict[str, tuple[str, int]] = {
     "terminal state left again": ("terminal absorbing", 3),  # begin, finish, cancel
     "phantom report accepted": ("no early free", 3),  # begin, finish saving a, b reports
     "last report does not finish": ("no trap", 3),  # begin, finish saving a, a reports
+    # begin, match_tokens choosing a, a reports its load twice
+    "duplicate load completion accepted": ("load once", 4),
+    # begin, match_tokens choosing a, b reports a load
+    "load completion from an unchosen connector accepted": ("load once", 3),
 }
 
 
@@ -36,8 +41,9 @@ def test_the_catalog_is_the_one_described_here() -> None:
     assert {b.name: (b.prop, b.shortest) for b in CATALOG} == KNOWN
 
 
-def test_the_real_aggregator_passes_the_same_bound() -> None:
-    report = check_aggregator(**BOUND)
+@pytest.mark.parametrize("events", [None, ALPHABET + LOAD_EVENTS], ids=["default", "load"])
+def test_the_real_aggregator_passes_the_same_bound(events: tuple[str, ...] | None) -> None:
+    report = check_aggregator(**BOUND, events=events)
     assert report.ok and report.finished, report.to_text()
 
 
@@ -47,7 +53,7 @@ def test_each_planted_bug_fails_its_property_with_a_shortest_trace(
     bug: Broken, symmetry: bool
 ) -> None:
     with bug.installed() as factory:
-        report = check_aggregator(**BOUND, factory=factory, symmetry=symmetry)
+        report = check_aggregator(**BOUND, events=bug.events, factory=factory, symmetry=symmetry)
     assert report.finished
     prop, shortest = KNOWN[bug.name]
     result = report.result(prop)
@@ -55,7 +61,7 @@ def test_each_planted_bug_fails_its_property_with_a_shortest_trace(
     assert result.message
     trace = result.counterexample
     assert trace is not None
-    assert len(trace) <= shortest, f"{bug.name}: {bug.why}\n{report.to_text()}"
+    assert len(trace) == shortest, f"{bug.name}: {bug.why}\n{report.to_text()}"
     assert all(s.number == i for i, s in enumerate(trace.steps, 1))
     assert not report.ok
     text = report.to_text()
@@ -104,3 +110,39 @@ def test_a_counterexample_carries_each_requests_path_for_the_diagrams() -> None:
     # The diagram generator reads the path straight from the report.
     request, steps = find_path(data, prop="no early free")
     assert request == "r1" and [s.dest for s in steps][-1] is State.finished
+
+
+def test_the_load_bugs_pass_every_other_property_and_the_default_alphabet() -> None:
+    """Each load bug is caught by ``load once`` alone, and only when the load side is checked."""
+    for name in (
+        "duplicate load completion accepted",
+        "load completion from an unchosen connector accepted",
+    ):
+        bug = next(b for b in CATALOG if b.name == name)
+        with bug.installed() as factory:
+            report = check_aggregator(**BOUND, events=bug.events, factory=factory)
+            assert [p.name for p in report.failures] == ["load once"], report.to_text()
+            assert check_aggregator(**BOUND, factory=factory).ok
+
+
+def test_a_load_counterexample_names_the_chosen_loader() -> None:
+    bug = next(
+        b for b in CATALOG if b.name == "load completion from an unchosen connector accepted"
+    )
+    with bug.installed() as factory:
+        report = check_aggregator(**BOUND, events=bug.events, factory=factory)
+    data = json.loads(json.dumps(report.to_dict()))
+    (prop,) = [p for p in data["properties"] if p["name"] == "load once"]
+    begin, match, load = [s["data"] for s in prop["counterexample"]["steps"]]
+    assert begin == ["begin", "r1"] and match[:2] == ["match_tokens", "r1"]
+    # The savers are asked in registration order (a, then b): the first answering more than 0
+    # is chosen, and every answer must be known (None would leave the loader unchosen).
+    tokens = match[2]
+    assert list(tokens) == ["a", "b"] and None not in tokens.values()
+    chosen = next(name for name, count in tokens.items() if count)
+    other = load[2]
+    assert load[:2] == ["load_finished", "r1"] and other in ("a", "b") and other != chosen
+    assert prop["message"] == (
+        f"load_finished(r1, {other}) was applied from {other}, "
+        f"though {chosen} was chosen to load it"
+    )
