@@ -76,9 +76,6 @@ _UNKNOWN_CONNECTOR: Final = Outcome.unknown_connector
 _NOT_READY: Final = Outcome.not_ready
 _UNREGISTERED: Final = Outcome.unregistered
 _PENDING: Final = State.pending
-_FINISHING: Final = State.finishing
-_FINISHED: Final = State.finished
-_CANCELLED: Final = State.cancelled
 #: Counter key for events that concern a request, not a connector.
 _NO_NAME: Final = None
 # The hot events' compiled decisions (see machine.DECISIONS): one dict lookup and one guard call.
@@ -505,12 +502,7 @@ class MultiConnector:
         if expected is not awaited:
             record.abandoned = tuple([n for n in expected if n not in awaited])
         record.params = params
-        source = record.state
-        record.state = dest
-        if record.history is not None:
-            record.history.append(Step("request_finished", source, dest, None))
-        if dest is not source and dest in TERMINAL:
-            self._done.append(record)  # last: take() may hand it over at once
+        self._transition(record, "request_finished", dest, None)  # last: take() may see it
         self._finishes[index] += 1
         return _APPLIED
 
@@ -687,12 +679,7 @@ class MultiConnector:
                 following = self._without.get(awaiting)
                 rest = None if following is None else following.get(name)
                 record.awaiting = self._minus(awaiting, name) if rest is None else rest
-                source = record.state
-                record.state = dest
-                if record.history is not None:
-                    record.history.append(Step("transfer_finished", source, dest, name))
-                if dest is not source and dest in TERMINAL:
-                    self._done.append(record)  # last: take() may hand it over at once
+                self._transition(record, "transfer_finished", dest, name)
                 applied = self._applied[index]
                 applied[name] = applied.get(name, 0) + 1
                 return _APPLIED
@@ -992,12 +979,14 @@ class MultiConnector:
         self, record: RequestTransferState, event: str, dest: State, name: str | None
     ) -> None:
         """Move ``record`` to ``dest``; caller holds its lock and has written every other field
-        (a terminal record is queued for :meth:`take`, which may hand it over at once)."""
+        (a terminal record is queued for :meth:`take`, which may hand it over at once).
+
+        ``transfer_finished`` inlines this for its applied case, the hottest event."""
         source = record.state
         record.state = dest
         if record.history is not None:
             record.history.append(Step(event, source, dest, name))
-        if dest is not source and (dest is _FINISHED or dest is _CANCELLED):
+        if dest is not source and dest in TERMINAL:
             self._done.append(record)
 
     def _count(self, index: int, outcome: Outcome, name: str | None) -> None:
