@@ -642,6 +642,11 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
             )
         return results
 
+    def _present(self, method: str) -> dict[str, Any]:
+        """Each child's no-argument ``method()``, keeping only answers that are not ``None``."""
+        answers = self._gather(method, lambda _, c: getattr(c, method)())
+        return {name: answer for name, answer in answers.items() if answer is not None}
+
     def _loader(self, request_id: str) -> str | None:
         record = self._tracker.peek(request_id)
         return None if record is None else record.loader
@@ -809,13 +814,7 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
     # -- worker side ---------------------------------------------------------------------------
 
     def get_mem_pool_context(self) -> AbstractContextManager[Any] | None:
-        contexts = {
-            name: ctx
-            for name, ctx in self._gather(
-                "get_mem_pool_context", lambda _, c: c.get_mem_pool_context()
-            ).items()
-            if ctx is not None
-        }
+        contexts = self._present("get_mem_pool_context")
         if len(contexts) > 1:
             raise ValueError(
                 f"child connectors {sorted(contexts)} each provide a KV cache memory pool; "
@@ -923,14 +922,7 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return blocks
 
     def get_kv_connector_kv_cache_events(self) -> Any:
-        found = [
-            events
-            for events in self._gather(
-                "get_kv_connector_kv_cache_events",
-                lambda _, c: c.get_kv_connector_kv_cache_events(),
-            ).values()
-            if events is not None
-        ]
+        found = list(self._present("get_kv_connector_kv_cache_events").values())
         if not found:
             return None
         merged = found[0]
@@ -939,23 +931,11 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return merged
 
     def get_handshake_metadata(self) -> NamedHandshakeMetadata | None:
-        found = {
-            name: meta
-            for name, meta in self._gather(
-                "get_handshake_metadata", lambda _, c: c.get_handshake_metadata()
-            ).items()
-            if meta is not None
-        }
+        found = self._present("get_handshake_metadata")
         return NamedHandshakeMetadata(found) if found else None
 
     def build_connector_worker_meta(self) -> NamedMultiConnectorWorkerMetadata | None:
-        found = {
-            name: meta
-            for name, meta in self._gather(
-                "build_connector_worker_meta", lambda _, c: c.build_connector_worker_meta()
-            ).items()
-            if meta is not None
-        }
+        found = self._present("build_connector_worker_meta")
         return NamedMultiConnectorWorkerMetadata(found) if found else None
 
     def get_finished_count(self) -> int | None:
