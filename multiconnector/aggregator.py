@@ -502,7 +502,13 @@ class MultiConnector:
         if expected is not awaited:
             record.abandoned = tuple([n for n in expected if n not in awaited])
         record.params = params
-        self._transition(record, "request_finished", dest, None)  # last: take() may see it
+        # `_transition`, inlined: every request takes this path once.
+        source = record.state
+        record.state = dest
+        if record.history is not None:
+            record.history.append(Step("request_finished", source, dest, None))
+        if dest is not source and dest in TERMINAL:
+            self._done.append(record)  # last: take() may hand it over at once
         self._finishes[index] += 1
         return _APPLIED
 
@@ -594,10 +600,14 @@ class MultiConnector:
         """Connector ``name`` reports that it finished saving each of ``request_ids``.
 
         The same as calling :meth:`transfer_finished` for each id in turn — the same decision,
-        under each request's own lock, the same outcomes, counts, states, ``on_finished`` calls
-        and logging — without a method call and argument checks per report. Servers learn
-        completions in batches (a vLLM worker's ``get_finished`` returns one set per connector
-        per step), and a step's worth of reports is where a per-call overhead adds up.
+        the same outcomes, counts, states, ``on_finished`` calls and logging — without a method
+        call, argument checks and a lock round per report. Servers learn completions in batches
+        (a vLLM worker's ``get_finished`` returns one set per connector per step), and a step's
+        worth of reports is where a per-call overhead adds up. Each report is applied under
+        its request's lock; a batch of at least half as many ids as there are lock stripes
+        holds every stripe while it applies, instead of one lock round per report. The
+        ``on_finished`` calls and debug logging come after every report is applied, in the
+        order of ``request_ids``, with no lock held.
 
         Returns the outcomes in the order of ``request_ids``. Every argument is checked before
         any report is applied, so a bad one changes nothing: :class:`InvalidNameError` for
@@ -613,35 +623,91 @@ class MultiConnector:
         if blocks.__class__ is not tuple and blocks.__class__ is not list:
             check_blocks(blocks)
         ids = request_ids
-        if ids.__class__ is not list and ids.__class__ is not tuple and ids.__class__ is not set:
+        if ids.__class__ is not list and ids.__class__ is not tuple:
             if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
                 raise InvalidArgumentError(
                     f"request_ids={shown(ids)} must be an iterable of request ids (str)"
                 )
-            ids = list(ids)
+            ids = list(ids)  # a set too: a callback could change it while we walk it twice
         for request_id in ids:
             if request_id.__class__ is not str:
                 bad_request_id(request_id, "an item of request_ids")
         outcomes: list[Outcome] = []
-        failures: list[Exception] | None = None
+        append = outcomes.append
         requests, locks, mask, report = self._requests, self._locks, self._mask, self._report
-        entries = self._registry._entries
-        for request_id in ids:
-            index = hash(request_id) & mask
-            lock = locks[index]
-            lock.acquire()
-            try:
-                outcome = report(requests.get(request_id), name, index)
-            finally:
-                lock.release()
-            outcomes.append(outcome)
+        decisions, without, done, applied_counts = (
+            _ON_TRANSFER_FINISHED,
+            self._without,
+            self._done,
+            self._applied,
+        )
+        # A batch as large as half the stripes takes every stripe lock once, in order (as
+        # _connector_gone does, so no two callers can deadlock), instead of one lock round per
+        # report: a lock round costs about as much as the report itself.
+        every = len(ids) >= len(locks) >> 1
+        applied_here = 0
+        if every:
+            for lock in locks:
+                lock.acquire()
+        try:
+            for request_id in ids:
+                index = hash(request_id) & mask
+                if not every:
+                    lock = locks[index]
+                    lock.acquire()
+                try:
+                    record = requests.get(request_id)
+                    # The applied case inlined, as in transfer_finished; the rest go to _report.
+                    decision = None
+                    if record is not None and name in record.awaiting:
+                        decision = decisions.get(record.state)
+                    dest = None
+                    if decision is not None:
+                        assert record is not None
+                        guard, yes, no = decision
+                        dest = yes if guard is None or guard(record, name) else no
+                    if dest is None:
+                        append(report(record, name, index))
+                        continue
+                    assert record is not None
+                    awaiting = record.awaiting
+                    following = without.get(awaiting)
+                    rest = None if following is None else following.get(name)
+                    record.awaiting = self._minus(awaiting, name) if rest is None else rest
+                    source = record.state
+                    record.state = dest
+                    if record.history is not None:
+                        record.history.append(Step("transfer_finished", source, dest, name))
+                    if dest is not source and dest in TERMINAL:
+                        done.append(record)
+                    if every:
+                        applied_here += 1  # counted once, below, while every lock is held
+                    else:
+                        applied = applied_counts[index]
+                        applied[name] = applied.get(name, 0) + 1
+                    append(_APPLIED)
+                finally:
+                    if not every:
+                        lock.release()
+            if applied_here:
+                applied = applied_counts[0]
+                applied[name] = applied.get(name, 0) + applied_here
+        finally:
+            if every:
+                for lock in reversed(locks):
+                    lock.release()
+        # No lock held from here: callbacks may call back into the aggregator.
+        entry = self._registry._entries.get(name)
+        on_finished = None if entry is None else entry.on_finished
+        if on_finished is None and not logger.isEnabledFor(logging.DEBUG):
+            return outcomes  # nothing to call back and nothing to log
+        failures: list[Exception] | None = None
+        for request_id, outcome in zip(ids, outcomes, strict=True):
             if outcome is not _APPLIED:
                 self._log_ignored("transfer_finished", request_id, name, outcome)
-                continue
-            entry = entries.get(name)
-            if entry is not None and entry.on_finished is not None:
+            elif on_finished is not None:
                 try:
-                    entry.on_finished(request_id, blocks)
+                    on_finished(request_id, blocks)
                 except Exception as exc:
                     failures = [] if failures is None else failures
                     failures.append(exc)

@@ -159,3 +159,79 @@ def test_results_do_not_depend_on_the_number_of_locks(stripes: int) -> None:
     with frequent_switches():
         in_threads(3, lambda i: [mc.transfer_finished(r, NAMES[i]) for r in REQUESTS[:50]])
     assert sorted(r.request_id for r in mc.take()) == sorted(REQUESTS[:50])
+
+
+def batches(i: int) -> list[tuple[str, list[str]]]:
+    """Thread ``i``'s share of completions() as per-name batches of mixed sizes: batches of at
+    least half the stripes take every stripe lock at once, smaller ones a lock per report."""
+    by_name: dict[str, list[str]] = {}
+    for rid, name in completions():
+        by_name.setdefault(name, []).append(rid)
+    sizes = (1, 5, 40, 200)
+    out: list[tuple[str, list[str]]] = []
+    for name, ids in by_name.items():
+        start, k = 0, i
+        while start < len(ids):
+            size = sizes[k % len(sizes)]
+            out.append((name, ids[start : start + size]))
+            start, k = start + size, k + 1
+    return out
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_eight_threads_delivering_batches_match_a_sequential_run(attempt: int) -> None:
+    sequential, _ = prepared()
+    for rid, name in completions():
+        sequential.transfer_finished(rid, name)
+    expected = summary(sequential.take())
+
+    concurrent, connectors = prepared()
+    outcomes: list[Counter[Outcome]] = [Counter() for _ in range(8)]
+
+    def deliver(i: int) -> None:
+        for name, ids in batches(i):
+            outcomes[i].update(concurrent.transfer_finished_many(name, ids))
+
+    with frequent_switches():
+        in_threads(8, deliver)
+    total = sum(outcomes, Counter())
+    assert summary(concurrent.take()) == expected
+    assert len(concurrent) == 0
+    assert total[Outcome.applied] == len(REQUESTS) * len(NAMES)
+    assert sum(total.values()) == 8 * len(completions())
+    for name in NAMES:
+        calls = Counter(rid for rid, _ in connectors[name].on_finished_calls)
+        assert calls == Counter(REQUESTS), name
+        assert concurrent.connector_counts()[name][Outcome.applied] == len(REQUESTS)
+
+
+def test_large_batches_and_unregistering_never_deadlock() -> None:
+    # Both take every stripe lock (in the same order); a report may also read the registry
+    # while another thread holds the registry lock to unregister.
+    mc, _ = prepared()
+
+    def work(i: int) -> None:
+        if i == 0:
+            for _ in range(30):
+                mc.unregister("pd@1")
+                mc.register("pd@1", Scripted())
+            return
+        for name, ids in batches(i):
+            mc.transfer_finished_many(name, ids)
+
+    done = threading.Event()
+
+    def run() -> None:
+        in_threads(4, work)
+        done.set()
+
+    with frequent_switches():
+        runner = threading.Thread(target=run, daemon=True)
+        runner.start()
+        runner.join(timeout=60)
+    assert done.is_set(), "deadlocked"
+    taken = mc.take()
+    # Every request was reported by cache and pd@0; pd@1 reported or was abandoned.
+    assert sorted(r.request_id for r in taken) == sorted(REQUESTS)
+    assert all(r.state == "finished" for r in taken)
+    assert len(mc) == 0
