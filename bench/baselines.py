@@ -9,7 +9,9 @@
 * :class:`MachinePerRequest` creates a ``transitions.Machine`` for every request, attached to a
   model object, from the very declaration the aggregator compiles
   (:data:`multiconnector.machine.TRANSITIONS`): what one would write first with ``transitions``.
-* :class:`TrivialConnector` is the connector both are driven with: it always saves
+* :class:`UnguardedFloor` is the aggregator's own data layout and happy path with every
+  safeguard taken out: a yardstick for what the guarantees cost, never a thing to use.
+* :class:`TrivialConnector` is the connector they are driven with: it always saves
   asynchronously and returns one key of its own.
 """
 
@@ -22,9 +24,9 @@ from typing import Any
 from transitions import Machine
 
 from multiconnector import merge_transfer_params
-from multiconnector.machine import INITIAL, STATES, TRANSITIONS, RequestTransferState
+from multiconnector.machine import DECISIONS, INITIAL, STATES, TRANSITIONS, RequestTransferState
 
-__all__ = ["MachinePerRequest", "TrivialConnector", "VllmStyleBookkeeping"]
+__all__ = ["MachinePerRequest", "TrivialConnector", "UnguardedFloor", "VllmStyleBookkeeping"]
 
 
 class TrivialConnector:
@@ -164,4 +166,78 @@ class MachinePerRequest:
         self._done.clear()
         for model in taken:
             del self._requests[model.request_id]
+        return taken
+
+
+class UnguardedFloor:
+    """The aggregator's bookkeeping with every safeguard taken out: a yardstick, not a product.
+
+    The same records (:class:`RequestTransferState`), the same connectors asked the same way, the
+    same merge of plain dicts, the same shared awaited-name tuples and successors, the states
+    from the same declaration. Taken out: locks, argument checks, guard calls (the destination is
+    chosen from what the guard would answer), the params key checks, counters, and any refusal
+    or classification of a bad event. On a good workload it keeps the same books as
+    :class:`multiconnector.MultiConnector`; on a bad one it corrupts them (a duplicate report can
+    free a request early, an unknown one raises ``KeyError``). The aggregator's time minus this
+    one's is what the guarantees cost.
+    """
+
+    def __init__(self, connectors: dict[str, Any]) -> None:
+        self._connectors = tuple(connectors.items())
+        self._requests: dict[str, RequestTransferState] = {}
+        self._done: list[RequestTransferState] = []
+        self._without: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}
+        self._names: dict[tuple[str, ...], tuple[str, ...]] = {}
+        # (destination when the guard holds, when it does not): read from the declaration.
+        _, self._saving, self._not_saving = DECISIONS["request_finished"][INITIAL]
+        finishing = self._saving
+        assert finishing is not None
+        _, self._last, _ = DECISIONS["transfer_finished"][finishing]
+
+    def begin(self, request_id: str) -> None:
+        self._requests[request_id] = RequestTransferState(request_id)
+
+    def request_finished(self, request_id: str, blocks: Sequence[int]) -> dict[str, Any] | None:
+        record = self._requests[request_id]
+        savers: list[str] = []
+        merged: dict[str, Any] | None = None
+        for name, connector in self._connectors:
+            saves, params = connector.request_finished(request_id, blocks)
+            if saves:
+                savers.append(name)
+            if params is not None:
+                if merged is None:
+                    merged = params.copy()
+                else:
+                    merged |= params
+        awaited = self._names.setdefault(tuple(savers), tuple(savers))
+        record.awaiting = record.expected = awaited
+        record.params = merged
+        dest = self._saving if awaited else self._not_saving
+        assert dest is not None
+        record.state = dest
+        if not awaited:
+            self._done.append(record)
+        return merged
+
+    def transfer_finished_many(self, name: str, request_ids: Sequence[str]) -> None:
+        requests, without, done = self._requests, self._without, self._done
+        for request_id in request_ids:
+            record = requests[request_id]
+            awaiting = record.awaiting
+            rest = without.setdefault(awaiting, {}).get(name)
+            if rest is None:
+                rest = tuple([n for n in awaiting if n != name])
+                rest = without[awaiting][name] = self._names.setdefault(rest, rest)
+            record.awaiting = rest
+            if not rest:
+                assert self._last is not None
+                record.state = self._last
+                done.append(record)
+
+    def take(self) -> list[RequestTransferState]:
+        taken, self._done = self._done, []
+        requests = self._requests
+        for record in taken:
+            del requests[record.request_id]
         return taken

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Final, final
 
 import attrs
@@ -622,13 +622,16 @@ class MultiConnector:
             name = check_name(name)
         if blocks.__class__ is not tuple and blocks.__class__ is not list:
             check_blocks(blocks)
-        ids = request_ids
-        if ids.__class__ is not list and ids.__class__ is not tuple:
+        # Checked next: a list, tuple, set or frozenset is kept, anything else copied to a list.
+        ids: Collection[str] = request_ids  # type: ignore[assignment]
+        kind = ids.__class__
+        # vLLM's get_finished gives sets: kept as they are (copied below if walked twice).
+        if kind is not list and kind is not tuple and kind is not set and kind is not frozenset:
             if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
                 raise InvalidArgumentError(
                     f"request_ids={shown(ids)} must be an iterable of request ids (str)"
                 )
-            ids = list(ids)  # a set too: a callback could change it while we walk it twice
+            ids = list(ids)
         for request_id in ids:
             if request_id.__class__ is not str:
                 bad_request_id(request_id, "an item of request_ids")
@@ -646,6 +649,7 @@ class MultiConnector:
         # report: a lock round costs about as much as the report itself.
         every = len(ids) >= len(locks) >> 1
         applied_here = 0
+        ignored = False
         if every:
             for lock in locks:
                 lock.acquire()
@@ -668,6 +672,7 @@ class MultiConnector:
                         dest = yes if guard is None or guard(record, name) else no
                     if dest is None:
                         append(report(record, name, index))
+                        ignored = True
                         continue
                     assert record is not None
                     awaiting = record.awaiting
@@ -699,9 +704,11 @@ class MultiConnector:
         # No lock held from here: callbacks may call back into the aggregator.
         entry = self._registry._entries.get(name)
         on_finished = None if entry is None else entry.on_finished
-        if on_finished is None and not logger.isEnabledFor(logging.DEBUG):
-            return outcomes  # nothing to call back and nothing to log
+        if on_finished is None and not ignored:
+            return outcomes  # nothing to call back, nothing ignored to log
         failures: list[Exception] | None = None
+        if ids.__class__ is set:
+            ids = list(ids)  # walked again, and a callback could change the caller's set
         for request_id, outcome in zip(ids, outcomes, strict=True):
             if outcome is not _APPLIED:
                 self._log_ignored("transfer_finished", request_id, name, outcome)

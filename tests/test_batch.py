@@ -195,6 +195,26 @@ def test_callback_failures_raised_together_after_every_report() -> None:
     assert [r.request_id for r in mc.take()] == ids
 
 
+@pytest.mark.parametrize("size", [2, 40])  # one lock per report; every stripe at once
+def test_callbacks_run_after_every_report_and_may_change_the_callers_set(size: int) -> None:
+    ids = {f"r{i}" for i in range(size)}
+    seen: list[tuple[str, int]] = []
+
+    class Reporter(Scripted):
+        def on_finished(self, request_id: str, blocks: Any) -> None:
+            seen.append((request_id, len(mc.take())))  # every report already applied
+            ids.clear()  # the caller's set, changed by a callback while the batch runs
+
+    mc = MultiConnector(ConnectorRegistry({"a": Reporter()}))
+    for rid in ids:
+        mc.begin(rid)
+        mc.request_finished(rid)
+    outcomes = mc.transfer_finished_many("a", ids)
+    assert outcomes == [Outcome.applied] * size
+    assert len(seen) == size
+    assert seen[0][1] == size and all(n == 0 for _, n in seen[1:])
+
+
 def test_peek_is_the_held_record_get_a_copy() -> None:
     mc = MultiConnector(ConnectorRegistry({"a": Scripted()}))
     assert mc.peek("r") is None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm.vllm_support import missing_reason, require_vllm
+from tests.adapter.vllm_support import missing_reason, require_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "bench" / "run.py"
@@ -85,5 +85,6 @@ def test_vllm_rows_run_through_all_three(tmp_path: Path) -> None:
     assert isinstance(ratios, dict)
     assert set(ratios) == {"adapter", "core"}
     assert all(isinstance(v, float) and v > 0 for v in ratios.values())
-    for row in ("vLLM MultiConnector", "our vLLM adapter", "our core MultiConnector"):
+    assert isinstance(figures["yardstick_ratio_vs_real_vllm"], float)
+    for row in ("vLLM MultiConnector", "our vLLM adapter", "our core MultiConnector", "yardstick"):
         assert row in table

@@ -29,7 +29,7 @@ import pytest
 import multiconnector
 from multiconnector import Outcome, State
 from multiconnector.machine import EVENTS
-from tests.vllm.vllm_support import require_vllm
+from tests.adapter.vllm_support import require_vllm
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

@@ -20,8 +20,8 @@ def missing_reason() -> str | None:
         spec = importlib.util.find_spec("vllm")
     except (ImportError, ValueError) as exc:
         return f"vLLM cannot be imported ({exc!r})"
-    # Without vLLM, this very folder (tests/vllm, on sys.path through tests/) is found as a
-    # namespace package named vllm: that has no origin.
+    # A folder named vllm on sys.path, without vLLM installed, is found as a namespace package:
+    # that has no origin, and is not vLLM.
     if spec is None or spec.origin is None:
         return (
             "vLLM is not installed: install the pinned CPU-only extra with `make vllm` "
