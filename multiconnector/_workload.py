@@ -136,6 +136,7 @@ class SimulationConfig:
     fault_rate: float = attrs.field(default=0.02)
     cancel_rate: float = attrs.field(default=0.05)
     blocks: int = 4096
+    stripes: int = 64
 
     def __attrs_post_init__(self) -> None:
         _check_count(self.requests, "requests", 0)
@@ -143,6 +144,9 @@ class SimulationConfig:
             raise InvalidArgumentError(f"seed={shown(self.seed)} must be an int")
         _check_count(self.threads, "threads", 1)
         _check_count(self.blocks, "blocks", _MAX_BLOCKS)
+        _check_count(self.stripes, "stripes", 1)
+        if self.stripes & (self.stripes - 1):
+            raise InvalidArgumentError(f"stripes={self.stripes!r} must be a power of two")
         _check_rate(self.fault_rate, "fault_rate")
         _check_rate(self.cancel_rate, "cancel_rate")
 
@@ -341,7 +345,7 @@ class Simulation:
         registry = ConnectorRegistry()
         for name in CONNECTORS:
             registry.register(name, self._new_connector(name))
-        self.mc = MultiConnector(registry)
+        self.mc = MultiConnector(registry, stripes=config.stripes)
         threads = config.threads
         self.threaded = threads > 1
         self.batches: list[list[tuple[Any, ...]]] = [[] for _ in range(threads)]
@@ -718,15 +722,64 @@ class Simulation:
                 q.join()
 
     def _work(self, q: queue.Queue[list[tuple[Any, ...]] | None], tally: Tally) -> None:
-        deliver = self._deliver
+        """A worker thread: each run of consecutive saves in a batch is delivered as a vLLM
+        worker's ``get_finished`` does, one ``transfer_finished_many`` per connector; every other
+        delivery one at a time, in order."""
+        deliver, saves = self._deliver, self._deliver_saves
         while True:
             batch = q.get()
             if batch is None:
                 q.task_done()
                 return
+            run: list[tuple[Any, ...]] = []
             for item in batch:
+                if item[0] == _D_SAVE:
+                    run.append(item)
+                    continue
+                if run:
+                    saves(run, tally)
+                    run = []
                 deliver(item, tally)
+            if run:
+                saves(run, tally)
             q.task_done()
+
+    def _deliver_saves(self, run: list[tuple[Any, ...]], tally: Tally) -> None:
+        """A run of genuine saves, one batch per connector name. Reports about one request keep
+        their order: within a run they come from different connectors (one save per request and
+        connector), and a save's injected duplicate follows it."""
+        by_name: dict[str, list[tuple[Any, ...]]] = {}
+        for item in run:
+            by_name.setdefault(item[1].name, []).append(item)
+        for name, items in by_name.items():
+            try:
+                self._deliver_batch(name, items, tally)
+            except Exception as exc:  # as in _deliver: a finding, not a crash
+                self.violations.add("unexpected_error", items[0][2].rid, repr(exc))
+
+    def _deliver_batch(self, name: str, items: list[tuple[Any, ...]], tally: Tally) -> None:
+        made = []
+        for item in items:
+            _, connector, req, _ = item
+            if connector.complete(req.rid, False):  # else aborted by its shutdown: no report
+                req.seen.add(name)
+                made.append(item)
+        if not made:
+            return
+        try:
+            outcomes = self.mc.transfer_finished_many(name, [item[2].rid for item in made])
+        except ConnectorFailures as exc:  # on_finished raised, after every report applied
+            _count(tally, "callback", "failure", len(exc.exceptions))
+            outcomes = exc.result
+        _count(tally, "batch", "calls")
+        _count(tally, "batch", "reports", len(made))
+        for item, outcome in zip(made, outcomes, strict=True):
+            rid = item[2].rid
+            _count(tally, "save", outcome.value)
+            if outcome not in _GENUINE_SAVE:
+                self.violations.add("report_refused", rid, f"{name}'s save: {outcome.value}")
+            if item[3]:
+                self._injected(tally, False, name, rid, "duplicate")
 
     def run(self) -> SimulationResult:
         """Run the workload to its end, then check that nothing was lost."""
@@ -824,6 +877,8 @@ class Simulation:
                 tally[key] = tally.get(key, 0) + n
         stats = dict(self.stats)
         stats["callback_failures"] = tally.pop(("callback", "failure"), 0)
+        stats["report_batches"] = tally.pop(("batch", "calls"), 0)
+        stats["batched_reports"] = tally.pop(("batch", "reports"), 0)
         stats["unregistrations"] = len(self.unregistered)
         reports: dict[str, dict[str, int]] = {}
         for (category, outcome), n in sorted(tally.items()):

@@ -63,6 +63,13 @@ def _rows(result: SimulationResult) -> list[tuple[str, str]]:
     rows.append(("params clashes (KeyClashError)", f"{stats['clashes']:,}"))
     rows.append(("fan-outs with a failure", f"{stats['connector_failures']:,}"))
     rows.append(("callbacks that raised", f"{stats['callback_failures']:,}"))
+    if stats["report_batches"]:
+        rows.append(
+            (
+                "reports delivered in batches",
+                f"{stats['batched_reports']:,} in {stats['report_batches']:,} calls",
+            )
+        )
     rows.append(
         (
             "connectors unregistered / registered",
@@ -216,6 +223,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--cancel-rate", type=float, default=defaults.cancel_rate,
         help="probability that a request is cancelled (%(default)s)")  # fmt: skip
     add("--blocks", type=int, default=defaults.blocks, help="KV blocks in the pool (%(default)s)")
+    add("--stripes", type=int, default=defaults.stripes,
+        help="the aggregator's lock stripes, a power of two (%(default)s)")  # fmt: skip
     add("--json", type=Path, metavar="FILE", help="also write the results as JSON to FILE")
     add("--progress", choices=("auto", "rich", "plain", "none"), default="auto",
         help="progress display; auto: a rich bar on a terminal, else plain lines")  # fmt: skip
@@ -235,6 +244,7 @@ def run_cli(argv: Sequence[str]) -> int:
             fault_rate=args.fault_rate,
             cancel_rate=args.cancel_rate,
             blocks=args.blocks,
+            stripes=args.stripes,
         )
     except InvalidArgumentError as exc:
         parser.error(str(exc))

@@ -77,6 +77,20 @@ def test_threads_keep_every_invariant() -> None:
     assert result.simulator["admission_waits"] > 0  # the small pool made the scheduler wait
 
 
+@pytest.mark.parametrize("stripes", [64, 2])
+def test_worker_threads_deliver_saves_in_batches(stripes: int) -> None:
+    # With 2 stripes every batch takes every stripe lock at once; with 64, one lock per report.
+    config = SimulationConfig(requests=3000, seed=5, threads=3, fault_rate=0.05, stripes=stripes)
+    result = simulate(config)
+    assert result.ok, render_summary(result)
+    assert result.finished + result.cancelled == 3000
+    stats = result.simulator
+    assert 0 < stats["report_batches"] < stats["batched_reports"]
+    assert "reports delivered in batches" in render_summary(result)
+    single = simulate(SimulationConfig(requests=300, seed=5))
+    assert single.simulator["report_batches"] == 0  # one thread delivers each report at once
+
+
 def test_a_run_is_a_function_of_its_seed() -> None:
     config = SimulationConfig(requests=800, seed=11, fault_rate=0.05)
     first, second = simulate(config).to_json(), simulate(config).to_json()
@@ -136,6 +150,7 @@ def test_cli_picks_fault_kinds(tmp_path: Path) -> None:
         ["--requests", "-1"],
         ["--fault-rate", "1.5"],
         ["--blocks", "4"],
+        ["--stripes", "3"],
     ],
 )
 def test_cli_rejects_bad_arguments(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -158,6 +173,8 @@ def test_cli_rejects_bad_arguments(argv: list[str], capsys: pytest.CaptureFixtur
         ("fault_rate", 2),
         ("cancel_rate", True),
         ("blocks", 8),
+        ("stripes", 0),
+        ("stripes", 12),
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(field: str, value: Any) -> None:
