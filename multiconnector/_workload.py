@@ -7,9 +7,10 @@ sequence number, so a run is a pure function of its configuration when ``threads
 With ``threads > 1`` the scheduler (this module's main loop) still makes every decision, but the
 connectors' reports are delivered by worker threads, racing with the scheduler's
 ``request_finished``, ``cancel``, ``take`` and its unregistering and registering connectors.
-Reports about one request always go to the same worker, in the order they were made: the order a
-real connector's messages about one request arrive in. Runs are then no longer reproducible,
-but every invariant must still hold.
+Reports about one request always go to the same worker, in the order they were made (the order a
+real connector's messages about one request arrive in), except that a worker delivers each run of
+saves as one batch per connector, as a vLLM worker's ``get_finished`` does. Runs are then no
+longer reproducible, but every invariant must still hold.
 
 The scheduler acts only on what a real caller knows: what the library returns, the reports it
 relays, and the connectors it shut down itself. In particular a request handed back as
@@ -745,9 +746,12 @@ class Simulation:
             q.task_done()
 
     def _deliver_saves(self, run: list[tuple[Any, ...]], tally: Tally) -> None:
-        """A run of genuine saves, one batch per connector name. Reports about one request keep
-        their order: within a run they come from different connectors (one save per request and
-        connector), and a save's injected duplicate follows it."""
+        """A run of genuine saves, one batch per connector name. Each connector's own reports
+        keep their order (a run holds one save per request and connector, and a save's injected
+        duplicate follows it); reports about one request from different connectors may swap,
+        which leads to the same state, as in a real worker's get_finished. The connectors take
+        the saves off their ledgers before the batch is reported, as a real one has finished
+        them before its get_finished says so."""
         by_name: dict[str, list[tuple[Any, ...]]] = {}
         for item in run:
             by_name.setdefault(item[1].name, []).append(item)

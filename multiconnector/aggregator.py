@@ -599,15 +599,19 @@ class MultiConnector:
     ) -> list[Outcome]:
         """Connector ``name`` reports that it finished saving each of ``request_ids``.
 
-        The same as calling :meth:`transfer_finished` for each id in turn — the same decision,
-        the same outcomes, counts, states, ``on_finished`` calls and logging — without a method
-        call, argument checks and a lock round per report. Servers learn completions in batches
-        (a vLLM worker's ``get_finished`` returns one set per connector per step), and a step's
-        worth of reports is where a per-call overhead adds up. Each report is applied under
-        its request's lock; a batch of at least half as many ids as there are lock stripes
-        holds every stripe while it applies, instead of one lock round per report. The
-        ``on_finished`` calls and debug logging come after every report is applied, in the
-        order of ``request_ids``, with no lock held.
+        Each report gets the decision :meth:`transfer_finished` would give it — the same
+        outcomes, counts and states — without a method call, argument checks and a lock round
+        per report. Servers learn completions in batches (a vLLM worker's ``get_finished``
+        returns one set per connector per step), and a step's worth of reports is where a
+        per-call overhead adds up. Each report is applied under its request's lock; a batch of
+        at least half as many ids as there are lock stripes holds every stripe while it
+        applies, instead of one lock round per report.
+
+        Unlike one call per id, every report of the batch is applied before any ``on_finished``
+        call: the callbacks (and debug logging) come afterwards, in the order of
+        ``request_ids``, with no lock held. So a callback that cancels a request or unregisters
+        the connector does not change how the rest of the batch was applied. A connector
+        unregistered (or replaced) by then is not called back for the rest of the batch.
 
         Returns the outcomes in the order of ``request_ids``. Every argument is checked before
         any report is applied, so a bad one changes nothing: :class:`InvalidNameError` for
@@ -622,12 +626,15 @@ class MultiConnector:
             name = check_name(name)
         if blocks.__class__ is not tuple and blocks.__class__ is not list:
             check_blocks(blocks)
-        # Checked next: a list, tuple, set or frozenset is kept, anything else copied to a list.
+        # Walked twice (reports, then callbacks): a tuple or frozenset as it is, anything else
+        # copied once, so a callback or another thread changing the caller's list or set (vLLM's
+        # get_finished gives sets) cannot change what the batch is.
         ids: Collection[str] = request_ids  # type: ignore[assignment]
         kind = ids.__class__
-        # vLLM's get_finished gives sets: kept as they are (copied below if walked twice).
-        if kind is not list and kind is not tuple and kind is not set and kind is not frozenset:
-            if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
+        if kind is not tuple and kind is not frozenset:
+            if (kind is not list and kind is not set) and (
+                isinstance(ids, str | bytes) or not isinstance(ids, Iterable)
+            ):
                 raise InvalidArgumentError(
                     f"request_ids={shown(ids)} must be an iterable of request ids (str)"
                 )
@@ -694,25 +701,27 @@ class MultiConnector:
                 finally:
                     if not every:
                         lock.release()
-            if applied_here:
-                applied = applied_counts[0]
-                applied[name] = applied.get(name, 0) + applied_here
         finally:
             if every:
+                if applied_here:  # counted even when the loop was interrupted
+                    applied = applied_counts[0]
+                    applied[name] = applied.get(name, 0) + applied_here
                 for lock in reversed(locks):
                     lock.release()
         # No lock held from here: callbacks may call back into the aggregator.
-        entry = self._registry._entries.get(name)
+        registry = self._registry
+        entries = registry._entries  # a new dict on every registry change
+        entry = entries.get(name)
         on_finished = None if entry is None else entry.on_finished
         if on_finished is None and not ignored:
             return outcomes  # nothing to call back, nothing ignored to log
         failures: list[Exception] | None = None
-        if ids.__class__ is set:
-            ids = list(ids)  # walked again, and a callback could change the caller's set
         for request_id, outcome in zip(ids, outcomes, strict=True):
             if outcome is not _APPLIED:
                 self._log_ignored("transfer_finished", request_id, name, outcome)
-            elif on_finished is not None:
+            elif on_finished is not None and (
+                registry._entries is entries or registry._entries.get(name) is entry
+            ):  # still registered: a callback may have unregistered it
                 try:
                     on_finished(request_id, blocks)
                 except Exception as exc:

@@ -196,14 +196,18 @@ def test_callback_failures_raised_together_after_every_report() -> None:
 
 
 @pytest.mark.parametrize("size", [2, 40])  # one lock per report; every stripe at once
-def test_callbacks_run_after_every_report_and_may_change_the_callers_set(size: int) -> None:
-    ids = {f"r{i}" for i in range(size)}
+@pytest.mark.parametrize("kind", [set, list])
+def test_callbacks_run_after_every_report_and_may_change_the_callers_ids(
+    size: int, kind: type[Any]
+) -> None:
+    ids = kind(f"r{i}" for i in range(size))
+    given = list(ids)
     seen: list[tuple[str, int]] = []
 
     class Reporter(Scripted):
         def on_finished(self, request_id: str, blocks: Any) -> None:
             seen.append((request_id, len(mc.take())))  # every report already applied
-            ids.clear()  # the caller's set, changed by a callback while the batch runs
+            ids.clear()  # the caller's ids, changed by a callback while the batch runs
 
     mc = MultiConnector(ConnectorRegistry({"a": Reporter()}))
     for rid in ids:
@@ -211,8 +215,29 @@ def test_callbacks_run_after_every_report_and_may_change_the_callers_set(size: i
         mc.request_finished(rid)
     outcomes = mc.transfer_finished_many("a", ids)
     assert outcomes == [Outcome.applied] * size
-    assert len(seen) == size
+    assert [rid for rid, _ in seen] == given  # each id called back once, in the given order
     assert seen[0][1] == size and all(n == 0 for _, n in seen[1:])
+
+
+@pytest.mark.parametrize("size", [3, 40])
+def test_a_connector_unregistered_by_a_callback_is_not_called_back_again(size: int) -> None:
+    ids = [f"r{i}" for i in range(size)]
+
+    class Leaver(Scripted):
+        def on_finished(self, request_id: str, blocks: Any) -> None:
+            super().on_finished(request_id, blocks)
+            if mc.registry.entry("a") is not None:
+                mc.unregister("a")  # shut down after its first callback
+
+    leaver = Leaver()
+    mc = MultiConnector(ConnectorRegistry({"a": leaver, "b": Scripted()}))
+    for rid in ids:
+        mc.begin(rid)
+        mc.request_finished(rid)
+    # Every report was applied before the first callback; only that callback reached it.
+    assert mc.transfer_finished_many("a", ids) == [Outcome.applied] * size
+    assert leaver.on_finished_calls == [("r0", ())]
+    assert all(mc.peek(rid).awaiting == ("b",) for rid in ids)  # type: ignore[union-attr]
 
 
 def test_peek_is_the_held_record_get_a_copy() -> None:
