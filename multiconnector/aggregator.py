@@ -166,8 +166,8 @@ class MultiConnector:
         self._allow_equal = allow_equal_params
         self._requests: dict[str, RequestTransferState] = {}
         self._done: deque[RequestTransferState] = deque()
-        # Ids whose request_finished is asking connectors; changed under the id's stripe lock.
-        self._asking: set[str] = set()
+        # Ids whose request_finished is asking connectors, each with that call's claim token.
+        self._asking: dict[str, object] = {}
         self._locks = tuple(threading.Lock() for _ in range(stripes))
         self._mask = stripes - 1
         # One counter dict per stripe, only ever written under that stripe's lock.
@@ -273,31 +273,36 @@ class MultiConnector:
         if blocks.__class__ is not list and blocks.__class__ is not tuple:
             check_blocks(blocks)
         # The hot path: decisions (machine.DECISIONS), the common merge and the counters inlined.
-        # Two lock rounds: one to claim the request (refused ones ask nobody), one to update it
-        # from every answer; no lock is held while connectors are asked.
+        # The request is claimed first (refused ones ask nobody), then updated from every answer
+        # under its lock; no lock is held while connectors are asked.
         requests = self._requests
         asking = self._asking
+        # Claim the request with an atomic dict.setdefault: a second, concurrent
+        # request_finished finds the first one's claim, is a duplicate and asks nobody, so no
+        # connector commits to a save that only one of two calls would track. A claim is
+        # released only after its call wrote the new state, so the state is read again once
+        # claimed: a call that claims just after another one finished sees it finished. (A
+        # cancel may still overtake us while we ask: the update below decides under the lock.)
+        record = requests.get(request_id)
+        claim = object()  # ours alone: only the call that set it removes it
+        refused: Outcome | None = None
+        if record is None:
+            refused = _UNKNOWN_REQUEST
+        elif record.state in _NOT_FINISHABLE:
+            refused = self._refuse_finish(record)
+        elif asking.setdefault(request_id, claim) is not claim:
+            refused = _DUPLICATE
+        elif record.state in _NOT_FINISHABLE:  # finished by another call since our first look
+            del asking[request_id]
+            refused = self._refuse_finish(record)
         index = hash(request_id) & self._mask
         lock = self._locks[index]
-        lock.acquire()  # not `with`: acquire/release costs a third as much here
-        try:
-            # Claim the request: a second, concurrent request_finished is a duplicate and asks
-            # nobody, so no connector commits to a save that only one of two calls would track.
-            record = requests.get(request_id)
-            refused: Outcome | None = None
-            if record is None:
-                refused = _UNKNOWN_REQUEST
-            elif record.state in _NOT_FINISHABLE:
-                refused = self._refuse_finish(record)
-            elif request_id in asking:
-                refused = _DUPLICATE
-            else:
-                asking.add(request_id)
-            if refused is not None:
-                self._count(index, refused, _NO_NAME)
-        finally:
-            lock.release()
         if refused is not None:
+            lock.acquire()  # not `with`: acquire/release costs a third as much here
+            try:
+                self._count(index, refused, _NO_NAME)
+            finally:
+                lock.release()
             self._log_ignored("request_finished", request_id, None, refused)
             return refused, None
         assert record is not None
@@ -368,7 +373,6 @@ class MultiConnector:
                     clash = exc
             lock.acquire()
             try:
-                asking.discard(request_id)
                 if requests.get(request_id) is not record:
                     outcome = _UNKNOWN_REQUEST  # cancelled and taken while we asked
                 else:
@@ -397,6 +401,7 @@ class MultiConnector:
                 if outcome is _UNKNOWN_REQUEST:
                     self._count(index, outcome, _NO_NAME)
             finally:
+                del asking[request_id]  # our claim, released after the state was written
                 lock.release()
             result = (outcome, merged if outcome is _APPLIED else None)
             if failures is None:
@@ -413,7 +418,8 @@ class MultiConnector:
                 result=result,
             )
         except BaseException:
-            asking.discard(request_id)  # done under the lock on the way out, unless it raised
+            if asking.get(request_id) is claim:  # not yet released (or another call's claim)
+                del asking[request_id]
             raise
 
     def request_finished_by(self, request_id: str, savers: Iterable[str]) -> Outcome:
@@ -556,33 +562,31 @@ class MultiConnector:
         try:
             record = self._requests.get(request_id)
             # The applied case of `_report`, inlined: the hottest event skips a method call.
-            # Every other case goes to `_report` itself; tests/test_batch.py checks this path
-            # against the batch path, which always calls `_report`, on arbitrary sequences.
-            decision = None
+            # Every other case goes to `_report` itself. transfer_finished_many inlines the same
+            # case; tests/test_batch.py checks the two against each other on arbitrary
+            # sequences, and tests/test_stateful.py this one against a reference model.
+            outcome = None
             if record is not None and name in record.awaiting:
                 decision = _ON_TRANSFER_FINISHED.get(record.state)
-            dest = None
-            if decision is not None:
-                assert record is not None
-                guard, yes, no = decision
-                dest = yes if guard is None or guard(record, name) else no
-            if dest is None:
+                if decision is not None:
+                    guard, yes, no = decision
+                    dest = yes if guard is None or guard(record, name) else no
+                    if dest is not None:
+                        awaiting = record.awaiting
+                        following = self._without.get(awaiting)
+                        rest = None if following is None else following.get(name)
+                        record.awaiting = self._minus(awaiting, name) if rest is None else rest
+                        source = record.state
+                        record.state = dest
+                        if record.history is not None:
+                            record.history.append(Step("transfer_finished", source, dest, name))
+                        if dest is not source and dest in TERMINAL:
+                            self._done.append(record)  # last: take() may hand it over at once
+                        applied = self._applied[index]
+                        applied[name] = applied.get(name, 0) + 1
+                        outcome = _APPLIED
+            if outcome is None:
                 outcome = self._report(record, name, index)
-            else:
-                assert record is not None
-                awaiting = record.awaiting
-                following = self._without.get(awaiting)
-                rest = None if following is None else following.get(name)
-                record.awaiting = self._minus(awaiting, name) if rest is None else rest
-                source = record.state
-                record.state = dest
-                if record.history is not None:
-                    record.history.append(Step("transfer_finished", source, dest, name))
-                if dest is not source and dest in TERMINAL:
-                    self._done.append(record)  # last: take() may hand it over at once
-                applied = self._applied[index]
-                applied[name] = applied.get(name, 0) + 1
-                outcome = _APPLIED
         finally:
             lock.release()
         if outcome is not _APPLIED:
@@ -669,35 +673,35 @@ class MultiConnector:
                 try:
                     record = requests.get(request_id)
                     # The applied case inlined, as in transfer_finished; the rest go to _report.
-                    decision = None
                     if record is not None and name in record.awaiting:
                         decision = decisions.get(record.state)
-                    dest = None
-                    if decision is not None:
-                        assert record is not None
-                        guard, yes, no = decision
-                        dest = yes if guard is None or guard(record, name) else no
-                    if dest is None:
-                        append(report(record, name, index))
-                        ignored = True
-                        continue
-                    assert record is not None
-                    awaiting = record.awaiting
-                    following = without.get(awaiting)
-                    rest = None if following is None else following.get(name)
-                    record.awaiting = self._minus(awaiting, name) if rest is None else rest
-                    source = record.state
-                    record.state = dest
-                    if record.history is not None:
-                        record.history.append(Step("transfer_finished", source, dest, name))
-                    if dest is not source and dest in TERMINAL:
-                        done.append(record)
-                    if every:
-                        applied_here += 1  # counted once, below, while every lock is held
-                    else:
-                        applied = applied_counts[index]
-                        applied[name] = applied.get(name, 0) + 1
-                    append(_APPLIED)
+                        if decision is not None:
+                            guard, yes, no = decision
+                            dest = yes if guard is None or guard(record, name) else no
+                            if dest is not None:
+                                awaiting = record.awaiting
+                                following = without.get(awaiting)
+                                rest = None if following is None else following.get(name)
+                                record.awaiting = (
+                                    self._minus(awaiting, name) if rest is None else rest
+                                )
+                                source = record.state
+                                record.state = dest
+                                if record.history is not None:
+                                    record.history.append(
+                                        Step("transfer_finished", source, dest, name)
+                                    )
+                                if dest is not source and dest in TERMINAL:
+                                    done.append(record)
+                                if every:
+                                    applied_here += 1  # counted once, below, every lock held
+                                else:
+                                    applied = applied_counts[index]
+                                    applied[name] = applied.get(name, 0) + 1
+                                append(_APPLIED)
+                                continue
+                    append(report(record, name, index))
+                    ignored = True
                 finally:
                     if not every:
                         lock.release()

@@ -74,6 +74,61 @@ def test_a_second_concurrent_request_finished_is_a_duplicate_and_asks_nobody() -
     assert mc.get("r").awaiting == ("slow",)  # type: ignore[union-attr]
 
 
+def test_a_call_that_claims_just_after_another_finished_asks_nobody() -> None:
+    # The second call takes its first look (pending) while the first call is asking, and claims
+    # the moment the first one releases its claim. It must then see the state the first wrote
+    # and ask nobody, or its connectors would promise saves nobody tracks.
+    asking, release, at_claim, released, claimed = (threading.Event() for _ in range(5))
+    second: list[threading.Thread] = []
+
+    class Gate(dict[str, object]):
+        """Holds the second call at its claim until the first releases its own, then holds
+        the first (inside its update) until the second has claimed."""
+
+        def setdefault(self, key: str, default: object = None) -> object:
+            if not (second and threading.current_thread() is second[0]):
+                return super().setdefault(key, default)
+            at_claim.set()
+            assert released.wait(5)
+            try:
+                return super().setdefault(key, default)
+            finally:
+                claimed.set()
+
+        def __delitem__(self, key: str) -> None:
+            super().__delitem__(key)
+            if second and threading.current_thread() is not second[0]:
+                released.set()
+                assert claimed.wait(5)
+
+    class Holding(Scripted):
+        def request_finished(
+            self, request_id: str, blocks: Sequence[int]
+        ) -> tuple[bool, Mapping[str, Any] | None]:
+            asking.set()
+            assert release.wait(5)
+            return super().request_finished(request_id, blocks)
+
+    holder = Holding()
+    mc = MultiConnector(ConnectorRegistry({"h": holder}))
+    mc._asking = Gate()
+    mc.begin("r")
+    results: dict[str, Any] = {}
+
+    runner = threading.Thread(target=lambda: results.update(first=mc.request_finished("r")))
+    runner.start()
+    assert asking.wait(5)  # the first call holds its claim and asks
+    second.append(threading.Thread(target=lambda: results.update(second=mc.request_finished("r"))))
+    second[0].start()
+    assert at_claim.wait(5)  # the second call saw "pending" and is about to claim
+    release.set()
+    runner.join(5)
+    second[0].join(5)
+    assert results == {"first": (Outcome.applied, None), "second": (Outcome.duplicate, None)}
+    assert len(holder.finished_calls) == 1  # asked once
+    assert mc.get("r").awaiting == ("h",)  # type: ignore[union-attr]
+
+
 def test_a_claim_is_released_when_a_connector_raises_a_base_exception() -> None:
     class Interrupted(Scripted):
         def request_finished(
