@@ -166,8 +166,9 @@ class MultiConnector:
         self._allow_equal = allow_equal_params
         self._requests: dict[str, RequestTransferState] = {}
         self._done: deque[RequestTransferState] = deque()
-        # Ids whose request_finished is asking connectors, each with that call's claim token.
-        self._asking: dict[str, object] = {}
+        # Records a request_finished (or request_finished_by) is applying, each with that
+        # call's claim token; see request_finished.
+        self._asking: dict[RequestTransferState, object] = {}
         self._locks = tuple(threading.Lock() for _ in range(stripes))
         self._mask = stripes - 1
         # One counter dict per stripe, only ever written under that stripe's lock.
@@ -277,36 +278,38 @@ class MultiConnector:
         # under its lock; no lock is held while connectors are asked.
         requests = self._requests
         asking = self._asking
-        # Claim the request with an atomic dict.setdefault: a second, concurrent
+        # Claim the request's record with an atomic dict.setdefault: a second, concurrent
         # request_finished finds the first one's claim, is a duplicate and asks nobody, so no
         # connector commits to a save that only one of two calls would track. A claim is
         # released only after its call wrote the new state, so the state is read again once
         # claimed: a call that claims just after another one finished sees it finished. (A
         # cancel may still overtake us while we ask: the update below decides under the lock.)
+        # Claims are keyed by the record, not the id: a request taken and begun again while an
+        # old call still asks is a new record, free to claim.
         record = requests.get(request_id)
         claim = object()  # ours alone: only the call that set it removes it
-        refused: Outcome | None = None
-        if record is None:
-            refused = _UNKNOWN_REQUEST
-        elif record.state in _NOT_FINISHABLE:
-            refused = self._refuse_finish(record)
-        elif asking.setdefault(request_id, claim) is not claim:
-            refused = _DUPLICATE
-        elif record.state in _NOT_FINISHABLE:  # finished by another call since our first look
-            del asking[request_id]
-            refused = self._refuse_finish(record)
         index = hash(request_id) & self._mask
         lock = self._locks[index]
-        if refused is not None:
-            lock.acquire()  # not `with`: acquire/release costs a third as much here
-            try:
-                self._count(index, refused, _NO_NAME)
-            finally:
-                lock.release()
-            self._log_ignored("request_finished", request_id, None, refused)
-            return refused, None
-        assert record is not None
         try:
+            refused: Outcome | None = None
+            if record is None:
+                refused = _UNKNOWN_REQUEST
+            elif record.state in _NOT_FINISHABLE:
+                refused = self._refuse_finish(record)
+            elif asking.setdefault(record, claim) is not claim:
+                refused = _DUPLICATE
+            elif record.state in _NOT_FINISHABLE:  # finished by another call since our look
+                del asking[record]
+                refused = self._refuse_finish(record)
+            if refused is not None:
+                lock.acquire()  # not `with`: acquire/release costs a third as much here
+                try:
+                    self._count(index, refused, _NO_NAME)
+                finally:
+                    lock.release()
+                self._log_ignored("request_finished", request_id, None, refused)
+                return refused, None
+            assert record is not None
             registry = self._registry
             ready = registry._ready  # what ready_entries() returns, without the call
             savers: list[Entry] = []
@@ -401,7 +404,7 @@ class MultiConnector:
                 if outcome is _UNKNOWN_REQUEST:
                     self._count(index, outcome, _NO_NAME)
             finally:
-                del asking[request_id]  # our claim, released after the state was written
+                del asking[record]  # our claim, released after the state was written
                 lock.release()
             result = (outcome, merged if outcome is _APPLIED else None)
             if failures is None:
@@ -418,8 +421,8 @@ class MultiConnector:
                 result=result,
             )
         except BaseException:
-            if asking.get(request_id) is claim:  # not yet released (or another call's claim)
-                del asking[request_id]
+            if record is not None and asking.get(record) is claim:  # ours, not yet released
+                del asking[record]
             raise
 
     def request_finished_by(self, request_id: str, savers: Iterable[str]) -> Outcome:
@@ -431,7 +434,9 @@ class MultiConnector:
         and no params are merged (``params`` stays ``None``). The request awaits the names in
         ``savers`` that are ready registered connectors, in registration order; any other name
         can never report, so it is abandoned at once (in ``expected`` and ``abandoned``), as a
-        saver unregistered while :meth:`request_finished` asked it is.
+        saver unregistered while :meth:`request_finished` asked it is. While a
+        :meth:`request_finished` for the same request is asking its connectors, this is a
+        ``duplicate`` and changes nothing (those connectors' answers decide).
 
         Returns the :class:`Outcome`. Raises :class:`InvalidArgumentError` for a bad
         ``request_id`` or ``savers`` (a ``str``, or not iterable) and :class:`InvalidNameError`
@@ -451,13 +456,47 @@ class MultiConnector:
         for name in names:
             if name.__class__ is not str or not name:
                 check_name(name, "an item of savers")
-        registry = self._registry
         index = hash(request_id) & self._mask
+        # Claimed as request_finished claims (see there): while a request_finished asks the
+        # connectors of this very record, this call is a duplicate and changes nothing.
+        asking = self._asking
+        record = self._requests.get(request_id)
+        claim = object()
+        try:
+            if record is not None and asking.setdefault(record, claim) is not claim:
+                outcome = self._refused_by(index, _DUPLICATE)
+            else:
+                outcome = self._finish_by(request_id, record, names, index)
+        finally:
+            if record is not None and asking.get(record) is claim:  # after the state is written
+                del asking[record]
+        if outcome is not _APPLIED:
+            self._log_ignored("request_finished", request_id, None, outcome)
+        return outcome
+
+    def _refused_by(self, index: int, outcome: Outcome) -> Outcome:
+        lock = self._locks[index]
+        lock.acquire()
+        try:
+            self._count(index, outcome, _NO_NAME)
+        finally:
+            lock.release()
+        return outcome
+
+    def _finish_by(
+        self,
+        request_id: str,
+        claimed: RequestTransferState | None,
+        names: tuple[str, ...],
+        index: int,
+    ) -> Outcome:
+        """request_finished_by's update, under the request's lock."""
+        registry = self._registry
         lock = self._locks[index]
         lock.acquire()
         try:
             record = self._requests.get(request_id)
-            if record is None:
+            if record is None or record is not claimed:  # not held, or taken and begun again
                 outcome = _UNKNOWN_REQUEST
                 self._count(index, outcome, _NO_NAME)
             else:
@@ -476,8 +515,6 @@ class MultiConnector:
                 outcome = self._finish(record, awaited, expected, None, index)
         finally:
             lock.release()
-        if outcome is not _APPLIED:
-            self._log_ignored("request_finished", request_id, None, outcome)
         return outcome
 
     def _finish(

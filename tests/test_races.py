@@ -155,3 +155,75 @@ def test_counters_stay_bounded_under_made_up_names() -> None:
     assert sum(n for counts in per.values() for n in counts.values()) == 5_000
     assert per[OTHER_NAMES][Outcome.unknown_connector] > 3_000
     assert mc.counts()[Outcome.unknown_connector] == 5_000
+
+
+def test_a_request_begun_again_while_an_old_call_asks_can_be_finished() -> None:
+    # Claims belong to records: the old call's claim on the cancelled, taken record does not
+    # make the new request's request_finished a duplicate.
+    mc: MultiConnector
+    seen: dict[str, Any] = {}
+
+    class Recycler(Scripted):
+        def request_finished(
+            self, request_id: str, blocks: Sequence[int]
+        ) -> tuple[bool, Mapping[str, Any] | None]:
+            if not seen:
+                mc.cancel(request_id)
+                seen["taken"] = [r.state for r in mc.take()]
+                mc.begin(request_id)  # the same id, a new request
+                seen["new"] = mc.request_finished(request_id)
+            return super().request_finished(request_id, blocks)
+
+    mc = MultiConnector(ConnectorRegistry({"a": Recycler()}))
+    mc.begin("r")
+    assert mc.request_finished("r") == (Outcome.unknown_request, None)  # its record is gone
+    assert seen == {"taken": [State.cancelled], "new": (Outcome.applied, None)}
+    record = mc.get("r")
+    assert record is not None
+    assert (record.state, record.awaiting) == (State.finishing, ("a",))
+
+
+def test_request_finished_by_while_request_finished_asks_is_a_duplicate() -> None:
+    # Otherwise the asking call's connectors would commit to saves the record never awaits.
+    mc: MultiConnector
+    by: list[Outcome] = []
+
+    class Asker(Scripted):
+        def request_finished(
+            self, request_id: str, blocks: Sequence[int]
+        ) -> tuple[bool, Mapping[str, Any] | None]:
+            by.append(mc.request_finished_by(request_id, ()))
+            return super().request_finished(request_id, blocks)
+
+    mc = MultiConnector(ConnectorRegistry({"a": Asker()}))
+    mc.begin("r")
+    assert mc.request_finished("r") == (Outcome.applied, None)
+    assert by == [Outcome.duplicate]
+    assert mc.get("r").awaiting == ("a",)  # type: ignore[union-attr]
+    assert mc.request_finished_by("r", ("a",)) is Outcome.duplicate  # finishing already
+    assert mc.counts()[Outcome.duplicate] == 2
+
+
+@pytest.mark.parametrize("event", ["request_finished", "request_finished_by"])
+def test_an_interrupt_right_after_the_claim_leaks_no_claim(event: str) -> None:
+    # A signal's KeyboardInterrupt can land just after the claim is made.
+    fire = [True]
+
+    class Interrupting(dict[object, object]):
+        def setdefault(self, key: object, default: object = None) -> object:
+            made = super().setdefault(key, default)
+            if fire:
+                fire.clear()
+                raise KeyboardInterrupt
+            return made
+
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(saves=False)}))
+    mc._asking = Interrupting()
+    mc.begin("r")
+    finish = getattr(mc, event)
+    args: tuple[Any, ...] = ("r",) if event == "request_finished" else ("r", ())
+    with pytest.raises(KeyboardInterrupt):
+        finish(*args)
+    assert dict(mc._asking) == {}
+    outcome = finish(*args)
+    assert (outcome[0] if isinstance(outcome, tuple) else outcome) is Outcome.applied
