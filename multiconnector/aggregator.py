@@ -302,11 +302,7 @@ class MultiConnector:
                 del asking[record]
                 refused = self._refuse_finish(record)
             if refused is not None:
-                lock.acquire()  # not `with`: acquire/release costs a third as much here
-                try:
-                    self._count(index, refused, _NO_NAME)
-                finally:
-                    lock.release()
+                self._refused(index, refused)
                 self._log_ignored("request_finished", request_id, None, refused)
                 return refused, None
             assert record is not None
@@ -464,7 +460,7 @@ class MultiConnector:
         claim = object()
         try:
             if record is not None and asking.setdefault(record, claim) is not claim:
-                outcome = self._refused_by(index, _DUPLICATE)
+                outcome = self._refused(index, _DUPLICATE)
             else:
                 outcome = self._finish_by(request_id, record, names, index)
         finally:
@@ -474,7 +470,8 @@ class MultiConnector:
             self._log_ignored("request_finished", request_id, None, outcome)
         return outcome
 
-    def _refused_by(self, index: int, outcome: Outcome) -> Outcome:
+    def _refused(self, index: int, outcome: Outcome) -> Outcome:
+        """Count a refused ``request_finished`` under lock ``index``; returns ``outcome``."""
         lock = self._locks[index]
         lock.acquire()
         try:
@@ -602,28 +599,29 @@ class MultiConnector:
             # Every other case goes to `_report` itself. transfer_finished_many inlines the same
             # case; tests/test_batch.py checks the two against each other on arbitrary
             # sequences, and tests/test_stateful.py this one against a reference model.
-            outcome = None
+            dest = None
             if record is not None and name in record.awaiting:
                 decision = _ON_TRANSFER_FINISHED.get(record.state)
                 if decision is not None:
                     guard, yes, no = decision
                     dest = yes if guard is None or guard(record, name) else no
-                    if dest is not None:
-                        awaiting = record.awaiting
-                        following = self._without.get(awaiting)
-                        rest = None if following is None else following.get(name)
-                        record.awaiting = self._minus(awaiting, name) if rest is None else rest
-                        source = record.state
-                        record.state = dest
-                        if record.history is not None:
-                            record.history.append(Step("transfer_finished", source, dest, name))
-                        if dest is not source and dest in TERMINAL:
-                            self._done.append(record)  # last: take() may hand it over at once
-                        applied = self._applied[index]
-                        applied[name] = applied.get(name, 0) + 1
-                        outcome = _APPLIED
-            if outcome is None:
+            if dest is None:
                 outcome = self._report(record, name, index)
+            else:
+                assert record is not None
+                awaiting = record.awaiting
+                following = self._without.get(awaiting)
+                rest = None if following is None else following.get(name)
+                record.awaiting = self._minus(awaiting, name) if rest is None else rest
+                source = record.state
+                record.state = dest
+                if record.history is not None:
+                    record.history.append(Step("transfer_finished", source, dest, name))
+                if dest is not source and dest in TERMINAL:
+                    self._done.append(record)  # last: take() may hand it over at once
+                applied = self._applied[index]
+                applied[name] = applied.get(name, 0) + 1
+                outcome = _APPLIED
         finally:
             lock.release()
         if outcome is not _APPLIED:
@@ -710,35 +708,33 @@ class MultiConnector:
                 try:
                     record = requests.get(request_id)
                     # The applied case inlined, as in transfer_finished; the rest go to _report.
+                    dest = None
                     if record is not None and name in record.awaiting:
                         decision = decisions.get(record.state)
                         if decision is not None:
                             guard, yes, no = decision
                             dest = yes if guard is None or guard(record, name) else no
-                            if dest is not None:
-                                awaiting = record.awaiting
-                                following = without.get(awaiting)
-                                rest = None if following is None else following.get(name)
-                                record.awaiting = (
-                                    self._minus(awaiting, name) if rest is None else rest
-                                )
-                                source = record.state
-                                record.state = dest
-                                if record.history is not None:
-                                    record.history.append(
-                                        Step("transfer_finished", source, dest, name)
-                                    )
-                                if dest is not source and dest in TERMINAL:
-                                    done.append(record)
-                                if every:
-                                    applied_here += 1  # counted once, below, every lock held
-                                else:
-                                    applied = applied_counts[index]
-                                    applied[name] = applied.get(name, 0) + 1
-                                append(_APPLIED)
-                                continue
-                    append(report(record, name, index))
-                    ignored = True
+                    if dest is None:
+                        append(report(record, name, index))
+                        ignored = True
+                        continue
+                    assert record is not None
+                    awaiting = record.awaiting
+                    following = without.get(awaiting)
+                    rest = None if following is None else following.get(name)
+                    record.awaiting = self._minus(awaiting, name) if rest is None else rest
+                    source = record.state
+                    record.state = dest
+                    if record.history is not None:
+                        record.history.append(Step("transfer_finished", source, dest, name))
+                    if dest is not source and dest in TERMINAL:
+                        done.append(record)
+                    if every:
+                        applied_here += 1  # counted once, below, while every lock is held
+                    else:
+                        applied = applied_counts[index]
+                        applied[name] = applied.get(name, 0) + 1
+                    append(_APPLIED)
                 finally:
                     if not every:
                         lock.release()
