@@ -613,7 +613,6 @@ class Simulation:
             if load:
                 req.seen.add("load:" + name)
                 outcome = mc.load_finished(rid, name)
-                allowed = _GENUINE_LOAD
             else:
                 req.seen.add(name)
                 try:
@@ -621,18 +620,30 @@ class Simulation:
                 except ConnectorFailures:  # its on_finished raised, after the report applied
                     _count(tally, "callback", "failure")
                     outcome = _APPLIED
-                allowed = _GENUINE_SAVE
-            _count(tally, "load" if load else "save", outcome.value)
-            if outcome not in allowed:
-                what = "load" if load else "save"
-                self.violations.add("report_refused", rid, f"{name}'s {what}: {outcome.value}")
-            if dup:
-                self._injected(tally, code == _D_LOAD, name, rid, "duplicate")
+            self._judge(tally, load, name, rid, outcome, dup=dup)
         elif code in (_D_REPORT, _D_LOAD_REPORT):
             _, name, rid, category, req = item
             if req is not None and name not in req.seen:
                 return  # a late copy of a report that was never made (its save was aborted)
             self._injected(tally, code == _D_LOAD_REPORT, name, rid, category)
+
+    def _judge(
+        self,
+        tally: Tally,
+        load: bool,
+        name: str,
+        rid: str,
+        outcome: Outcome,
+        *,
+        dup: bool,
+    ) -> None:
+        """Count a genuine report's outcome, flag a refused one, then send its duplicate."""
+        what = "load" if load else "save"
+        _count(tally, what, outcome.value)
+        if outcome not in (_GENUINE_LOAD if load else _GENUINE_SAVE):
+            self.violations.add("report_refused", rid, f"{name}'s {what}: {outcome.value}")
+        if dup:
+            self._injected(tally, load, name, rid, "duplicate")
 
     def _injected(self, tally: Tally, load: bool, name: str, rid: str, category: str) -> None:
         """Deliver a report that must be ignored."""
@@ -778,12 +789,7 @@ class Simulation:
         _count(tally, "batch", "calls")
         _count(tally, "batch", "reports", len(made))
         for item, outcome in zip(made, outcomes, strict=True):
-            rid = item[2].rid
-            _count(tally, "save", outcome.value)
-            if outcome not in _GENUINE_SAVE:
-                self.violations.add("report_refused", rid, f"{name}'s save: {outcome.value}")
-            if item[3]:
-                self._injected(tally, False, name, rid, "duplicate")
+            self._judge(tally, False, name, item[2].rid, outcome, dup=item[3])
 
     def run(self) -> SimulationResult:
         """Run the workload to its end, then check that nothing was lost."""
