@@ -542,13 +542,7 @@ class MultiConnector:
         if expected is not awaited:
             record.abandoned = tuple([n for n in expected if n not in awaited])
         record.params = params
-        # `_transition`, inlined: every request takes this path once.
-        source = record.state
-        record.state = dest
-        if record.history is not None:
-            record.history.append(Step("request_finished", source, dest, None))
-        if dest is not source and dest in TERMINAL:
-            self._done.append(record)  # last: take() may hand it over at once
+        self._transition(record, "request_finished", dest, None)  # last: take() may see it
         self._finishes[index] += 1
         return _APPLIED
 
@@ -595,18 +589,20 @@ class MultiConnector:
         lock.acquire()
         try:
             record = self._requests.get(request_id)
-            # The applied case of `_report`, inlined: the hottest event skips a method call.
-            # Every other case goes to `_report` itself. transfer_finished_many inlines the same
-            # case; tests/test_batch.py checks the two against each other on arbitrary
-            # sequences, and tests/test_stateful.py this one against a reference model.
+            # The decision and the applied case inlined: the hottest event skips method calls.
+            # An ignored report is classified and counted by `_ignored`. transfer_finished_many
+            # inlines the same; tests/test_batch.py checks the two against each other on
+            # arbitrary sequences, and tests/test_stateful.py this one against a reference model.
             dest = None
             if record is not None and name in record.awaiting:
                 decision = _ON_TRANSFER_FINISHED.get(record.state)
-                if decision is not None:
+                if decision is None:  # a state whose candidates need a walk (machine.DECISIONS)
+                    dest = step(record, "transfer_finished", name)
+                else:
                     guard, yes, no = decision
                     dest = yes if guard is None or guard(record, name) else no
             if dest is None:
-                outcome = self._report(record, name, index)
+                outcome = self._ignored(record, name, index)
             else:
                 assert record is not None
                 awaiting = record.awaiting
@@ -683,7 +679,7 @@ class MultiConnector:
                 bad_request_id(request_id, "an item of request_ids")
         outcomes: list[Outcome] = []
         append = outcomes.append
-        requests, locks, mask, report = self._requests, self._locks, self._mask, self._report
+        requests, locks, mask, ignore = self._requests, self._locks, self._mask, self._ignored
         decisions, without, done, applied_counts = (
             _ON_TRANSFER_FINISHED,
             self._without,
@@ -707,15 +703,17 @@ class MultiConnector:
                     lock.acquire()
                 try:
                     record = requests.get(request_id)
-                    # The applied case inlined, as in transfer_finished; the rest go to _report.
+                    # The decision and the applied case inlined, as in transfer_finished.
                     dest = None
                     if record is not None and name in record.awaiting:
                         decision = decisions.get(record.state)
-                        if decision is not None:
+                        if decision is None:  # candidates that need a walk
+                            dest = step(record, "transfer_finished", name)
+                        else:
                             guard, yes, no = decision
                             dest = yes if guard is None or guard(record, name) else no
                     if dest is None:
-                        append(report(record, name, index))
+                        append(ignore(record, name, index))
                         ignored = True
                         continue
                     assert record is not None
@@ -773,35 +771,10 @@ class MultiConnector:
             )
         return outcomes
 
-    def _report(self, record: RequestTransferState | None, name: str, index: int) -> Outcome:
-        """Apply ``name``'s report to ``record`` (``None``: not held) and count it.
-
-        The one decision behind :meth:`transfer_finished` and :meth:`transfer_finished_many`;
-        the caller holds lock ``index``, the record's stripe.
-        """
-        if record is None:
-            outcome = _UNKNOWN_REQUEST
-        else:
-            awaiting = record.awaiting
-            dest = None
-            if name in awaiting:
-                # Inlined `step(record, "transfer_finished", name)`: see machine.DECISIONS.
-                decision = _ON_TRANSFER_FINISHED.get(record.state)
-                if decision is None:
-                    dest = step(record, "transfer_finished", name)
-                else:
-                    guard, yes, no = decision
-                    dest = yes if guard is None or guard(record, name) else no
-            if dest is None:
-                outcome = self._classify(record, name)
-            else:
-                following = self._without.get(awaiting)
-                rest = None if following is None else following.get(name)
-                record.awaiting = self._minus(awaiting, name) if rest is None else rest
-                self._transition(record, "transfer_finished", dest, name)
-                applied = self._applied[index]
-                applied[name] = applied.get(name, 0) + 1
-                return _APPLIED
+    def _ignored(self, record: RequestTransferState | None, name: str, index: int) -> Outcome:
+        """Count and return why ``name``'s report for ``record`` (``None``: not held) is
+        ignored, once the decision found no transition; the caller holds lock ``index``."""
+        outcome = _UNKNOWN_REQUEST if record is None else self._classify(record, name)
         self._count(index, outcome, name)
         return outcome
 
@@ -1100,7 +1073,8 @@ class MultiConnector:
         """Move ``record`` to ``dest``; caller holds its lock and has written every other field
         (a terminal record is queued for :meth:`take`, which may hand it over at once).
 
-        ``transfer_finished`` inlines this for its applied case, the hottest event."""
+        ``transfer_finished`` and ``transfer_finished_many`` inline this for their applied case,
+        the hottest event."""
         source = record.state
         record.state = dest
         if record.history is not None:
