@@ -18,14 +18,18 @@ $(SETUP): pyproject.toml
 
 setup: $(SETUP) system
 
-## system: Graphviz's `dot`, which renders the SVG diagrams
-#         (as root, or through sudo; elsewhere it says so and goes on: only SVG needs it)
+## system: Graphviz's `dot`, which renders the SVG diagrams, and Chromium, in which the tests
+#         check that every mermaid diagram renders (as root, or through sudo; elsewhere it says
+#         so and goes on: only SVG and the browser test need them)
+SYSTEM_PACKAGES := dot:graphviz chromium:chromium
 system:
-	@command -v dot >/dev/null 2>&1 || { \
+	@missing=; for pair in $(SYSTEM_PACKAGES); do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
+	[ -z "$$missing" ] || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; \
-	  else echo "Graphviz (dot) is missing and this user cannot install it: SVG diagrams will fail"; exit 0; fi; \
-	  echo "installing Graphviz (dot)"; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq graphviz >/dev/null; }
+	  else echo "missing:$$missing; this user cannot install them: SVG diagrams and the browser test will fail"; exit 0; fi; \
+	  echo "installing$$missing"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; }
 
 ## vllm: the pinned CPU-only vLLM extra, for the adapter's tests
 # CPU-only: torch 2.13.0 first (the CPU build), then vLLM and xgrammar without their GPU deps.
