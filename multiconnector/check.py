@@ -92,7 +92,8 @@ from .errors import (
 from .machine import TERMINAL, RequestTransferState, State, build_machine
 from .outcome import Outcome
 from .registry import ConnectorRegistry
-from .usermachine import add_check_arguments, run_check_cli, validate
+from .usermachine import validate
+from .usermachine.command import add_check_arguments, run_check_cli
 
 __all__ = [
     "ALPHABET",

@@ -546,7 +546,7 @@ def run_cli(argv: Sequence[str]) -> int:
     except SystemExit as exc:  # argparse's own exit: 0 for --help, 2 for bad arguments
         return exc.code if isinstance(exc.code, int) else 2
     if args.machine is not None:
-        from .userdiagram import run_cli as run_machine_cli  # noqa: PLC0415 - on demand
+        from .usermachine.diagram import run_cli as run_machine_cli  # noqa: PLC0415 - on demand
 
         return run_machine_cli(args, parser)
     if args.state is not None:

@@ -18,6 +18,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -26,11 +27,11 @@ from typing import Any, Final, cast, final
 
 import attrs
 
-from ._explore import Counterexample
-from ._validate import shown
-from .diagram import _DOT_STYLES, _MERMAID_STYLES, FORMATS, _DiagramMachine
-from .errors import InvalidArgumentError
-from .usermachine import Declared, declare, load
+from .._explore import Counterexample
+from .._validate import shown
+from ..diagram import _DOT_STYLES, _MERMAID_STYLES, FORMATS, _DiagramMachine
+from ..errors import InvalidArgumentError
+from .declaration import Declared, declare, load
 
 __all__ = ["Diagram", "draw", "path_of", "run_cli"]
 
@@ -199,7 +200,9 @@ class Diagram:
             return "\n".join(out) + "\n"
         out += ["| state | event | guard | next state |", "| --- | --- | --- | --- |"]
         for t in d.transitions:
-            guard = " and ".join([*(f"`{g}`" for g in t.conditions), *(f"not `{g}`" for g in t.unless)])
+            guard = " and ".join(
+                [*(f"`{g}`" for g in t.conditions), *(f"not `{g}`" for g in t.unless)]
+            )
             dest = f"`{_cell(t.dest)}`" + (" (stays)" if t.dest == t.source else "")
             out.append(
                 f"| `{_cell(t.source)}` | `{_cell(t.trigger)}` | {_cell(guard) or '—'} | {dest} |"
@@ -220,15 +223,14 @@ class Diagram:
             return self.svg()
         return self.markdown()
 
-    def _repr_mimebundle_(
-        self, include: Any = None, exclude: Any = None
-    ) -> dict[str, str]:
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         """What a notebook shows: the SVG when Graphviz is there, and the Markdown (mermaid)."""
         bundle = {"text/markdown": self.markdown(), "text/plain": self.mermaid()}
-        try:
+        # Without Graphviz, the notebook draws the mermaid in the Markdown, if it can.
+        with contextlib.suppress(
+            ModuleNotFoundError, RuntimeError, OSError, subprocess.CalledProcessError
+        ):
             bundle["image/svg+xml"] = self.svg()
-        except (ModuleNotFoundError, RuntimeError, OSError, subprocess.CalledProcessError):
-            pass  # no graphviz: the mermaid in the Markdown is drawn by the notebook, if it can
         return bundle
 
     def __str__(self) -> str:
@@ -296,7 +298,10 @@ def run_cli(args: Any, parser: Any) -> int:
     """``multiconnector diagram --machine``: 0, 1 when rendering failed, 2 for bad input."""
     if args.all is not None or args.request is not None:
         parser.print_usage(sys.stderr)
-        print("multiconnector diagram: --all and --request draw the transfer machine only", file=sys.stderr)
+        print(
+            "multiconnector diagram: --all and --request draw the transfer machine only",
+            file=sys.stderr,
+        )
         return 2
     try:
         machine = load(args.machine, "--machine")
