@@ -242,9 +242,11 @@ def check_machine(
     else:
         scenario = _FreeScenario(declared)
         guards = "free choices (no model factory): each named guard may be true or false"
-    finals = ", ".join(s for s in declared.states if s in declared.final) or "none"
+    finals = ", ".join(s for s in declared.states if s in declared.final)
     if not declared.final_declared:
-        finals = f"none declared; taken as the states with no way out: {finals}"
+        finals = "none declared; taken as the states with no way out: " + (
+            finals or "none, so no trap check"
+        )
     bounds: dict[str, Any] = {
         "machine": label_name,
         "guards": guards,
