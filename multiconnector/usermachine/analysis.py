@@ -233,7 +233,7 @@ def check_machine(
     factory = None if free_guards else (model if model is not None else own_factory)
     label_name = label_name or declared.name or getattr(machine, "__qualname__", "") or "a machine"
     if factory is not None:
-        scenario: _Scenario = _ModelScenario(declared, factory, snapshot)
+        scenario: _Scenario = _ModelScenario(declared, factory, snapshot, built)
         guards = "your code: explored on fresh models from " + getattr(
             factory, "__qualname__", repr(factory)
         )
@@ -429,11 +429,13 @@ class _ModelScenario(_Scenario):
         declared: Declared,
         factory: Callable[[], Any],
         snapshot: Callable[[Any], Hashable] | None,
+        machine: Machine,
     ) -> None:
         self.declared = declared
         self.factory = factory
         self.user_snapshot = snapshot
-        self.shared: Machine | None = None  # for plain models: one machine, one model at a time
+        # Plain models are attached to the given machine (callbacks included), one at a time.
+        self.shared = machine
         self.previous: Any = None
         self.autos = frozenset(f"to_{s}" for s in declared.states)
 
@@ -448,8 +450,6 @@ class _ModelScenario(_Scenario):
                     f"model={shown(self.factory)} made a machine with no model attached"
                 )
         if machine is None:
-            if self.shared is None:
-                self.shared = self.declared.build()
             if self.previous is not None:
                 self.shared.remove_model(self.previous)
             self.shared.add_model(made)
