@@ -259,9 +259,10 @@ def build_machine(**kwargs: Any) -> Machine:
     ``GraphMachine`` for diagrams, say), and ``model`` to attach one.
 
     A ``GraphMachine`` draws its models: built with no model, its ``get_graph()`` raises
-    ``IndexError`` (``transitions`` reads ``models[0]``). Attach one, such as
-    ``build_machine(machine_cls=GraphMachine, model=RequestTransferState("r"))`` (it has the
-    guard methods), or draw with :func:`multiconnector.diagram.render`, which needs none.
+    ``IndexError`` (``transitions`` reads ``models[0]``). Attach any object that takes
+    attributes (drawing calls no guard): ``build_machine(machine_cls=GraphMachine,
+    model=types.SimpleNamespace())``; a slotted :class:`RequestTransferState` cannot take the
+    trigger methods ``transitions`` adds. Or draw with :func:`multiconnector.diagram.render`.
     """
     machine_cls = kwargs.pop("machine_cls", Machine)
     model = kwargs.pop("model", None)

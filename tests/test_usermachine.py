@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import types
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from transitions.extensions import GraphMachine
 from multiconnector.check import validate
 from multiconnector.cli import main
 from multiconnector.errors import InvalidArgumentError, InvalidMachineError
-from multiconnector.machine import RequestTransferState, build_machine
+from multiconnector.machine import build_machine
 from multiconnector.usermachine import (
     DETERMINISTIC,
     FINAL_IS_FINAL,
@@ -228,7 +229,7 @@ def test_build_machine_draws_once_a_model_is_attached() -> None:
     with pytest.raises(IndexError):
         build_machine(machine_cls=GraphMachine, graph_engine="mermaid").get_graph()
     machine = build_machine(
-        machine_cls=GraphMachine, graph_engine="mermaid", model=RequestTransferState("r")
+        machine_cls=GraphMachine, graph_engine="mermaid", model=types.SimpleNamespace()
     )
     assert "pending --> finishing" in machine.get_graph().source
 
