@@ -57,7 +57,9 @@ def test_cli_passes_the_fixed_machine(capsys: pytest.CaptureFixture[str]) -> Non
     assert "result: PASS" in capsys.readouterr().out
 
 
-def test_json_report_and_its_trace_drawn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_report_and_its_trace_drawn(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     report = tmp_path / "r.json"
     argv = ["check", "--machine", "docs_example:OrderFlow", "--no-progress", "--json", str(report)]
     assert main(argv) == 1
@@ -66,12 +68,36 @@ def test_json_report_and_its_trace_drawn(tmp_path: Path, capsys: pytest.CaptureF
     trap = next(p for p in data["properties"] if p["name"] == NO_TRAP)
     assert [s["state"] for s in trap["counterexample"]["steps"]] == ["placed", "paid", "held"]
     for fmt in ("mermaid", "dot", "md"):
-        assert main(["diagram", "--machine", "docs_example:OrderFlow", "--path", str(report),
-                     "--format", fmt]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "diagram",
+                    "--machine",
+                    "docs_example:OrderFlow",
+                    "--path",
+                    str(report),
+                    "--format",
+                    fmt,
+                ]
+            )
+            == 0
+        )
         text = capsys.readouterr().out
         assert "(step 3)" in text or "step 3" in text, fmt
-    assert main(["diagram", "--machine", "docs_example:OrderFlow", "--format", "mermaid",
-                 "--state", "held"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "diagram",
+                "--machine",
+                "docs_example:OrderFlow",
+                "--format",
+                "mermaid",
+                "--state",
+                "held",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "Class held s_final" in out and "Class paid s_default" in out
 
@@ -107,8 +133,13 @@ def test_bad_input_is_one_line_exit_2(
 
 
 def _machine(transitions: list[Any], **extra: Any) -> dict[str, Any]:
-    return {"states": ["a", "b", "c", "z"], "initial": "a", "final": ["z"],
-            "transitions": transitions, **extra}  # fmt: skip
+    return {
+        "states": ["a", "b", "c", "z"],
+        "initial": "a",
+        "final": ["z"],
+        "transitions": transitions,
+        **extra,
+    }
 
 
 @pytest.mark.parametrize(
@@ -121,17 +152,27 @@ def _machine(transitions: list[Any], **extra: Any) -> dict[str, Any]:
             "never fired: a --go--> c",
         ),
         (
-            _machine([{"trigger": "go", "source": "a", "dest": "b", "conditions": "x"},
-                      {"trigger": "go", "source": "a", "dest": "c", "conditions": "y"},
-                      ["on", ["b", "c"], "z"]]),  # fmt: skip
+            _machine(
+                [
+                    {"trigger": "go", "source": "a", "dest": "b", "conditions": "x"},
+                    {"trigger": "go", "source": "a", "dest": "c", "conditions": "y"},
+                    ["on", ["b", "c"], "z"],
+                ]
+            ),
             DETERMINISTIC,
             "'go' in 'a' can take both -> b [x] and -> c [y]",
         ),
-        (_machine([["go", "a", "b"], ["on", "b", "z"], ["back", "z", "c"], ["on", "c", "z"]]),
-         FINAL_IS_FINAL, "final state 'z' has transitions out: back -> c"),  # fmt: skip
+        (
+            _machine([["go", "a", "b"], ["on", "b", "z"], ["back", "z", "c"], ["on", "c", "z"]]),
+            FINAL_IS_FINAL,
+            "final state 'z' has transitions out: back -> c",
+        ),
         (_machine([["go", "a", "b"], ["go", "a", "z"]]), NO_DEADLOCK, "no event can fire in 'b'"),
-        (_machine([["go", "a", "b"], ["on", "b", "c"], ["on", "c", "b"], ["end", "a", "z"]]),
-         NO_TRAP, "no sequence of events leads"),  # fmt: skip
+        (
+            _machine([["go", "a", "b"], ["on", "b", "c"], ["on", "c", "b"], ["end", "a", "z"]]),
+            NO_TRAP,
+            "no sequence of events leads",
+        ),
     ],
 )
 def test_each_property_catches_its_problem(decl: dict[str, Any], prop: str, message: str) -> None:
@@ -145,19 +186,35 @@ def test_each_property_catches_its_problem(decl: dict[str, Any], prop: str, mess
 
 
 def test_guards_told_apart_are_not_overlapping() -> None:
-    decl = _machine([{"trigger": "go", "source": "a", "dest": "b", "conditions": "x"},
-                     {"trigger": "go", "source": "a", "dest": "c", "unless": "x"},
-                     ["on", ["b", "c"], "z"]])  # fmt: skip
+    decl = _machine(
+        [
+            {"trigger": "go", "source": "a", "dest": "b", "conditions": "x"},
+            {"trigger": "go", "source": "a", "dest": "c", "unless": "x"},
+            ["on", ["b", "c"], "z"],
+        ]
+    )
     assert validate(decl).ok
 
 
 def test_declaration_problems_are_all_listed() -> None:
     with pytest.raises(InvalidMachineError) as caught:
-        validate({"states": ["a", "a"], "initial": "q", "final": ["w"],
-                  "transitions": [["go", "a", "nowhere"]], "colour": 1})  # fmt: skip
+        validate(
+            {
+                "states": ["a", "a"],
+                "initial": "q",
+                "final": ["w"],
+                "transitions": [["go", "a", "nowhere"]],
+                "colour": 1,
+            }
+        )
     text = "\n".join(caught.value.problems)
-    for part in ("unknown keys ['colour']", "'a' is declared more than once",
-                 "initial state 'q'", "final state 'w'", "dest 'nowhere'"):  # fmt: skip
+    for part in (
+        "unknown keys ['colour']",
+        "'a' is declared more than once",
+        "initial state 'q'",
+        "final state 'w'",
+        "dest 'nowhere'",
+    ):
         assert part in text
 
 
@@ -170,11 +227,16 @@ class Account(Machine):  # type: ignore[misc]
             states=["open", {"name": "closed", "final": True}],
             initial="open",
             transitions=[
-                {"trigger": "deposit", "source": "open", "dest": None, "conditions": "small",
-                 "after": "add"},
+                {
+                    "trigger": "deposit",
+                    "source": "open",
+                    "dest": None,
+                    "conditions": "small",
+                    "after": "add",
+                },
                 {"trigger": "close", "source": "open", "dest": "closed", "conditions": "empty"},
             ],
-        )  # fmt: skip
+        )
 
     def small(self) -> bool:
         return self.balance < 3
@@ -209,8 +271,12 @@ def test_an_exception_in_a_callback_is_a_violation() -> None:
         def explode(self) -> None:
             raise ValueError("boom")
 
-    decl = {"states": ["a", "z"], "initial": "a", "final": ["z"],
-            "transitions": [{"trigger": "go", "source": "a", "dest": "z", "after": "explode"}]}  # fmt: skip
+    decl = {
+        "states": ["a", "z"],
+        "initial": "a",
+        "final": ["z"],
+        "transitions": [{"trigger": "go", "source": "a", "dest": "z", "after": "explode"}],
+    }
     report = check_machine(decl, model=Boom)
     assert report.result(NO_EXCEPTION).message == "ValueError: boom"
 
