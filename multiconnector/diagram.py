@@ -521,6 +521,15 @@ def _parser() -> argparse.ArgumentParser:
         help="in a check report, the property whose counterexample to draw",
     )
     parser.add_argument("--title", help="the diagram's title")
+    parser.add_argument(
+        "--machine",
+        metavar="MODULE:ATTR",
+        help="draw a transitions machine of your own (a Machine, a machine class or factory, "
+        "or a declaration dict); --path then takes its 'check --machine --json' report",
+    )
+    parser.add_argument(
+        "--state", metavar="NAME", help="with --machine: the state to highlight (the current one)"
+    )
     return parser
 
 
@@ -536,6 +545,14 @@ def run_cli(argv: Sequence[str]) -> int:
         args = parser.parse_args(list(argv))
     except SystemExit as exc:  # argparse's own exit: 0 for --help, 2 for bad arguments
         return exc.code if isinstance(exc.code, int) else 2
+    if args.machine is not None:
+        from .usermachine.diagram import run_cli as run_machine_cli  # noqa: PLC0415 - on demand
+
+        return run_machine_cli(args, parser)
+    if args.state is not None:
+        parser.print_usage(sys.stderr)
+        print("multiconnector diagram: --state needs --machine", file=sys.stderr)
+        return 2
     narrowing = args.request is not None or args.property is not None
     if args.all is not None and (args.path is not None or narrowing):
         parser.print_usage(sys.stderr)

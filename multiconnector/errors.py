@@ -13,6 +13,7 @@ caller would naturally catch, so ``except KeyError`` and ``except MultiConnector
         ├── DuplicateConnectorError     (also ValueError)   a name registered twice
         ├── DuplicateRequestError       (also ValueError)   a request id begun while still held
         ├── KeyClashError               (also ValueError)   a params key from two connectors
+        ├── InvalidMachineError         (also ValueError)   a state machine that fails validation
         └── ConnectorFailures           (also ExceptionGroup) connectors raised during a fan-out
 
 Events that arrive late, twice, for unknown requests or from unknown connectors are *not*
@@ -30,6 +31,7 @@ __all__ = [
     "DuplicateConnectorError",
     "DuplicateRequestError",
     "InvalidArgumentError",
+    "InvalidMachineError",
     "InvalidNameError",
     "InvalidParamsError",
     "KeyClashError",
@@ -111,6 +113,32 @@ class KeyClashError(MultiConnectorError, ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.clashes,))
+
+
+class InvalidMachineError(MultiConnectorError, ValueError):
+    """A state machine that cannot be built, or that fails a check: every problem, listed.
+
+    ``problems`` holds one line per problem; ``report`` is the
+    :class:`~multiconnector.check.CheckReport` the problems came from (``None`` when the
+    declaration could not even be built).
+
+    .. versionadded:: 0.1.0
+    """
+
+    problems: tuple[str, ...]
+    report: Any
+
+    def __init__(self, problems: Sequence[str], report: Any = None) -> None:
+        self.problems = tuple(problems)
+        self.report = report
+        noun = "problem" if len(self.problems) == 1 else "problems"
+        super().__init__(
+            f"{len(self.problems)} {noun} in the machine:"
+            + "".join(f"\n  - {p}" for p in self.problems)
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.problems, self.report))
 
 
 class ConnectorFailures(MultiConnectorError, ExceptionGroup):

@@ -256,11 +256,18 @@ def build_machine(**kwargs: Any) -> Machine:
     Fire events on any object that has a ``state`` attribute and the guard methods (a
     :class:`RequestTransferState` does) with ``machine.events[event].trigger(obj, arg)``. Extra
     keyword arguments go to the machine class; pass ``machine_cls`` to pick one (a
-    ``GraphMachine`` for diagrams, say).
+    ``GraphMachine`` for diagrams, say), and ``model`` to attach one.
+
+    A ``GraphMachine`` draws its models: built with no model, its ``get_graph()`` raises
+    ``IndexError`` (``transitions`` reads ``models[0]``). Attach any object that takes
+    attributes (drawing calls no guard): ``build_machine(machine_cls=GraphMachine,
+    model=types.SimpleNamespace())``; a slotted :class:`RequestTransferState` cannot take the
+    trigger methods ``transitions`` adds. Or draw with :func:`multiconnector.diagram.render`.
     """
     machine_cls = kwargs.pop("machine_cls", Machine)
+    model = kwargs.pop("model", None)
     return machine_cls(  # type: ignore[no-any-return]
-        model=None,
+        model=model,
         states=[s.value for s in STATES],
         initial=INITIAL.value,
         transitions=[dict(t) for t in TRANSITIONS],

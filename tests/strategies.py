@@ -45,3 +45,31 @@ GUARD_SCENARIOS: list[tuple[tuple[str, ...], Any]] = [
     (("a",), "b"),
     (("a",), None),
 ]
+
+
+#: The guard names of generated machines: few, so that guards often overlap or exclude each other.
+GUARD_NAMES = ("g", "h")
+
+
+@st.composite
+def machine_declarations(draw: st.DrawFn, max_states: int = 6) -> dict[str, Any]:
+    """A small random ``transitions`` declaration: states ``s0``.., initial ``s0``, some final
+    (or none), transitions on a few triggers with optional named guards, some internal."""
+    n = draw(st.integers(1, max_states))
+    states = [f"s{i}" for i in range(n)]
+    finals = draw(st.lists(st.sampled_from(states), unique=True, max_size=2))
+    transitions: list[Any] = []
+    for _ in range(draw(st.integers(0, 2 * n + 2))):
+        trigger = draw(st.sampled_from(["a", "b", "c"]))
+        source = draw(st.sampled_from(states))
+        dest = draw(st.one_of(st.sampled_from(states), st.just("="), st.none()))
+        conditions = draw(st.lists(st.sampled_from(GUARD_NAMES), unique=True, max_size=1))
+        unless = draw(st.lists(st.sampled_from(GUARD_NAMES), unique=True, max_size=1))
+        transitions.append(
+            {"trigger": trigger, "source": source, "dest": dest, "conditions": conditions,
+             "unless": unless}
+        )  # fmt: skip
+    declaration: dict[str, Any] = {"states": states, "initial": "s0", "transitions": transitions}
+    if finals or draw(st.booleans()):
+        declaration["final"] = finals
+    return declaration

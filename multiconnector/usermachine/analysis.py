@@ -1,0 +1,559 @@
+"""The check of a machine of your own: its scenarios (free guards, real models), its properties."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Final
+
+import attrs
+from transitions import Machine
+
+from .._explore import (
+    NO_EXCEPTION,
+    NO_TRAP,
+    STATES_REACHED,
+    TRANSITIONS_FIRED,
+    CheckReport,
+    Counterexample,
+    explore,
+)
+from .._validate import shown
+from ..errors import InvalidArgumentError, InvalidMachineError
+from .declaration import Candidate, Declared, load, machine_name, owned_machine, read, resolve
+
+__all__ = [
+    "DEFAULT_MODEL_STATES",
+    "DETERMINISTIC",
+    "FINAL_IS_FINAL",
+    "NO_DEADLOCK",
+    "check_machine",
+    "problems",
+    "validate",
+]
+
+NO_DEADLOCK: Final = "no deadlock"
+DETERMINISTIC: Final = "no overlapping guards"
+FINAL_IS_FINAL: Final = "final states final"
+#: Above this many named conditions in one (state, event) group, a candidate counts as
+#: possible whenever its own guards are consistent (the exact search is 2**n).
+_EXACT_GUARDS: Final = 12
+#: The default bound on distinct states when real models are explored (their data may grow).
+DEFAULT_MODEL_STATES: Final = 100_000
+
+
+# -- the free-guard model ------------------------------------------------------------------------
+
+
+def _possible(group: Sequence[Candidate]) -> list[tuple[Candidate, dict[str, bool]]]:
+    """The candidates that can fire when guards are free, with one assignment that fires each.
+
+    ``transitions`` tries candidates in order and takes the first whose guards hold, so a
+    candidate fires when its guards hold and every earlier candidate's do not.
+    """
+    names = sorted({g for t in group for g in (*t.conditions, *t.unless)})
+    out: list[tuple[Candidate, dict[str, bool]]] = []
+    if len(names) > _EXACT_GUARDS:
+        for t in group:
+            if not set(t.conditions) & set(t.unless):
+                out.append(
+                    (t, {**dict.fromkeys(t.conditions, True), **dict.fromkeys(t.unless, False)})
+                )
+        return out
+
+    def holds(t: Candidate, values: Mapping[str, bool]) -> bool:
+        return all(values[g] for g in t.conditions) and not any(values[g] for g in t.unless)
+
+    for i, t in enumerate(group):
+        for bits in itertools.product((True, False), repeat=len(names)):
+            values = dict(zip(names, bits, strict=True))
+            if holds(t, values) and not any(holds(u, values) for u in group[:i]):
+                own = {g: values[g] for g in (*t.conditions, *t.unless)}
+                out.append((t, own))
+                break
+    return out
+
+
+def _overlap(a: Candidate, b: Candidate) -> bool:
+    """Whether some guard values let both ``a`` and ``b`` fire (a name required by one and
+    refused by the other separates them; the same name required twice does not)."""
+    if set(a.conditions) & set(a.unless) or set(b.conditions) & set(b.unless):
+        return False
+    return not (set(a.conditions) & set(b.unless) or set(a.unless) & set(b.conditions))
+
+
+@attrs.define(slots=True)
+class _FreeModel:
+    """What a user invariant sees without a model factory: only the state."""
+
+    state: str
+
+    def __repr__(self) -> str:
+        return f"<model in state {self.state!r}>"
+
+
+@attrs.define(slots=True, eq=False)
+class _Run:
+    """One explored model: the user's (or a free one), its machine, the last transition fired."""
+
+    model: Any
+    machine: Machine | None
+    attribute: str
+    last: tuple[str, str, str] | None = None
+
+    @property
+    def state(self) -> str:
+        return machine_name(getattr(self.model, self.attribute))
+
+
+#: A bare machine's own attributes, left out of a machine-as-model's snapshot.
+@functools.cache
+def _machine_keys() -> frozenset[str]:
+    return frozenset(vars(Machine(model=None, states=["a"], initial="a")))
+
+
+def _freeze(value: Any) -> Hashable:
+    if isinstance(value, Mapping):
+        return tuple(sorted(((repr(k), _freeze(v)) for k, v in value.items())))
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, set | frozenset):
+        return frozenset(_freeze(v) for v in value)
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value  # type: ignore[no-any-return]
+
+
+def _model_data(model: Any, attribute: str) -> Hashable:
+    """The model's own data: its attributes, less callables, machines and machine internals."""
+    try:
+        items = vars(model).items()
+    except TypeError:
+        return ()
+    skip = _machine_keys() if isinstance(model, Machine) else frozenset()
+    return tuple(
+        sorted(
+            (k, _freeze(v))
+            for k, v in items
+            if k != attribute
+            and k not in skip
+            and not callable(v)
+            and not isinstance(v, Machine)
+            and not k.startswith("__")
+        )
+    )
+
+
+# -- the check -----------------------------------------------------------------------------------
+
+
+def _invariant_list(invariants: Any) -> dict[str, Callable[[Any], object]]:
+    if invariants is None:
+        return {}
+    if isinstance(invariants, Mapping):
+        items = list(invariants.items())
+    elif isinstance(invariants, Iterable) and not isinstance(invariants, str):
+        items = [(getattr(f, "__name__", repr(f)), f) for f in invariants]
+    else:
+        raise InvalidArgumentError(
+            f"invariants={shown(invariants)} must map names to predicates, or list predicates"
+        )
+    out: dict[str, Callable[[Any], object]] = {}
+    for name, fn in items:
+        if not isinstance(name, str) or not name or not callable(fn):
+            raise InvalidArgumentError(
+                f"invariants item {shown(name)}: {shown(fn)} must be a name and a callable"
+            )
+        out[name] = fn
+    return out
+
+
+def _user_check(fn: Callable[[Any], object]) -> Callable[[_Run], object]:
+    """``fn`` over the user's model; an exception it raises is a violation, not a crash."""
+
+    def check(run: _Run) -> object:
+        try:
+            return fn(run.model)
+        except AssertionError:
+            raise
+        except Exception as exc:
+            return f"the invariant raised {type(exc).__name__}: {exc}"
+
+    check.__doc__ = getattr(fn, "__doc__", None)
+    return check
+
+
+def check_machine(
+    machine: Any,
+    *,
+    model: Callable[[], Any] | None = None,
+    free_guards: bool = False,
+    invariants: Mapping[str, Callable[[Any], object]]
+    | Iterable[Callable[[Any], object]]
+    | None = None,
+    snapshot: Callable[[Any], Hashable] | None = None,
+    max_states: int | None = None,
+    max_depth: int | None = None,
+    progress: bool = False,
+    name: str | None = None,
+) -> CheckReport:
+    """Explore a ``transitions`` machine of your own and check it (see the module's doc).
+
+    ``machine`` is a ``transitions.Machine``, a machine class or a factory of machines (or of
+    objects holding one they are a model of), a plain declaration dict (``states``,
+    ``transitions``, ``initial``, ``final``), or a ``"MODULE:ATTR"`` string naming one.
+    ``model`` is a factory of fresh models: guards and callbacks then run for real. A machine
+    class or factory whose machines have a model is its own factory. ``free_guards`` ignores
+    both and treats guards as free choices. ``invariants`` maps names to predicates over the
+    model (or lists predicates, named after them): each returns ``None``/``True`` when it holds,
+    ``False`` or a message when not. ``snapshot(model)`` replaces the default identity of a
+    model's state (its state and its data attributes). ``max_states`` defaults to
+    :data:`DEFAULT_MODEL_STATES` with real models and to no bound with free guards.
+
+    Returns a :class:`~multiconnector.check.CheckReport`; :func:`validate` raises instead.
+
+    .. versionadded:: 0.1.0
+    """
+    label_name = name
+    if isinstance(machine, str):
+        label_name = label_name or machine
+        machine = load(machine, "machine")
+    if not isinstance(free_guards, bool):
+        raise InvalidArgumentError(f"free_guards={shown(free_guards)} must be a bool")
+    if model is not None and not callable(model):
+        raise InvalidArgumentError(f"model={shown(model)} must be a callable making a model")
+    if snapshot is not None and not callable(snapshot):
+        raise InvalidArgumentError(f"snapshot={shown(snapshot)} must be callable")
+    checks = _invariant_list(invariants)
+    built, own_factory = resolve(machine)
+    declared = read(built)
+    factory = None if free_guards else (model if model is not None else own_factory)
+    label_name = label_name or declared.name or getattr(machine, "__qualname__", "") or "a machine"
+    if factory is not None:
+        scenario: _Scenario = _ModelScenario(declared, factory, snapshot, built)
+        guards = "your code: explored on fresh models from " + getattr(
+            factory, "__qualname__", repr(factory)
+        )
+        if max_states is None:
+            max_states = DEFAULT_MODEL_STATES
+    else:
+        scenario = _FreeScenario(declared)
+        guards = "free choices (no model factory): each named guard may be true or false"
+    finals = ", ".join(s for s in declared.states if s in declared.final)
+    if not declared.final_declared:
+        finals = "none declared; taken as the states with no way out: " + (
+            finals or "none, so no trap check"
+        )
+    bounds: dict[str, Any] = {
+        "machine": label_name,
+        "guards": guards,
+        "final states": finals,
+        "max states": max_states if max_states is not None else "unbounded",
+        "max depth": max_depth if max_depth is not None else "unbounded",
+    }
+    if declared.skipped_auto:
+        bounds["auto transitions"] = "to_<state> left out"
+    invariant_checks: dict[str, Callable[[_Run], object]] = {
+        NO_DEADLOCK: scenario.no_deadlock,
+        DETERMINISTIC: _deterministic(declared),
+        FINAL_IS_FINAL: _final_is_final(declared),
+    }
+    for key, fn in checks.items():
+        if key in invariant_checks or key in (
+            NO_EXCEPTION,
+            NO_TRAP,
+            STATES_REACHED,
+            TRANSITIONS_FIRED,
+        ):
+            raise InvalidArgumentError(f"invariants: {key!r} is the name of a built-in property")
+        invariant_checks[key] = _user_check(fn)
+    finals_set = declared.final
+
+    def is_final(run: _Run) -> bool:
+        return run.state in finals_set
+
+    is_final.__doc__ = f"a final state: {', '.join(sorted(finals_set)) or 'none'}"
+    return explore(
+        scenario.initial,
+        scenario.events,
+        scenario.apply,
+        scenario.snapshot,
+        invariant_checks,
+        goal=is_final if finals_set else None,
+        machine=declared.build(),
+        fired=_fired,
+        describe=lambda run: run.state,
+        label=scenario.label,
+        data=scenario.data,
+        annotate=scenario.annotate,
+        max_states=max_states,
+        max_depth=max_depth,
+        progress=progress,
+        bounds=bounds,
+        title=f"multiconnector check: the machine {label_name}",
+    )
+
+
+def _fired(run: _Run) -> list[tuple[str, str, str]]:
+    return [run.last] if run.last is not None else []
+
+
+def _deterministic(declared: Declared) -> Callable[[_Run], object]:
+    """Per state: the pairs of transitions one event could take at once."""
+    clashes: dict[str, list[str]] = {}
+    for trigger in declared.triggers:
+        for source in declared.states:
+            group = declared.candidates(source, trigger)
+            for a, b in itertools.combinations(group, 2):
+                if a.dest != b.dest and _overlap(a, b):
+                    clashes.setdefault(source, []).append(
+                        f"{trigger!r} in {source!r} can take both -> {a.dest}"
+                        + (f" [{a.guard_text}]" if a.guard_text else "")
+                        + f" and -> {b.dest}"
+                        + (f" [{b.guard_text}]" if b.guard_text else "")
+                        + " (transitions takes the first)"
+                    )
+
+    def no_overlapping_guards(run: _Run) -> object:
+        """no event has two transitions, to different states, whose guards can hold at once"""
+        found = clashes.get(run.state)
+        return "; ".join(found) if found else None
+
+    return no_overlapping_guards
+
+
+def _final_is_final(declared: Declared) -> Callable[[_Run], object]:
+    leaving: dict[str, list[str]] = {}
+    for t in declared.transitions:
+        if t.source in declared.final and declared.final_declared:
+            leaving.setdefault(t.source, []).append(f"{t.trigger} -> {t.dest}")
+
+    def final_states_final(run: _Run) -> object:
+        """no transition leaves a final state"""
+        found = leaving.get(run.state)
+        return (
+            f"final state {run.state!r} has transitions out: {', '.join(found)}" if found else None
+        )
+
+    return final_states_final
+
+
+class _Scenario:
+    declared: Declared
+
+    def initial(self) -> _Run:
+        raise NotImplementedError
+
+    def events(self, run: _Run) -> list[Any]:
+        raise NotImplementedError
+
+    def apply(self, run: _Run, event: Any) -> None:
+        raise NotImplementedError
+
+    def snapshot(self, run: _Run) -> Hashable:
+        raise NotImplementedError
+
+    def no_deadlock(self, run: _Run) -> object:
+        raise NotImplementedError
+
+    def label(self, event: Any) -> str:
+        raise NotImplementedError
+
+    def data(self, event: Any) -> Any:
+        raise NotImplementedError
+
+    def annotate(self, run: _Run) -> Mapping[str, Any]:
+        return {}
+
+
+class _FreeScenario(_Scenario):
+    """Guards are free choices; the state is the whole model."""
+
+    def __init__(self, declared: Declared) -> None:
+        self.declared = declared
+        #: state -> [(trigger, candidate index in its group, dest, own guard values)]
+        self.moves: dict[str, list[tuple[str, int, str, dict[str, bool]]]] = {}
+        for source in declared.states:
+            moves = self.moves.setdefault(source, [])
+            for trigger in declared.triggers:
+                group = declared.candidates(source, trigger)
+                for t, values in _possible(group):
+                    moves.append((trigger, group.index(t), t.dest, values))
+
+    def initial(self) -> _Run:
+        return _Run(_FreeModel(self.declared.initial), None, "state")
+
+    def events(self, run: _Run) -> list[Any]:
+        source = run.state
+        return [(source, trigger, i) for trigger, i, _, _ in self.moves[source]]
+
+    def apply(self, run: _Run, event: Any) -> None:
+        source, trigger, index = event
+        t = self.declared.candidates(source, trigger)[index]
+        run.model.state = t.dest
+        run.last = t.triple
+
+    def snapshot(self, run: _Run) -> Hashable:
+        return run.state
+
+    def no_deadlock(self, run: _Run) -> object:
+        """every reachable state that is not final has an event that can fire"""
+        if run.state in self.declared.final or self.moves[run.state]:
+            return None
+        return f"no event can fire in {run.state!r}, which is not final"
+
+    def _move(self, event: Any) -> tuple[Candidate, dict[str, bool]]:
+        source, trigger, index = event
+        t = self.declared.candidates(source, trigger)[index]
+        values = next(v for tr, i, _, v in self.moves[source] if tr == trigger and i == index)
+        return t, values
+
+    def label(self, event: Any) -> str:
+        t, values = self._move(event)
+        guards = ", ".join(g if v else f"!{g}" for g, v in values.items())
+        return f"{t.trigger} [{guards}]" if guards else t.trigger
+
+    def data(self, event: Any) -> Any:
+        t, values = self._move(event)
+        return {"trigger": t.trigger, "source": t.source, "dest": t.dest, "guards": values}
+
+
+class _ModelScenario(_Scenario):
+    """Fresh models from the user's factory; guards and callbacks run for real."""
+
+    def __init__(
+        self,
+        declared: Declared,
+        factory: Callable[[], Any],
+        snapshot: Callable[[Any], Hashable] | None,
+        machine: Machine,
+    ) -> None:
+        self.declared = declared
+        self.factory = factory
+        self.user_snapshot = snapshot
+        # Plain models are attached to the given machine (callbacks included), one at a time.
+        self.shared = machine
+        self.previous: Any = None
+        self.autos = frozenset(f"to_{s}" for s in declared.states)
+
+    def initial(self) -> _Run:
+        made = self.factory()
+        machine = owned_machine(made)
+        model = made
+        if machine is not None and made is machine:
+            model = machine.models[0] if machine.models else None
+            if model is None:
+                raise InvalidArgumentError(
+                    f"model={shown(self.factory)} made a machine with no model attached"
+                )
+        if machine is None:
+            if self.previous is not None:
+                self.shared.remove_model(self.previous)
+            self.shared.add_model(made)
+            self.previous = made
+            machine = self.shared
+        attribute = str(getattr(machine, "model_attribute", "state"))
+        return _Run(model, machine, attribute)
+
+    def events(self, run: _Run) -> list[Any]:
+        assert run.machine is not None
+        declared = {t.trigger for t in self.declared.transitions if t.source == run.state}
+        return [t for t in run.machine.events if t in declared]
+
+    def apply(self, run: _Run, event: Any) -> None:
+        assert run.machine is not None
+        source = run.state
+        run.last = None
+        if run.machine.events[event].trigger(run.model):
+            run.last = (source, str(event), run.state)
+
+    def snapshot(self, run: _Run) -> Hashable:
+        if self.user_snapshot is not None:
+            return (run.state, self.user_snapshot(run.model))
+        return (run.state, _model_data(run.model, run.attribute))
+
+    def no_deadlock(self, run: _Run) -> object:
+        """every reachable state that is not final has an event that can fire"""
+        if run.state in self.declared.final:
+            return None
+        for trigger in self.events(run):
+            may = getattr(run.model, f"may_{trigger}", None)
+            if may is None or may():
+                return None
+        return f"no event can fire in {run.state!r}, which is not final"
+
+    def label(self, event: Any) -> str:
+        return str(event)
+
+    def data(self, event: Any) -> Any:
+        return str(event)
+
+    def annotate(self, run: _Run) -> Mapping[str, Any]:
+        return {"model": repr(_model_data(run.model, run.attribute))}
+
+
+# -- validation ----------------------------------------------------------------------------------
+
+
+def problems(report: CheckReport) -> list[str]:
+    """One line per failed property of ``report``, with its shortest trace."""
+    out: list[str] = []
+    for p in report.failures:
+        line = f"{p.name}: {p.message}"
+        trace = p.counterexample
+        if trace is not None:
+            line += f" (shortest trace from {trace.initial}: {_trace_text(trace)})"
+        out.append(line)
+    return out
+
+
+def _trace_text(trace: Counterexample) -> str:
+    if not trace.steps:
+        return "the initial state"
+    return ", ".join(f"{s.event} -> {s.state}" for s in trace.steps)
+
+
+def validate(
+    machine: Any,
+    *,
+    model: Callable[[], Any] | None = None,
+    free_guards: bool = False,
+    invariants: Mapping[str, Callable[[Any], object]]
+    | Iterable[Callable[[Any], object]]
+    | None = None,
+    max_states: int | None = None,
+    max_depth: int | None = None,
+) -> CheckReport:
+    """Check ``machine`` (as :func:`check_machine` does) and raise if anything is wrong.
+
+    Meant for import time or a test. Raises :class:`~multiconnector.errors.InvalidMachineError`
+    listing every problem: each failed property with its shortest trace, or every reason a plain
+    declaration cannot be built. Returns the passing report.
+
+    >>> validate({"states": ["a", "b"], "initial": "a", "final": ["b"],
+    ...           "transitions": [["go", "a", "b"]]}).ok
+    True
+    >>> validate({"states": ["a", "b", "c"], "initial": "a", "final": ["b"],
+    ...           "transitions": [["go", "a", "b"], ["stop", "b", "a"]]})
+    Traceback (most recent call last):
+    ...
+    multiconnector.errors.InvalidMachineError: 2 problems in the machine:
+      - final states final: final state 'b' has transitions out: stop -> a (shortest trace ...
+      - states reached: never entered: c
+
+    .. versionadded:: 0.1.0
+    """
+    report = check_machine(
+        machine,
+        model=model,
+        free_guards=free_guards,
+        invariants=invariants,
+        max_states=max_states,
+        max_depth=max_depth,
+    )
+    if not report.ok:
+        raise InvalidMachineError(problems(report), report)
+    return report

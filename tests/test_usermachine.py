@@ -1,0 +1,316 @@
+"""`check --machine` / `diagram --machine`: a machine of your own, from the command line and API."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transitions import Machine
+from transitions.extensions import GraphMachine
+
+from multiconnector.check import validate
+from multiconnector.cli import main
+from multiconnector.errors import InvalidArgumentError, InvalidMachineError
+from multiconnector.machine import build_machine
+from multiconnector.usermachine import (
+    DETERMINISTIC,
+    FINAL_IS_FINAL,
+    NO_DEADLOCK,
+    NO_EXCEPTION,
+    NO_TRAP,
+    STATES_REACHED,
+    TRANSITIONS_FIRED,
+    check_machine,
+    draw,
+)
+from tests.browser import mermaid_blocks
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+
+@pytest.fixture(autouse=True)
+def _docs_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(DOCS))
+
+
+def test_cli_finds_the_planted_trap_with_its_shortest_trace(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["check", "--machine", "docs_example:OrderFlow", "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  no trap" in out
+    trace = re.search(r"FAIL  no trap.*?shortest trace \((\d+) events\)(.*?)\n  PASS", out, re.S)
+    assert trace is not None
+    assert trace.group(1) == "3"
+    assert re.findall(r"\d\. (\w+)", trace.group(2)) == ["place", "pay", "hold"]
+    assert "result: FAIL (1 property)" in out
+
+
+def test_cli_passes_the_fixed_machine(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--machine", "docs_example:FixedOrderFlow", "--no-progress"]) == 0
+    assert "result: PASS" in capsys.readouterr().out
+
+
+def test_json_report_and_its_trace_drawn(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "r.json"
+    argv = ["check", "--machine", "docs_example:OrderFlow", "--no-progress", "--json", str(report)]
+    assert main(argv) == 1
+    data = json.loads(report.read_text())
+    assert data["ok"] is False
+    trap = next(p for p in data["properties"] if p["name"] == NO_TRAP)
+    assert [s["state"] for s in trap["counterexample"]["steps"]] == ["placed", "paid", "held"]
+    for fmt in ("mermaid", "dot", "md"):
+        assert (
+            main(
+                [
+                    "diagram",
+                    "--machine",
+                    "docs_example:OrderFlow",
+                    "--path",
+                    str(report),
+                    "--format",
+                    fmt,
+                ]
+            )
+            == 0
+        )
+        text = capsys.readouterr().out
+        assert "(step 3)" in text or "step 3" in text, fmt
+    assert (
+        main(
+            [
+                "diagram",
+                "--machine",
+                "docs_example:OrderFlow",
+                "--format",
+                "mermaid",
+                "--state",
+                "held",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "Class held s_final" in out and "Class paid s_default" in out
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is missing")
+def test_svg_of_a_path() -> None:
+    report = check_machine("docs_example:OrderFlow")
+    svg = draw("docs_example:OrderFlow", path=report.result(NO_TRAP).counterexample).svg()
+    assert svg.lstrip().startswith("<?xml") and "hold (step 3)" in svg
+    bundle = draw("docs_example:OrderFlow")._repr_mimebundle_()
+    assert set(bundle) == {"image/svg+xml", "text/markdown", "text/plain"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["check", "--machine", "nosuchmodule:X"], r"no module named 'nosuchmodule'"),
+        (["check", "--machine", "docs_example"], r"must be MODULE:ATTR"),
+        (["check", "--machine", "docs_example:Nope"], r"has no attribute 'Nope'"),
+        (["check", "--machine", "docs_example:OrderFlow", "--requests", "3"], r"--requests"),
+        (["check", "--invariant", "docs_example:OrderFlow"], r"need --machine"),
+        (["diagram", "--machine", "docs_example:OrderFlow", "--state", "x"], r"state='x'"),
+        (["diagram", "--state", "held"], r"--state needs --machine"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err), err
+    assert "Traceback" not in err
+
+
+def _machine(transitions: list[Any], **extra: Any) -> dict[str, Any]:
+    return {
+        "states": ["a", "b", "c", "z"],
+        "initial": "a",
+        "final": ["z"],
+        "transitions": transitions,
+        **extra,
+    }
+
+
+@pytest.mark.parametrize(
+    ("decl", "prop", "message"),
+    [
+        (_machine([["go", "a", "z"]]), STATES_REACHED, "never entered: b, c"),
+        (
+            _machine([["go", "a", "b"], ["go", "a", "c"], ["on", "b", "z"], ["on", "c", "z"]]),
+            TRANSITIONS_FIRED,
+            "never fired: a --go--> c",
+        ),
+        (
+            _machine(
+                [
+                    {"trigger": "go", "source": "a", "dest": "b", "conditions": "x"},
+                    {"trigger": "go", "source": "a", "dest": "c", "conditions": "y"},
+                    ["on", ["b", "c"], "z"],
+                ]
+            ),
+            DETERMINISTIC,
+            "'go' in 'a' can take both -> b [x] and -> c [y]",
+        ),
+        (
+            _machine([["go", "a", "b"], ["on", "b", "z"], ["back", "z", "c"], ["on", "c", "z"]]),
+            FINAL_IS_FINAL,
+            "final state 'z' has transitions out: back -> c",
+        ),
+        (_machine([["go", "a", "b"], ["go", "a", "z"]]), NO_DEADLOCK, "no event can fire in 'b'"),
+        (
+            _machine([["go", "a", "b"], ["on", "b", "c"], ["on", "c", "b"], ["end", "a", "z"]]),
+            NO_TRAP,
+            "no sequence of events leads",
+        ),
+    ],
+)
+def test_each_property_catches_its_problem(decl: dict[str, Any], prop: str, message: str) -> None:
+    report = check_machine(decl)
+    result = report.result(prop)
+    assert not result.passed
+    assert message in result.message
+    with pytest.raises(InvalidMachineError) as caught:
+        validate(decl)
+    assert any(p.startswith(f"{prop}: ") for p in caught.value.problems)
+
+
+def test_guards_told_apart_are_not_overlapping() -> None:
+    decl = _machine(
+        [
+            {"trigger": "go", "source": "a", "dest": "b", "conditions": "x"},
+            {"trigger": "go", "source": "a", "dest": "c", "unless": "x"},
+            ["on", ["b", "c"], "z"],
+        ]
+    )
+    assert validate(decl).ok
+
+
+def test_declaration_problems_are_all_listed() -> None:
+    with pytest.raises(InvalidMachineError) as caught:
+        validate(
+            {
+                "states": ["a", "a"],
+                "initial": "q",
+                "final": ["w"],
+                "transitions": [["go", "a", "nowhere"]],
+                "colour": 1,
+            }
+        )
+    text = "\n".join(caught.value.problems)
+    for part in (
+        "unknown keys ['colour']",
+        "'a' is declared more than once",
+        "initial state 'q'",
+        "final state 'w'",
+        "dest 'nowhere'",
+    ):
+        assert part in text
+
+
+class Account(Machine):  # type: ignore[misc]
+    """Guards and callbacks that read and write model data."""
+
+    def __init__(self) -> None:
+        self.balance = 0
+        super().__init__(
+            states=["open", {"name": "closed", "final": True}],
+            initial="open",
+            transitions=[
+                {
+                    "trigger": "deposit",
+                    "source": "open",
+                    "dest": None,
+                    "conditions": "small",
+                    "after": "add",
+                },
+                {"trigger": "close", "source": "open", "dest": "closed", "conditions": "empty"},
+            ],
+        )
+
+    def small(self) -> bool:
+        return self.balance < 3
+
+    def add(self) -> None:
+        self.balance += 1
+
+    def empty(self) -> bool:
+        return self.balance == 0
+
+
+def under_two(model: Any) -> bool:
+    """the balance stays under two"""
+    return bool(model.balance < 2)
+
+
+def test_a_machine_class_is_explored_with_its_own_models() -> None:
+    report = check_machine(Account, invariants=[under_two])
+    assert "your code" in report.bounds["guards"]
+    assert report.distinct_states == 5  # balance 0..3 open, and closed
+    deadlock = report.result(NO_DEADLOCK)
+    assert not deadlock.passed and deadlock.counterexample is not None
+    assert [s.event for s in deadlock.counterexample.steps] == ["deposit"] * 3
+    broken = report.result("under_two")
+    assert not broken.passed and broken.description == "the balance stays under two"
+    free = check_machine(Account, free_guards=True)
+    assert free.ok and "free choices" in free.bounds["guards"]
+
+
+def test_an_exception_in_a_callback_is_a_violation() -> None:
+    class Boom:
+        def explode(self) -> None:
+            raise ValueError("boom")
+
+    decl = {
+        "states": ["a", "z"],
+        "initial": "a",
+        "final": ["z"],
+        "transitions": [{"trigger": "go", "source": "a", "dest": "z", "after": "explode"}],
+    }
+    report = check_machine(decl, model=Boom)
+    assert report.result(NO_EXCEPTION).message == "ValueError: boom"
+
+
+def test_bad_api_arguments_are_typed() -> None:
+    with pytest.raises(InvalidArgumentError, match="machine=42"):
+        check_machine(42)
+    with pytest.raises(InvalidArgumentError, match="free_guards="):
+        check_machine(_machine([]), free_guards="yes")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="built-in property"):
+        check_machine(_machine([]), invariants={NO_TRAP: under_two})
+
+
+def test_build_machine_draws_once_a_model_is_attached() -> None:
+    """A GraphMachine with no model has no graph (transitions' get_graph reads models[0])."""
+    with pytest.raises(IndexError):
+        build_machine(machine_cls=GraphMachine, graph_engine="mermaid").get_graph()
+    machine = build_machine(
+        machine_cls=GraphMachine, graph_engine="mermaid", model=types.SimpleNamespace()
+    )
+    assert "pending --> finishing" in machine.get_graph().source
+
+
+def test_the_docs_page_shows_the_current_machine_and_diagram() -> None:
+    page = (DOCS / "usermachine.md").read_text(encoding="utf-8")
+    source = (DOCS / "docs_example.py").read_text(encoding="utf-8")
+    flow = re.search(r"^OrderFlow = \{.*?^\}\n", source, re.S | re.M)
+    assert flow is not None and f"```python\n{flow.group(0)}```" in page
+    fixed = re.search(r"^FixedOrderFlow = \{.*?^\}\n", source, re.S | re.M)
+    assert fixed is not None and f"```python\n{fixed.group(0)}```" in page
+    report = check_machine("docs_example:OrderFlow")
+    drawn = draw(
+        "docs_example:OrderFlow",
+        path=report.result(NO_TRAP).counterexample,
+        title="docs_example:OrderFlow: a path",
+    )
+    assert mermaid_blocks(page) == [drawn.mermaid()]
