@@ -61,17 +61,21 @@ def script(**answers: Any) -> Script:
 
 
 def child(name: str | None, made: Script, **config: Any) -> dict[str, Any]:
-    """A child entry for ``kv_connector_extra_config['connectors']`` (no name: vLLM's form)."""
-    entry: dict[str, Any] = {
+    """A child entry for ``kv_connector_extra_config['connectors']``, named ``name``.
+
+    The name goes where vLLM's own config checks accept it, in the child's own extra config;
+    vLLM's ``MultiConnector`` passes it on to the child, which ignores it.
+    """
+    extra: dict[str, Any] = {"script": made.label}
+    if name is not None:
+        extra["multiconnector_name"] = name
+    return {
         "kv_connector": "ScriptedConnector",
         "kv_connector_module_path": MODULE,
         "kv_role": "kv_both",
-        "kv_connector_extra_config": {"script": made.label},
+        "kv_connector_extra_config": extra,
         **config,
     }
-    if name is not None:
-        entry["name"] = name
-    return entry
 
 
 @dataclass

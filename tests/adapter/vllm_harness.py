@@ -35,7 +35,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 BLOCK = 16
 EOS = 2
-OURS = ("NamedMultiConnector", "multiconnector.vllm")
+OURS = ("MultiConnector", "multiconnector.vllm")
 THEIRS = ("MultiConnector", None)
 
 TINY_OPT = {
@@ -70,8 +70,6 @@ def make_config(
 ) -> VllmConfig:
     """A VllmConfig whose connector is ours or vLLM's MultiConnector over ``children``."""
     connector, module = OURS if ours else THEIRS
-    if not ours:  # vLLM's own reads each child as a KVTransferConfig: no 'name' key
-        children = [{k: v for k, v in c.items() if k != "name"} for c in children]
     return VllmConfig(
         model_config=ModelConfig(model=str(model), skip_tokenizer_init=True),
         scheduler_config=SchedulerConfig(
