@@ -49,8 +49,8 @@ from multiconnector import (  # noqa: E402
 from multiconnector.vllm import (  # noqa: E402
     ChildStartError,
     MetadataMismatchError,
-    NamedHandshakeMetadata,
     MultiConnector,
+    NamedHandshakeMetadata,
     NamedMultiConnectorMetadata,
     NamedMultiConnectorStats,
     NamedMultiConnectorWorkerMetadata,
