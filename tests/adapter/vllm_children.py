@@ -37,6 +37,7 @@ class Script:
     params: dict[str, Any] | None = None
     stats: int | None = None
     tail: bool = False
+    groups: tuple[int, ...] = (0,)
     handshake: str | None = None
     init_error: Exception | None = None
     shutdown_error: Exception | None = None
@@ -135,6 +136,9 @@ class ScriptedConnector(KVConnectorBase_V1):
         self._call("get_num_new_matched_tokens", request.request_id, num_computed_tokens)
         tokens = self.script.tokens
         return tokens, bool(tokens) and self.script.load_async
+
+    def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
+        return self.script.groups
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         self._call("update_state_after_alloc", request.request_id, num_external_tokens)
