@@ -218,3 +218,17 @@ def test_vllms_multiconnector_api_is_ours_too() -> None:
         theirs = inspect.getattr_static(VllmMultiConnector, name)
         ours = inspect.getattr_static(MultiConnector, name)
         assert type(ours) is type(theirs), name
+
+
+def test_the_migration_example_in_the_docs_is_vllms_plus_one_line(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page = (Path(__file__).parents[2] / "docs" / "vllm.md").read_text(encoding="utf-8")
+    block = page.split("```json\n", 1)[1].split("```", 1)[0]
+    documented = json.loads(block)
+    assert documented == {**json.loads(VLLM_DOCS_CONFIG), **ONE_LINE}
+    monkeypatch.chdir(tmp_path)
+    config = make_config(model, [])
+    config.kv_transfer_config = KVTransferConfig(**documented)
+    built = make_connector(config, KVConnectorRole.SCHEDULER)
+    assert type(built) is MultiConnector
