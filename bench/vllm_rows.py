@@ -1,5 +1,5 @@
 """Issue 9's rows: one workload through the real vLLM ``MultiConnector``, our vLLM adapter
-(``multiconnector.vllm.NamedMultiConnector``) and our core ``MultiConnector``.
+(``multiconnector.vllm.MultiConnector``) and our core ``MultiConnector``.
 
 The workload, per scheduler step of ``batch`` requests, with three trivial children
 (:mod:`trivial_children`): the scheduler-side ``request_finished`` of every request,
@@ -37,11 +37,10 @@ logging.getLogger("vllm").setLevel(logging.ERROR)  # one warning per child built
 
 CHILDREN = [
     {
-        "name": key,
         "kv_connector": "TrivialChild",
         "kv_connector_module_path": "trivial_children",
         "kv_role": "kv_both",
-        "kv_connector_extra_config": {"key": key},
+        "kv_connector_extra_config": {"key": key, "multiconnector_name": key},
     }
     for key in NAMES
 ]
@@ -49,13 +48,12 @@ CHILDREN = [
 
 def config(ours: bool) -> VllmConfig:
     """vLLM's ``MultiConnector`` or our adapter over the three children, as a server sets it."""
-    children = CHILDREN if ours else [{k: v for k, v in c.items() if k != "name"} for c in CHILDREN]
     return VllmConfig(
         kv_transfer_config=KVTransferConfig(
-            kv_connector="NamedMultiConnector" if ours else "MultiConnector",
+            kv_connector="MultiConnector",
             kv_connector_module_path="multiconnector.vllm" if ours else None,
             kv_role="kv_both",
-            kv_connector_extra_config={"connectors": children},
+            kv_connector_extra_config={"connectors": CHILDREN},
         ),
         device_config=DeviceConfig("cpu"),
     )

@@ -49,8 +49,8 @@ from multiconnector import (  # noqa: E402
 from multiconnector.vllm import (  # noqa: E402
     ChildStartError,
     MetadataMismatchError,
+    MultiConnector,
     NamedHandshakeMetadata,
-    NamedMultiConnector,
     NamedMultiConnectorMetadata,
     NamedMultiConnectorStats,
     NamedMultiConnectorWorkerMetadata,
@@ -62,13 +62,11 @@ from multiconnector.vllm import (  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
-#: Public members of vLLM's base class that NamedMultiConnector inherits on purpose.
-INHERITED = {
-    "role": "a property of the base's own state, set by the base constructor",
-    "has_connector_metadata": (
-        "reads the base's own slot, which bind_connector_metadata sets through super()"
-    ),
-}
+
+def named(name: Any, kv_connector: str) -> dict[str, Any]:
+    """A child config; ``name`` (unless ``None``) where vLLM's checks accept it."""
+    extra = {} if name is None else {"multiconnector_name": name}
+    return {"kv_connector": kv_connector, "kv_role": "kv_both", "kv_connector_extra_config": extra}
 
 
 def connector(model: Path, role: KVConnectorRole, **scripts: Any) -> Any:
@@ -88,23 +86,15 @@ def metadata(w: Any, **plan: Any) -> NamedMultiConnectorMetadata:
 # -- the whole base API ------------------------------------------------------------------------
 
 
-def test_every_public_base_method_is_overridden_or_consciously_inherited() -> None:
-    public = {name for name in dir(KVConnectorBase_V1) if not name.startswith("_")}
-    overridden = {name for name in public if name in vars(NamedMultiConnector)}
-    assert public - overridden == set(INHERITED), "decide about each new base method"
-    for name in INHERITED:
-        assert name not in vars(NamedMultiConnector)
-
-
 def test_overrides_keep_the_base_signatures() -> None:
-    for name in vars(NamedMultiConnector):
+    for name in vars(MultiConnector):
         base = inspect.getattr_static(KVConnectorBase_V1, name, None)
         if name.startswith("_") or not callable(base) or isinstance(base, property):
             continue
-        ours = inspect.getattr_static(NamedMultiConnector, name)
+        ours = inspect.getattr_static(MultiConnector, name)
         assert type(ours) is type(base), name  # classmethods stay classmethods
         params = list(inspect.signature(getattr(KVConnectorBase_V1, name)).parameters)
-        assert list(inspect.signature(getattr(NamedMultiConnector, name)).parameters) == params
+        assert list(inspect.signature(getattr(MultiConnector, name)).parameters) == params
 
 
 # -- configuration -----------------------------------------------------------------------------
@@ -116,24 +106,38 @@ def test_overrides_keep_the_base_signatures() -> None:
         ({}, InvalidArgumentError, "must be a non-empty list"),
         ({"connectors": []}, InvalidArgumentError, "must be a non-empty list"),
         ({"connectors": ["ExampleConnector"]}, InvalidArgumentError, "must be a mapping"),
-        ({"connectors": [{"kv_connector": "ExampleConnector"}]}, InvalidNameError, "'name'"),
-        ({"connectors": [{"name": "", "kv_connector": "X"}]}, InvalidNameError, "non-empty"),
-        ({"connectors": [{"name": 3, "kv_connector": "X"}]}, InvalidNameError, "int"),
-        ({"connectors": [{"name": "a"}]}, InvalidArgumentError, "kv_connector"),
         (
-            {"connectors": [{"name": "a", "kv_connector": "X", "colour": "red"}]},
+            {"connectors": [{"kv_connector": "X", "kv_role": "kv_both", "name": "a"}]},
+            InvalidArgumentError,
+            r"\['name'\]='a': a child's name goes in its own kv_connector_extra_config",
+        ),
+        ({"connectors": [named("", "X")]}, InvalidNameError, "non-empty"),
+        ({"connectors": [named(3, "X")]}, InvalidNameError, "int"),
+        ({"connectors": [{"kv_role": "kv_both"}]}, InvalidArgumentError, "kv_connector"),
+        (
+            {"connectors": [{"kv_connector": "X", "kv_connector_extra_config": "z"}]},
+            InvalidArgumentError,
+            "must be a mapping",
+        ),
+        (
+            {"connectors": [{"kv_connector": "X", "kv_role": "kv_both", "colour": "red"}]},
             InvalidArgumentError,
             "not a valid KVTransferConfig",
         ),
         (
-            {
-                "connectors": [
-                    {"name": "a", "kv_connector": "X"},
-                    {"name": "a", "kv_connector": "Y"},
-                ]
-            },
+            {"connectors": [{"kv_connector": "X"}]},
+            InvalidArgumentError,
+            "specify kv_role",
+        ),
+        (
+            {"connectors": [named("a", "X"), named("a", "Y")]},
             DuplicateConnectorError,
             "unique",
+        ),
+        (  # an explicit name that takes a default one
+            {"connectors": [named("X#2", "Y"), named(None, "X"), named(None, "X")]},
+            DuplicateConnectorError,
+            r"name 'X#2' is already taken by kv_connector_extra_config\['connectors'\]\[0\]",
         ),
     ],
 )
@@ -144,22 +148,30 @@ def test_bad_children_are_rejected_with_a_clear_message(
         child_specs(extra)
 
 
+def test_children_are_named_after_their_class_unless_named() -> None:
+    specs = child_specs(
+        {"connectors": [named(None, "A"), named("mine", "A"), named(None, "B"), named(None, "A")]}
+    )
+    assert [s.name for s in specs] == ["A", "mine", "B", "A#3"]
+    # The name key is ours: the child is built without it.
+    assert specs[1].config.kv_connector_extra_config == {}
+
+
 def test_a_bad_child_starts_nothing(model: Path) -> None:
     a = script()
-    config = make_config(model, [child("a", a), {"name": "a", "kv_connector": "X"}])
+    config = make_config(model, [child("a", a), named("a", "X")])
     with pytest.raises(DuplicateConnectorError):
         make_connector(config, KVConnectorRole.SCHEDULER)
     assert a.instances == []
 
 
-def test_children_take_the_parents_role_and_engine_id() -> None:
-    (spec,) = child_specs(
-        {"connectors": [{"name": "a", "kv_connector": "ExampleConnector"}]},
-        kv_role="kv_consumer",
-        engine_id="engine-7",
+def test_children_take_the_parents_engine_id_unless_set() -> None:
+    mine = {**named(None, "ExampleConnector"), "engine_id": "own"}
+    first, second = child_specs(
+        {"connectors": [named(None, "ExampleConnector"), mine]}, engine_id="engine-7"
     )
-    assert spec.config.kv_role == "kv_consumer"
-    assert spec.config.engine_id == "engine-7"
+    assert first.config.engine_id == "engine-7"
+    assert second.config.engine_id == "own"
 
 
 def test_a_failed_constructor_names_the_child_and_reports_shutdown_failures(
@@ -183,15 +195,15 @@ def test_a_failed_constructor_names_the_child_and_reports_shutdown_failures(
 
 def test_class_level_queries_ask_every_child(model: Path, tmp_path: Path) -> None:
     example = {
-        "name": "disk",
         "kv_connector": "ExampleConnector",
+        "kv_role": "kv_both",
         "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
     }
     config = make_config(model, [example, child("a", script())])
     extra = config.kv_transfer_config.kv_connector_extra_config
-    assert NamedMultiConnector.requires_piecewise_for_cudagraph(extra) is False
-    assert NamedMultiConnector.supports_sleep_mode(config.kv_transfer_config) is True
-    assert NamedMultiConnector.get_required_kvcache_layout(config) is None
+    assert MultiConnector.requires_piecewise_for_cudagraph(extra) is False
+    assert MultiConnector.supports_sleep_mode(config.kv_transfer_config) is True
+    assert MultiConnector.get_required_kvcache_layout(config) is None
 
 
 # -- metadata across processes -----------------------------------------------------------------
@@ -431,7 +443,7 @@ def test_stats_are_keyed_by_name_and_rebuilt_from_their_payload(model: Path) -> 
     assert isinstance(stats, NamedMultiConnectorStats)
     assert stats.reduce() == {"a.count": 1, "b.count": 2}
     payload = json.loads(json.dumps(stats.to_dict()))  # crosses to the front end
-    rebuilt = NamedMultiConnector.build_kv_connector_stats(payload)
+    rebuilt = MultiConnector.build_kv_connector_stats(payload)
     assert rebuilt.reduce() == {"a.count": 1, "b.count": 2}
     assert isinstance(rebuilt.data["a"], ScriptedStats)
     rebuilt.aggregate(stats)
@@ -439,9 +451,9 @@ def test_stats_are_keyed_by_name_and_rebuilt_from_their_payload(model: Path) -> 
     assert not rebuilt.is_empty()
     rebuilt.reset()
     assert rebuilt.is_empty()
-    assert NamedMultiConnector.build_kv_connector_stats() == NamedMultiConnectorStats()
+    assert MultiConnector.build_kv_connector_stats() == NamedMultiConnectorStats()
     with pytest.raises(InvalidArgumentError, match="'a'"):
-        NamedMultiConnector.build_kv_connector_stats({"a": {"count": 1}})
+        MultiConnector.build_kv_connector_stats({"a": {"count": 1}})
 
 
 def test_no_child_with_stats_means_no_stats(model: Path) -> None:
@@ -450,7 +462,7 @@ def test_no_child_with_stats_means_no_stats(model: Path) -> None:
 
 def test_prometheus_metrics_are_routed_by_name(model: Path) -> None:
     config = make_config(model, [child("a", script())])
-    metrics = NamedMultiConnector.build_prom_metrics(
+    metrics = MultiConnector.build_prom_metrics(
         config, {Gauge: Gauge, Counter: Counter, Histogram: Histogram}, ["engine"], {0: ["0"]}
     )
     assert isinstance(metrics, NamedPromMetrics)

@@ -19,24 +19,26 @@ from vllm_children import ScriptedMetadata, child, script  # noqa: E402
 from vllm_harness import BLOCK, Engine, make_config, make_request  # noqa: E402
 
 from multiconnector import KeyClashError, Outcome, State  # noqa: E402
-from multiconnector.vllm import NamedMultiConnector, NamedMultiConnectorMetadata  # noqa: E402
+from multiconnector.vllm import MultiConnector, NamedMultiConnectorMetadata  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
 
 def example(name: str, storage: Path) -> dict[str, object]:
     return {
-        "name": name,
         "kv_connector": "ExampleConnector",
         "kv_role": "kv_both",
-        "kv_connector_extra_config": {"shared_storage_path": str(storage)},
+        "kv_connector_extra_config": {
+            "shared_storage_path": str(storage),
+            "multiconnector_name": name,
+        },
     }
 
 
 def test_vllm_loads_it_by_module_path(model: Path, tmp_path: Path) -> None:
     engine = Engine(make_config(model, [example("disk", tmp_path), child("pd", script())]))
-    assert isinstance(engine.connector, NamedMultiConnector)
-    assert isinstance(engine.worker, NamedMultiConnector)
+    assert isinstance(engine.connector, MultiConnector)
+    assert isinstance(engine.worker, MultiConnector)
     assert list(engine.connector.children) == ["disk", "pd"]
     assert isinstance(engine.connector.children["disk"], ExampleConnector)
 

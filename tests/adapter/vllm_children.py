@@ -37,6 +37,7 @@ class Script:
     params: dict[str, Any] | None = None
     stats: int | None = None
     tail: bool = False
+    groups: tuple[int, ...] = (0,)
     handshake: str | None = None
     init_error: Exception | None = None
     shutdown_error: Exception | None = None
@@ -61,17 +62,21 @@ def script(**answers: Any) -> Script:
 
 
 def child(name: str | None, made: Script, **config: Any) -> dict[str, Any]:
-    """A child entry for ``kv_connector_extra_config['connectors']`` (no name: vLLM's form)."""
-    entry: dict[str, Any] = {
+    """A child entry for ``kv_connector_extra_config['connectors']``, named ``name``.
+
+    The name goes where vLLM's own config checks accept it, in the child's own extra config;
+    vLLM's ``MultiConnector`` passes it on to the child, which ignores it.
+    """
+    extra: dict[str, Any] = {"script": made.label}
+    if name is not None:
+        extra["multiconnector_name"] = name
+    return {
         "kv_connector": "ScriptedConnector",
         "kv_connector_module_path": MODULE,
         "kv_role": "kv_both",
-        "kv_connector_extra_config": {"script": made.label},
+        "kv_connector_extra_config": extra,
         **config,
     }
-    if name is not None:
-        entry["name"] = name
-    return entry
 
 
 @dataclass
@@ -131,6 +136,9 @@ class ScriptedConnector(KVConnectorBase_V1):
         self._call("get_num_new_matched_tokens", request.request_id, num_computed_tokens)
         tokens = self.script.tokens
         return tokens, bool(tokens) and self.script.load_async
+
+    def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
+        return self.script.groups
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         self._call("update_state_after_alloc", request.request_id, num_external_tokens)

@@ -28,14 +28,19 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 BLOCK = 16
 EOS = 2
-OURS = ("NamedMultiConnector", "multiconnector.vllm")
+OURS = ("MultiConnector", "multiconnector.vllm")
 THEIRS = ("MultiConnector", None)
 
 TINY_OPT = {
@@ -70,8 +75,6 @@ def make_config(
 ) -> VllmConfig:
     """A VllmConfig whose connector is ours or vLLM's MultiConnector over ``children``."""
     connector, module = OURS if ours else THEIRS
-    if not ours:  # vLLM's own reads each child as a KVTransferConfig: no 'name' key
-        children = [{k: v for k, v in c.items() if k != "name"} for c in children]
     return VllmConfig(
         model_config=ModelConfig(model=str(model), skip_tokenizer_init=True),
         scheduler_config=SchedulerConfig(
@@ -101,11 +104,13 @@ def make_kv_cache_config(num_blocks: int = 64) -> KVCacheConfig:
     )
 
 
-def make_scheduler(config: VllmConfig, num_blocks: int = 64) -> Scheduler:
+def make_scheduler(
+    config: VllmConfig, num_blocks: int = 64, kv_cache_config: KVCacheConfig | None = None
+) -> Scheduler:
     config.cache_config.num_gpu_blocks = num_blocks
     return Scheduler(
         vllm_config=config,
-        kv_cache_config=make_kv_cache_config(num_blocks),
+        kv_cache_config=kv_cache_config or make_kv_cache_config(num_blocks),
         log_stats=True,
         structured_output_manager=StructuredOutputManager(config),
         block_size=BLOCK,
@@ -182,3 +187,38 @@ class Engine:
     def held(self, request_id: str) -> bool:
         """Whether the scheduler still holds the request (its blocks are not freed)."""
         return request_id in self.scheduler.requests
+
+
+def make_hybrid_kv_cache_config(num_blocks: int = 64) -> KVCacheConfig:
+    """Two KV cache groups, full attention and sliding window: what HMA allocates for."""
+    full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    window = SlidingWindowSpec(
+        block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=32
+    )
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["full"], full), KVCacheGroupSpec(["window"], window)],
+    )
+
+
+def builtin_config(
+    model: Path,
+    children: list[dict[str, Any]],
+    *,
+    ours: bool,
+    kv_role: str = "kv_both",
+    hma: bool = False,
+) -> VllmConfig:
+    """A VllmConfig over vLLM's built-in ``children``, in vLLM's own form, for either class.
+
+    The engine id is fixed, so transfer params that carry it compare equal across runs. With
+    ``hma`` the hybrid memory allocator is enabled after vLLM's post-init, which disables it on
+    a CPU platform.
+    """
+    config = make_config(model, children, ours=ours, kv_role=kv_role)
+    assert config.kv_transfer_config is not None
+    config.kv_transfer_config.engine_id = "engine-0"
+    if hma:
+        config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    return config

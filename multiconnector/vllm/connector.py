@@ -1,594 +1,90 @@
-"""A drop-in vLLM KV connector that composes child connectors by name.
-
-vLLM loads it with one configuration change::
-
-    KVTransferConfig(
-        kv_connector="NamedMultiConnector",
-        kv_connector_module_path="multiconnector.vllm",
-        kv_role="kv_both",
-        kv_connector_extra_config={"connectors": [
-            {"name": "disk", "kv_connector": "ExampleConnector"},
-            {"name": "pd", "kv_connector": "NixlConnector", "kv_role": "kv_producer"},
-        ]},
-    )
-
-Each child is the usual per-connector transfer config plus a unique ``name``; a child without
-``kv_role`` or ``engine_id`` takes the parent's. The class is deliberately *not* called
-``MultiConnector``: vLLM recognises that string and reads the children with its own rules, which
-reject the ``name`` key.
-
-What changes against vLLM's own ``MultiConnector`` (docs/vllm.md has the full table):
-
-* Everything that crosses a process boundary is keyed by child name, never by position: connector
-  metadata (so a missing child is an error, not a silent ``zip`` truncation), worker metadata,
-  handshake metadata, stats (two children of one class no longer collide, and stats rebuild
-  from their own payload without a factory registration).
-* The scheduler sends workers the *names* of the children that committed an asynchronous save of
-  each finished request. A worker reports the request finished sending only when every one of
-  those names has reported; duplicate and phantom reports are ignored and counted
-  (:meth:`NamedMultiConnector.connector_counts`), so they cannot free blocks early.
-* A worker passes on one load completion per load, from the child chosen to load; duplicate,
-  late and phantom load completions are ignored (vLLM's scheduler asserts on them).
-* Transfer params are merged by :func:`~multiconnector.merge_transfer_params` into a new dict;
-  no child's dict is modified, and a clash raises :class:`~multiconnector.KeyClashError` after
-  the bookkeeping was made consistent.
-* Every fan-out calls every child, then raises all failures together as
-  :class:`~multiconnector.ConnectorFailures` (an ``ExceptionGroup``); shutdown included.
-* A child whose constructor raises has the children built before it shut down, then
-  :class:`ChildStartError` names it.
-
-The bookkeeping is :class:`multiconnector.MultiConnector`'s: one on the scheduler tracks each
-request from arrival to the last confirmed save; on each worker one tracks the saves each
-finished request awaits and one the load each request awaits.
-
-.. versionadded:: 0.1.0
-"""
+"""The vLLM-facing connector: :class:`MultiConnector`, under vLLM's own class name."""
 
 from __future__ import annotations
 
-import copy
-import importlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar, final
+from typing import Any, TypeVar
 
-import msgspec
-from vllm.config import KVTransferConfig
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
-    KVConnectorHandshakeMetadata,
-    KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorTransferResults,
-    KVConnectorWorkerMetadata,
+    SupportsHMA,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
-    KVConnectorPromMetrics,
-    KVConnectorStats,
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+from .._validate import shown
+from ..aggregator import MultiConnector as Aggregator
+from ..errors import ConnectorFailures, InvalidArgumentError
+from ..machine import State
+from ..outcome import Outcome
+from ..registry import ConnectorRegistry
+from .config import ChildSpec, child_specs, connector_class, specs_of, without_hma
+from .errors import ChildStartError, HMAUnsupportedError, MetadataMismatchError
+from .sides import SchedulerSide, WorkerSide
+from .wire import (
+    NamedHandshakeMetadata,
+    NamedMultiConnectorMetadata,
+    NamedMultiConnectorStats,
+    NamedMultiConnectorWorkerMetadata,
+    NamedPromMetrics,
 )
 
-from ._validate import check_name, shown
-from .aggregator import MultiConnector
-from .errors import (
-    ConnectorFailures,
-    DuplicateConnectorError,
-    InvalidArgumentError,
-    MultiConnectorError,
-)
-from .machine import State
-from .outcome import Outcome
-from .registry import ConnectorRegistry
-
-__all__ = [
-    "CHILDREN_KEY",
-    "ChildSpec",
-    "ChildStartError",
-    "MetadataMismatchError",
-    "NamedHandshakeMetadata",
-    "NamedMultiConnector",
-    "NamedMultiConnectorMetadata",
-    "NamedMultiConnectorStats",
-    "NamedMultiConnectorWorkerMetadata",
-    "NamedPromMetrics",
-    "child_specs",
-    "msgspec_dec_hook",
-    "msgspec_enc_hook",
-]
-
-#: The ``kv_connector_extra_config`` key listing the children (the key vLLM's own uses too).
-CHILDREN_KEY: Final = "connectors"
+__all__ = ["MultiConnector"]
 
 _T = TypeVar("_T")
 
 
-# -- errors ------------------------------------------------------------------------------------
-
-
-class ChildStartError(MultiConnectorError, RuntimeError):
-    """A child connector's constructor raised.
-
-    The children built before it were shut down first (a half-built set would leak their
-    threads, sockets and pinned memory). ``name`` is the child that failed, ``started`` the
-    names shut down, ``shutdown_failures`` the exceptions their shutdowns raised, by name. The
-    constructor's exception is the ``__cause__``.
-
-    .. versionadded:: 0.1.0
-    """
-
-    def __init__(
-        self,
-        name: str,
-        kv_connector: str,
-        started: Sequence[str] = (),
-        shutdown_failures: Mapping[str, BaseException] | None = None,
-    ) -> None:
-        self.name = name
-        self.kv_connector = kv_connector
-        self.started = tuple(started)
-        self.shutdown_failures = dict(shutdown_failures or {})
-        message = f"child connector {name!r} (kv_connector={kv_connector!r}) failed to start"
-        if self.started:
-            message += f"; the {len(self.started)} started before it were shut down: " + ", ".join(
-                map(repr, self.started)
-            )
-        if self.shutdown_failures:
-            message += "; shutting down " + ", ".join(
-                f"{n!r} raised {e!r}" for n, e in self.shutdown_failures.items()
-            )
-        super().__init__(message)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            type(self),
-            (self.name, self.kv_connector, self.started, self.shutdown_failures),
-        )
-
-
-class MetadataMismatchError(MultiConnectorError, ValueError):
-    """Connector metadata does not name exactly this connector's children.
-
-    The scheduler and the workers were configured with different children. vLLM's
-    ``MultiConnector`` pairs children and metadata by position with ``zip``, which silently drops
-    the surplus; here a mismatch is an error that names the missing and unexpected children.
-
-    .. versionadded:: 0.1.0
-    """
-
-
-# -- configuration -----------------------------------------------------------------------------
-
-
-@final
-@dataclass(frozen=True)
-class ChildSpec:
-    """One configured child: its unique name and its own transfer config.
-
-    .. versionadded:: 0.1.0
-    """
-
-    name: str
-    config: Any  # vllm.config.KVTransferConfig
-
-    @property
-    def kv_connector(self) -> str:
-        return str(self.config.kv_connector)
-
-    @property
-    def module_path(self) -> str | None:
-        path = self.config.kv_connector_module_path
-        return None if path is None else str(path)
-
-    def connector_class(self) -> type[Any]:
-        """The child's connector class, found the way vLLM's factory finds it."""
-        return KVConnectorFactory.get_connector_class(self.config)  # type: ignore[no-any-return]
-
-    def vllm_config(self, vllm_config: Any) -> Any:
-        """A shallow copy of ``vllm_config`` carrying this child's transfer config."""
-        child_config = copy.copy(vllm_config)
-        child_config.kv_transfer_config = self.config
-        return child_config
-
-
-def child_specs(
-    extra_config: Mapping[str, Any],
-    *,
-    kv_role: str | None = "kv_both",
-    engine_id: str | None = None,
-) -> tuple[ChildSpec, ...]:
-    """Read and check the children listed in ``kv_connector_extra_config``.
-
-    ``kv_role`` and ``engine_id`` are the defaults for children that set none (the parent's).
-    Every child is checked before any is built, so a bad configuration starts nothing.
-
-    >>> [s.name for s in child_specs({"connectors": [
-    ...     {"name": "disk", "kv_connector": "ExampleConnector"}]})]
-    ['disk']
-
-    .. versionadded:: 0.1.0
-    """
-    if not isinstance(extra_config, Mapping):
-        raise InvalidArgumentError(
-            f"kv_connector_extra_config={shown(extra_config)} must be a mapping"
-        )
-    listed = extra_config.get(CHILDREN_KEY)
-    if not isinstance(listed, list | tuple) or not listed:
-        raise InvalidArgumentError(
-            f"kv_connector_extra_config[{CHILDREN_KEY!r}]={shown(listed)} must be a non-empty "
-            "list of child connector configs, each with a unique 'name'"
-        )
-    specs: list[ChildSpec] = []
-    seen: set[str] = set()
-    for index, item in enumerate(listed):
-        where = f"kv_connector_extra_config[{CHILDREN_KEY!r}][{index}]"
-        if not isinstance(item, Mapping):
-            raise InvalidArgumentError(f"{where}={shown(item)} must be a mapping")
-        name = check_name(item.get("name"), f"{where}['name']")
-        if name in seen:
-            raise DuplicateConnectorError(
-                f"{where}['name']={name!r} is already the name of an earlier child; "
-                "names must be unique"
-            )
-        seen.add(name)
-        fields = {key: value for key, value in item.items() if key != "name"}
-        connector = fields.get("kv_connector")
-        if not isinstance(connector, str) or not connector:
-            raise InvalidArgumentError(
-                f"{where}['kv_connector']={shown(connector)} must be a connector class name"
-            )
-        if fields.get("kv_role") is None:
-            fields["kv_role"] = kv_role
-        if fields.get("engine_id") is None and engine_id is not None:
-            fields["engine_id"] = engine_id
-        try:
-            config = KVTransferConfig(**fields)
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgumentError(
-                f"{where} (name={name!r}) is not a valid KVTransferConfig: {exc}"
-            ) from exc
-        specs.append(ChildSpec(name, config))
-    return tuple(specs)
-
-
-def _specs_of(kv_transfer_config: Any) -> tuple[ChildSpec, ...]:
-    return child_specs(
-        kv_transfer_config.kv_connector_extra_config,
-        kv_role=kv_transfer_config.kv_role,
-        engine_id=kv_transfer_config.engine_id,
-    )
-
-
-def _connector_class(kv_connector: str, module_path: str | None) -> type[Any]:
-    if module_path:
-        return getattr(importlib.import_module(module_path), kv_connector)  # type: ignore[no-any-return]
-    return KVConnectorFactory.get_connector_class_by_name(kv_connector)  # type: ignore[no-any-return]
-
-
-# -- what crosses process boundaries -----------------------------------------------------------
-
-
-class NamedMultiConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
-    """What the scheduler sends the workers each step, keyed by child name.
-
-    ``children`` holds each child's own metadata. ``savers`` maps each request that finished
-    with asynchronous saves to the names that committed to one: the worker releases it only
-    once all of them reported. ``loads`` maps each request whose asynchronous load started to
-    the name chosen to load it: the only one whose load completion is passed on.
-
-    vLLM sends it to workers with pickle. For msgspec, encode with :func:`msgspec_enc_hook` and
-    decode with ``type=NamedMultiConnectorMetadata, dec_hook=msgspec_dec_hook``: the children's
-    metadata types are recorded, so each comes back as its own type.
-
-    .. versionadded:: 0.1.0
-    """
-
-    def __init__(
-        self,
-        children: Mapping[str, Any] | None = None,
-        *,
-        savers: Mapping[str, Iterable[str]] | None = None,
-        loads: Mapping[str, str] | None = None,
-    ) -> None:
-        self.children: dict[str, Any] = dict(children or {})
-        self.savers: dict[str, tuple[str, ...]] = {
-            request_id: tuple(names) for request_id, names in (savers or {}).items()
-        }
-        self.loads: dict[str, str] = dict(loads or {})
-
-    def names(self) -> set[str]:
-        """Every child name this metadata mentions."""
-        mentioned = set(self.children)
-        mentioned.update(self.loads.values())
-        for names in self.savers.values():
-            mentioned.update(names)
-        return mentioned
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, NamedMultiConnectorMetadata):
-            return NotImplemented
-        return (self.children, self.savers, self.loads) == (
-            other.children,
-            other.savers,
-            other.loads,
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return (
-            f"NamedMultiConnectorMetadata(children={self.children!r}, "
-            f"savers={self.savers!r}, loads={self.loads!r})"
-        )
-
-
-def _type_path(cls: type[Any]) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def _resolve_metadata_type(path: str) -> type[Any]:
-    module, _, qualname = path.partition(":")
-    found: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        found = getattr(found, part)
-    if not (isinstance(found, type) and issubclass(found, KVConnectorMetadata)):
-        raise InvalidArgumentError(
-            f"metadata type={path!r} must name a KVConnectorMetadata subclass"
-        )
-    return found
-
-
-def msgspec_enc_hook(obj: Any) -> Any:
-    """msgspec ``enc_hook`` for :class:`NamedMultiConnectorMetadata`.
-
-    Children's metadata is encoded by msgspec itself, tagged with its type; it must be of a type
-    msgspec encodes (a dataclass, an attrs class, a ``msgspec.Struct``...).
-
-    .. versionadded:: 0.1.0
-    """
-    if isinstance(obj, NamedMultiConnectorMetadata):
-        return {
-            "children": {
-                name: [_type_path(type(meta)), meta] for name, meta in obj.children.items()
-            },
-            "savers": {request_id: list(names) for request_id, names in obj.savers.items()},
-            "loads": dict(obj.loads),
-        }
-    raise NotImplementedError(f"msgspec_enc_hook cannot encode type {type(obj).__name__}")
-
-
-def msgspec_dec_hook(type_: type[Any], obj: Any) -> Any:
-    """msgspec ``dec_hook`` for :class:`NamedMultiConnectorMetadata` (see there).
-
-    .. versionadded:: 0.1.0
-    """
-    if type_ is not NamedMultiConnectorMetadata:
-        raise NotImplementedError(f"msgspec_dec_hook cannot decode type {type_!r}")
-    if not isinstance(obj, Mapping):
-        raise InvalidArgumentError(f"encoded metadata={shown(obj)} must be a mapping")
-    children: dict[str, Any] = {}
-    for name, (path, raw) in obj.get("children", {}).items():
-        children[name] = msgspec.convert(
-            raw, type=_resolve_metadata_type(path), dec_hook=msgspec_dec_hook
-        )
-    return NamedMultiConnectorMetadata(
-        children, savers=obj.get("savers", {}), loads=obj.get("loads", {})
-    )
-
-
-@dataclass
-class NamedMultiConnectorWorkerMetadata(KVConnectorWorkerMetadata):  # type: ignore[misc]
-    """Each child's worker metadata, keyed by child name (children with none are absent).
-
-    .. versionadded:: 0.1.0
-    """
-
-    children: dict[str, Any] = field(default_factory=dict)
-
-    def aggregate(self, other: Any) -> NamedMultiConnectorWorkerMetadata:
-        """A new object: each name's metadata aggregated with the other worker's, by name."""
-        if not isinstance(other, NamedMultiConnectorWorkerMetadata):
-            raise InvalidArgumentError(
-                f"other={shown(other)} must be a NamedMultiConnectorWorkerMetadata"
-            )
-        merged = dict(self.children)
-        for name, theirs in other.children.items():
-            mine = merged.get(name)
-            merged[name] = theirs if mine is None else mine.aggregate(theirs)
-        return NamedMultiConnectorWorkerMetadata(merged)
-
-
-@dataclass
-class NamedHandshakeMetadata(KVConnectorHandshakeMetadata):  # type: ignore[misc]
-    """Each child's handshake metadata, keyed by child name (children with none are absent).
-
-    vLLM's ``MultiConnector`` returns the first child's and hands it to every child.
-
-    .. versionadded:: 0.1.0
-    """
-
-    children: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class NamedMultiConnectorStats(KVConnectorStats):  # type: ignore[misc]
-    """Each child's stats, keyed by child name.
-
-    ``data`` maps names to the children's ``KVConnectorStats``; ``sources`` maps names to the
-    ``(kv_connector, kv_connector_module_path)`` that made them. :meth:`to_dict` carries both,
-    so :meth:`NamedMultiConnector.build_kv_connector_stats` rebuilds each child's stats in
-    another process with that child's own class, which need not be registered with vLLM's
-    factory. vLLM's ``MultiConnector`` keys stats by class name: two children of one class merge
-    into one entry, and rebuilding fails for a class loaded by module path.
-
-    .. versionadded:: 0.1.0
-    """
-
-    sources: dict[str, tuple[str, str | None]] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        payload: dict[str, Any] = {}
-        for name, stats in self.data.items():
-            connector, module_path = self.sources.get(name, (None, None))
-            payload[name] = {
-                "kv_connector": connector,
-                "kv_connector_module_path": module_path,
-                "stats": stats.to_dict(),
-            }
-        return payload
-
-    def reset(self) -> None:
-        for stats in self.data.values():
-            stats.reset()
-
-    def aggregate(self, other: Any) -> NamedMultiConnectorStats:
-        """Fold ``other`` into this accumulator, name by name; returns ``self``."""
-        if not isinstance(other, NamedMultiConnectorStats):
-            raise InvalidArgumentError(f"other={shown(other)} must be a NamedMultiConnectorStats")
-        for name, stats in other.data.items():
-            mine = self.data.get(name)
-            self.data[name] = stats if mine is None else mine.aggregate(stats)
-            if name in other.sources:
-                self.sources.setdefault(name, other.sources[name])
-        return self
-
-    def reduce(self) -> dict[str, int | float]:
-        """Each child's reduced values, under ``"<name>.<key>"``."""
-        return {
-            f"{name}.{key}": value
-            for name, stats in self.data.items()
-            for key, value in stats.reduce().items()
-        }
-
-    def is_empty(self) -> bool:
-        return all(stats.is_empty() for stats in self.data.values())
-
-
-class NamedPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
-    """Routes each child's stats payload to the Prometheus metrics of that child's class.
-
-    Metrics are built once per class (Prometheus refuses to register a metric twice), so two
-    children of one class record into the same metrics.
-
-    .. versionadded:: 0.1.0
-    """
-
-    def __init__(
-        self,
-        vllm_config: Any,
-        metric_types: Any,
-        labelnames: list[str],
-        per_engine_labelvalues: dict[int, list[object]],
-        by_name: Mapping[str, Any],
-    ) -> None:
-        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        self.by_name = dict(by_name)
-
-    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
-        for name, entry in transfer_stats_data.items():
-            metrics = self.by_name.get(name)
-            if metrics is not None and isinstance(entry, Mapping):
-                metrics.observe(entry.get("stats", {}), engine_idx)
-
-
-# -- adapters from vLLM children to the core's connector protocol -------------------------------
-
-
-class _Side:
-    """One child as the core sees it; the stats and shutdown parts are the same on both roles."""
-
-    __slots__ = ("child", "name", "owner")
-
-    def __init__(self, owner: NamedMultiConnector, name: str, child: Any) -> None:
-        self.owner = owner
-        self.name = name
-        self.child = child
-
-    def get_stats(self) -> Any:
-        return self.child.get_kv_connector_stats()
-
-    def shutdown(self) -> None:
-        self.child.shutdown()
-
-
-@final
-class _SchedulerSide(_Side):
-    """Scheduler role: asks the vLLM child, passing the live ``Request`` object."""
-
-    __slots__ = ("load_async",)
-
-    def __init__(self, owner: NamedMultiConnector, name: str, child: Any) -> None:
-        super().__init__(owner, name, child)
-        #: Whether this child's last match for a request would load asynchronously.
-        self.load_async: dict[str, bool] = {}
-
-    def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
-        request = self.owner._live[request_id]
-        tokens, load_async = self.child.get_num_new_matched_tokens(request, num_computed_tokens)
-        self.load_async[request_id] = bool(load_async)
-        return None if tokens is None else int(tokens)
-
-    def request_finished(
-        self, request_id: str, blocks: Sequence[int]
-    ) -> tuple[bool, Mapping[str, Any] | None]:
-        owner = self.owner
-        saves, params = self.child.request_finished(owner._live[request_id], blocks)
-        if saves is True:
-            return True, params
-        # A child that took the partial tail at finish also owes a "finished sending" report.
-        tails = owner._tail_savers
-        return bool(saves) or (bool(tails) and self.name in tails.get(request_id, ())), params
-
-
-@final
-class _WorkerSide(_Side):
-    """Worker role: answers from the plan the scheduler sent in the connector metadata."""
-
-    __slots__ = ()
-
-    def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int:
-        return 1 if self.owner._load_plan.get(request_id) == self.name else 0
-
-    def request_finished(self, request_id: str, blocks: Sequence[int]) -> tuple[bool, None]:
-        # Never asked: a worker finishes a request with the names the scheduler sent, through
-        # MultiConnector.request_finished_by. Answering anything here could free blocks early.
-        raise RuntimeError("a worker learns who saves a request from the connector metadata")
-
-
-# -- the connector -----------------------------------------------------------------------------
-
-
-class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
-    """A vLLM v1 KV connector that fans out to named children (see the module docstring).
+class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
+    """A vLLM v1 KV connector that fans out to named children (see :mod:`multiconnector.vllm`).
+
+    Loaded under vLLM's own class name, with ``kv_connector_module_path="multiconnector.vllm"``,
+    so every check vLLM makes on the string ``"MultiConnector"`` reads our children too.
 
     One instance per role and process, as vLLM builds them: the scheduler's chooses loaders,
     merges params and tells the workers who saves what; each worker's releases requests and
     passes on load completions by the rules above. ``children`` maps names to the child
     connectors, in configuration order.
 
+    It implements ``SupportsHMA``: with the hybrid memory allocator enabled, every child must
+    support it too (:class:`HMAUnsupportedError` otherwise, before any child is built).
+
     .. versionadded:: 0.1.0
     """
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        specs = _specs_of(self._kv_transfer_config)
+        specs = specs_of(self._kv_transfer_config)
+        lacking = without_hma(specs)
+        if not vllm_config.scheduler_config.disable_hybrid_kv_cache_manager and lacking:
+            raise HMAUnsupportedError(
+                "the hybrid memory allocator (HMA) is enabled, but these children do not "
+                f"support it: {lacking}; set --disable-hybrid-kv-cache-manager or remove them"
+            )
+        #: Whether every child supports HMA: request_finished_all_groups then asks each child
+        #: for every group's blocks (vLLM's rule), otherwise the one group's.
+        self._all_support_hma = not lacking
         self._specs: dict[str, ChildSpec] = {spec.name: spec for spec in specs}
         self._children: dict[str, Any] = _start_children(specs, vllm_config, role, kv_cache_config)
-        side = _SchedulerSide if role == KVConnectorRole.SCHEDULER else _WorkerSide
+        side = SchedulerSide if role == KVConnectorRole.SCHEDULER else WorkerSide
         self._sides: dict[str, Any] = {
             name: side(self, name, child) for name, child in self._children.items()
         }
         registry = ConnectorRegistry(self._sides)
         # Scheduler: every request, from arrival to its last confirmed save.
         # Worker: the saves each finished request awaits.
-        self._tracker = MultiConnector(registry)
+        self._tracker = Aggregator(registry)
         # Worker: the load each request awaits; unused on the scheduler.
-        self._loads = MultiConnector(registry)
+        self._loads = Aggregator(registry)
         # Scheduler state.
         self._live: dict[str, Any] = {}
         self._tail_savers: dict[str, tuple[str, ...]] = {}
         self._new_savers: dict[str, tuple[str, ...]] = {}
         self._new_loads: dict[str, str] = {}
+        # The current call's context, read by the sides.
+        self._lookup_pending = False  # a child answered None in this match: ask no more
+        self._all_groups = False  # request_finished passes every group's block ids
         # Worker state.
         self._load_plan: dict[str, str] = {}
         self._finished_while_loading: set[str] = set()
@@ -601,12 +97,17 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return dict(self._children)
 
     @property
-    def tracker(self) -> MultiConnector:
+    def sub_connectors(self) -> list[Any]:
+        """The child connectors in configuration order (vLLM's ``MultiConnector`` API)."""
+        return list(self._children.values())
+
+    @property
+    def tracker(self) -> Aggregator:
         """Scheduler: the requests' bookkeeping. Worker: the finished requests' awaited saves."""
         return self._tracker
 
     @property
-    def load_tracker(self) -> MultiConnector:
+    def load_tracker(self) -> Aggregator:
         """Worker: the load each request awaits (unused on the scheduler)."""
         return self._loads
 
@@ -684,10 +185,15 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return any(c.requires_kv_delivery for c in self._children.values())
 
     @classmethod
+    def all_children_support_hma(cls, kv_transfer_config: Any) -> bool:
+        """Whether every configured child supports HMA (vLLM's ``MultiConnector`` API)."""
+        return not without_hma(specs_of(kv_transfer_config))
+
+    @classmethod
     def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
         return all(
             spec.connector_class().supports_sleep_mode(spec.config)
-            for spec in _specs_of(kv_transfer_config)
+            for spec in specs_of(kv_transfer_config)
         )
 
     @classmethod
@@ -702,7 +208,7 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
         layouts: dict[str, list[str]] = {}
-        for spec in _specs_of(vllm_config.kv_transfer_config):
+        for spec in specs_of(vllm_config.kv_transfer_config):
             layout = spec.connector_class().get_required_kvcache_layout(
                 spec.vllm_config(vllm_config)
             )
@@ -734,7 +240,7 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
                     "'kv_connector', 'kv_connector_module_path' and 'stats'"
                 )
             source = (str(entry["kv_connector"]), entry.get("kv_connector_module_path"))
-            rebuilt = _connector_class(*source).build_kv_connector_stats(data=entry.get("stats"))
+            rebuilt = connector_class(*source).build_kv_connector_stats(data=entry.get("stats"))
             if rebuilt is not None:
                 stats[name] = rebuilt
                 sources[name] = source
@@ -750,7 +256,7 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
     ) -> NamedPromMetrics:
         per_class: dict[type[Any], Any] = {}
         by_name: dict[str, Any] = {}
-        for spec in _specs_of(vllm_config.kv_transfer_config):
+        for spec in specs_of(vllm_config.kv_transfer_config):
             child_cls = spec.connector_class()
             if child_cls not in per_class:
                 per_class[child_cls] = child_cls.build_prom_metrics(
@@ -966,8 +472,13 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        """The first child, in configuration order, with tokens to load becomes the loader."""
+        """The first child, in configuration order, with tokens to load becomes the loader.
+
+        As in vLLM's: a child answering ``None`` (still looking up) makes the answer
+        ``(None, False)``, and the children after it are not asked.
+        """
         request_id = self._ensure(request)
+        self._lookup_pending = False
         tokens = self._tracker.match_tokens(request_id, num_computed_tokens)
         if not tokens:
             return tokens, False
@@ -1095,9 +606,34 @@ class NamedMultiConnector(KVConnectorBase_V1):  # type: ignore[misc]
         consistent: the children that committed to a save are still awaited and still sent to
         the workers, so no block is freed under a save in progress.
         """
+        return self._finish(request, block_ids, all_groups=False)
+
+    def request_finished_all_groups(
+        self, request: Any, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """:meth:`request_finished` with every KV cache group's block ids (``SupportsHMA``).
+
+        As in vLLM's: when every child supports HMA each is asked its
+        ``request_finished_all_groups``; otherwise there must be exactly one group, and each
+        child is asked its ``request_finished`` with that group's blocks. The guarantees are
+        :meth:`request_finished`'s.
+        """
+        if self._all_support_hma:
+            return self._finish(request, block_ids, all_groups=True)
+        if not isinstance(block_ids, tuple | list) or len(block_ids) != 1:
+            raise HMAUnsupportedError(
+                f"block_ids={shown(block_ids)} must hold exactly one KV cache group's block ids: "
+                f"these children do not support HMA: {without_hma(tuple(self._specs.values()))}"
+            )
+        return self._finish(request, block_ids[0], all_groups=False)
+
+    def _finish(
+        self, request: Any, blocks: Any, *, all_groups: bool
+    ) -> tuple[bool, dict[str, Any] | None]:
         request_id = self._ensure(request)
+        self._all_groups = all_groups
         try:
-            _, params = self._tracker.request_finished(request_id, block_ids)
+            _, params = self._tracker.request_finished(request_id, blocks)
         finally:
             record = self._tracker.peek(request_id)
             savers = (

@@ -1,0 +1,88 @@
+"""A drop-in for vLLM's ``MultiConnector``: the same configuration, plus one line.
+
+A vLLM ``MultiConnector`` configuration switches to this one by adding
+``kv_connector_module_path``; nothing else changes::
+
+    KVTransferConfig(
+        kv_connector="MultiConnector",
+        kv_connector_module_path="multiconnector.vllm",   # the one added line
+        kv_role="kv_both",
+        kv_connector_extra_config={"connectors": [
+            {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
+            {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+             "kv_connector_extra_config": {"shared_storage_path": "local_storage"}},
+        ]},
+    )
+
+vLLM's factory prefers a module path to its own registry, so it loads :class:`MultiConnector`
+from here; every check vLLM makes on the string ``"MultiConnector"`` (``has_connector``, the
+HMA check over the children, the NIXL settings, ...) still reads the children. A child is named
+after its ``kv_connector`` (``NixlConnector``, a second one ``NixlConnector#2``), or explicitly
+with ``kv_connector_extra_config["multiconnector_name"]`` (:mod:`multiconnector.vllm.config`).
+
+What changes against vLLM's own ``MultiConnector`` (docs/vllm.md has the full table):
+
+* Everything that crosses a process boundary is keyed by child name, never by position: connector
+  metadata (so a missing child is an error, not a silent ``zip`` truncation), worker metadata,
+  handshake metadata, stats (two children of one class no longer collide, and stats rebuild
+  from their own payload without a factory registration).
+* The scheduler sends workers the *names* of the children that committed an asynchronous save of
+  each finished request. A worker reports the request finished sending only when every one of
+  those names has reported; duplicate and phantom reports are ignored and counted
+  (:meth:`MultiConnector.connector_counts`), so they cannot free blocks early.
+* A worker passes on one load completion per load, from the child chosen to load; duplicate,
+  late and phantom load completions are ignored (vLLM's scheduler asserts on them).
+* Transfer params are merged by :func:`~multiconnector.merge_transfer_params` into a new dict;
+  no child's dict is modified, and a clash raises :class:`~multiconnector.KeyClashError` after
+  the bookkeeping was made consistent.
+* Every fan-out calls every child, then raises all failures together as
+  :class:`~multiconnector.ConnectorFailures` (an ``ExceptionGroup``); shutdown included.
+* A child whose constructor raises has the children built before it shut down, then
+  :class:`ChildStartError` names it.
+
+The bookkeeping is :class:`multiconnector.MultiConnector`'s (the core aggregator, a different
+class of the same name): one on the scheduler tracks each request from arrival to the last
+confirmed save; on each worker one tracks the saves each finished request awaits and one the
+load each request awaits.
+
+The subpackage is layered: :mod:`~multiconnector.vllm.config` (the children),
+:mod:`~multiconnector.vllm.wire` (what crosses processes), :mod:`~multiconnector.vllm.sides`
+(each child as the core sees it) and :mod:`~multiconnector.vllm.connector` (the class), on top
+of the core, which never imports it.
+
+.. versionadded:: 0.1.0
+"""
+
+from __future__ import annotations
+
+from .config import CHILDREN_KEY, NAME_KEY, ChildSpec, child_specs, default_name
+from .connector import MultiConnector
+from .errors import ChildStartError, HMAUnsupportedError, MetadataMismatchError
+from .wire import (
+    NamedHandshakeMetadata,
+    NamedMultiConnectorMetadata,
+    NamedMultiConnectorStats,
+    NamedMultiConnectorWorkerMetadata,
+    NamedPromMetrics,
+    msgspec_dec_hook,
+    msgspec_enc_hook,
+)
+
+__all__ = [
+    "CHILDREN_KEY",
+    "NAME_KEY",
+    "ChildSpec",
+    "ChildStartError",
+    "HMAUnsupportedError",
+    "MetadataMismatchError",
+    "MultiConnector",
+    "NamedHandshakeMetadata",
+    "NamedMultiConnectorMetadata",
+    "NamedMultiConnectorStats",
+    "NamedMultiConnectorWorkerMetadata",
+    "NamedPromMetrics",
+    "child_specs",
+    "default_name",
+    "msgspec_dec_hook",
+    "msgspec_enc_hook",
+]

@@ -1,0 +1,182 @@
+"""The children of a configuration: their names, their own transfer configs and classes.
+
+A child is what vLLM's own ``MultiConnector`` reads: one ``KVTransferConfig`` as a mapping in
+``kv_connector_extra_config["connectors"]``. Its name is optional:
+
+* without one, a child is named after its ``kv_connector``; the second child of one class is
+  ``<kv_connector>#2``, the third ``<kv_connector>#3``, and so on (counted over every child of
+  that class, named or not, in configuration order);
+* an explicit name goes *inside* the child's ``kv_connector_extra_config``, under
+  :data:`NAME_KEY`: vLLM's own config checks build each child as ``KVTransferConfig(**child)``,
+  which refuses an unknown top-level key. The key is removed from the config the child is built
+  with.
+
+Every child is checked before any is built, so a bad configuration starts nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, final
+
+from vllm.config import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+from .._validate import check_name, shown
+from ..errors import DuplicateConnectorError, InvalidArgumentError
+
+__all__ = ["CHILDREN_KEY", "NAME_KEY", "ChildSpec", "child_specs", "default_name"]
+
+#: The ``kv_connector_extra_config`` key listing the children (the key vLLM's own uses too).
+CHILDREN_KEY: Final = "connectors"
+
+#: The key, in a child's own ``kv_connector_extra_config``, of its explicit name.
+NAME_KEY: Final = "multiconnector_name"
+
+
+@final
+@dataclass(frozen=True)
+class ChildSpec:
+    """One configured child: its unique name and its own transfer config.
+
+    .. versionadded:: 0.1.0
+    """
+
+    name: str
+    config: Any  # vllm.config.KVTransferConfig
+
+    @property
+    def kv_connector(self) -> str:
+        return str(self.config.kv_connector)
+
+    @property
+    def module_path(self) -> str | None:
+        path = self.config.kv_connector_module_path
+        return None if path is None else str(path)
+
+    def connector_class(self) -> type[Any]:
+        """The child's connector class, found the way vLLM's factory finds it."""
+        return KVConnectorFactory.get_connector_class(self.config)  # type: ignore[no-any-return]
+
+    def supports_hma(self) -> bool:
+        """Whether the child's class implements ``SupportsHMA`` (vLLM's own test)."""
+        return bool(KVConnectorFactory.supports_hma_config(self.config))
+
+    def vllm_config(self, vllm_config: Any) -> Any:
+        """A shallow copy of ``vllm_config`` carrying this child's transfer config."""
+        child_config = copy.copy(vllm_config)
+        child_config.kv_transfer_config = self.config
+        return child_config
+
+
+def default_name(kv_connector: str, occurrence: int) -> str:
+    """The name of the ``occurrence``-th (from 1) child of class ``kv_connector``.
+
+    >>> default_name("NixlConnector", 1), default_name("NixlConnector", 2)
+    ('NixlConnector', 'NixlConnector#2')
+
+    .. versionadded:: 0.1.0
+    """
+    return kv_connector if occurrence == 1 else f"{kv_connector}#{occurrence}"
+
+
+def child_specs(
+    extra_config: Mapping[str, Any], *, engine_id: str | None = None
+) -> tuple[ChildSpec, ...]:
+    """Read and check the children listed in ``kv_connector_extra_config``.
+
+    ``engine_id`` is the default for children that set none (the parent's, as vLLM's own
+    ``MultiConnector`` does). Each child must be a valid ``KVTransferConfig`` (so it names its
+    ``kv_role``, which vLLM's own checks require too).
+
+    >>> [s.name for s in child_specs({"connectors": [
+    ...     {"kv_connector": "ExampleConnector", "kv_role": "kv_both"},
+    ...     {"kv_connector": "ExampleConnector", "kv_role": "kv_both"},
+    ...     {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+    ...      "kv_connector_extra_config": {"multiconnector_name": "disk"}}]})]
+    ['ExampleConnector', 'ExampleConnector#2', 'disk']
+
+    .. versionadded:: 0.1.0
+    """
+    if not isinstance(extra_config, Mapping):
+        raise InvalidArgumentError(
+            f"kv_connector_extra_config={shown(extra_config)} must be a mapping"
+        )
+    listed = extra_config.get(CHILDREN_KEY)
+    if not isinstance(listed, list | tuple) or not listed:
+        raise InvalidArgumentError(
+            f"kv_connector_extra_config[{CHILDREN_KEY!r}]={shown(listed)} must be a non-empty "
+            "list of child connector configs"
+        )
+    specs: list[ChildSpec] = []
+    where_named: dict[str, str] = {}
+    occurrences: dict[str, int] = {}
+    for index, item in enumerate(listed):
+        where = f"kv_connector_extra_config[{CHILDREN_KEY!r}][{index}]"
+        if not isinstance(item, Mapping):
+            raise InvalidArgumentError(f"{where}={shown(item)} must be a mapping")
+        if "name" in item:
+            raise InvalidArgumentError(
+                f"{where}['name']={item['name']!r}: a child's name goes in its own "
+                f"kv_connector_extra_config[{NAME_KEY!r}] (vLLM's config checks build each "
+                "child as a KVTransferConfig, which has no 'name' field)"
+            )
+        fields = dict(item)
+        connector = fields.get("kv_connector")
+        if not isinstance(connector, str) or not connector:
+            raise InvalidArgumentError(
+                f"{where}['kv_connector']={shown(connector)} must be a connector class name"
+            )
+        occurrences[connector] = occurrences.get(connector, 0) + 1
+        own_extra = fields.get("kv_connector_extra_config")
+        if own_extra is not None and not isinstance(own_extra, Mapping):
+            raise InvalidArgumentError(
+                f"{where}['kv_connector_extra_config']={shown(own_extra)} must be a mapping"
+            )
+        if own_extra is not None and NAME_KEY in own_extra:
+            name_where = f"{where}['kv_connector_extra_config'][{NAME_KEY!r}]"
+            name = check_name(own_extra[NAME_KEY], name_where)
+            fields["kv_connector_extra_config"] = {
+                key: value for key, value in own_extra.items() if key != NAME_KEY
+            }
+        else:
+            name_where = f"{where} (named after its kv_connector)"
+            name = default_name(connector, occurrences[connector])
+        if name in where_named:
+            raise DuplicateConnectorError(
+                f"{name_where}: name {name!r} is already taken by {where_named[name]}; "
+                f"names must be unique (set kv_connector_extra_config[{NAME_KEY!r}])"
+            )
+        where_named[name] = where
+        if fields.get("engine_id") is None and engine_id is not None:
+            fields["engine_id"] = engine_id
+        try:
+            config = KVTransferConfig(**fields)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentError(
+                f"{where} (name={name!r}) is not a valid KVTransferConfig: {exc}"
+            ) from exc
+        specs.append(ChildSpec(name, config))
+    return tuple(specs)
+
+
+def specs_of(kv_transfer_config: Any) -> tuple[ChildSpec, ...]:
+    """The children of a parent ``KVTransferConfig``."""
+    return child_specs(
+        kv_transfer_config.kv_connector_extra_config, engine_id=kv_transfer_config.engine_id
+    )
+
+
+def without_hma(specs: tuple[ChildSpec, ...]) -> list[str]:
+    """The names of the children whose class does not implement ``SupportsHMA``."""
+    return [spec.name for spec in specs if not spec.supports_hma()]
+
+
+def connector_class(kv_connector: str, module_path: str | None) -> type[Any]:
+    """A connector class by name: from ``module_path`` if given, else vLLM's registry."""
+    if module_path:
+        return getattr(importlib.import_module(module_path), kv_connector)  # type: ignore[no-any-return]
+    return KVConnectorFactory.get_connector_class_by_name(kv_connector)  # type: ignore[no-any-return]

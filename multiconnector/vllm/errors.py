@@ -1,0 +1,72 @@
+"""The adapter's own errors (the core's are in :mod:`multiconnector.errors`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import MultiConnectorError
+
+__all__ = ["ChildStartError", "HMAUnsupportedError", "MetadataMismatchError"]
+
+
+class ChildStartError(MultiConnectorError, RuntimeError):
+    """A child connector's constructor raised.
+
+    The children built before it were shut down first (a half-built set would leak their
+    threads, sockets and pinned memory). ``name`` is the child that failed, ``started`` the
+    names shut down, ``shutdown_failures`` the exceptions their shutdowns raised, by name. The
+    constructor's exception is the ``__cause__``.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(
+        self,
+        name: str,
+        kv_connector: str,
+        started: Sequence[str] = (),
+        shutdown_failures: Mapping[str, BaseException] | None = None,
+    ) -> None:
+        self.name = name
+        self.kv_connector = kv_connector
+        self.started = tuple(started)
+        self.shutdown_failures = dict(shutdown_failures or {})
+        message = f"child connector {name!r} (kv_connector={kv_connector!r}) failed to start"
+        if self.started:
+            message += f"; the {len(self.started)} started before it were shut down: " + ", ".join(
+                map(repr, self.started)
+            )
+        if self.shutdown_failures:
+            message += "; shutting down " + ", ".join(
+                f"{n!r} raised {e!r}" for n, e in self.shutdown_failures.items()
+            )
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            type(self),
+            (self.name, self.kv_connector, self.started, self.shutdown_failures),
+        )
+
+
+class MetadataMismatchError(MultiConnectorError, ValueError):
+    """Connector metadata does not name exactly this connector's children.
+
+    The scheduler and the workers were configured with different children. vLLM's
+    ``MultiConnector`` pairs children and metadata by position with ``zip``, which silently drops
+    the surplus; here a mismatch is an error that names the missing and unexpected children.
+
+    .. versionadded:: 0.1.0
+    """
+
+
+class HMAUnsupportedError(MultiConnectorError, ValueError):
+    """The hybrid memory allocator (HMA) is enabled, but a child does not support it.
+
+    vLLM's own ``MultiConnector`` asserts the same condition (``all_children_support_hma``);
+    here the error names the children without ``SupportsHMA``. Either disable HMA
+    (``--disable-hybrid-kv-cache-manager``) or configure only children that support it.
+
+    .. versionadded:: 0.1.0
+    """

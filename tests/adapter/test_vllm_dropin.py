@@ -1,0 +1,234 @@
+"""The drop-in: a vLLM MultiConnector configuration with one added line, HMA, and vLLM's API."""
+
+from __future__ import annotations
+
+from vllm_support import require_vllm
+
+require_vllm()
+
+import inspect  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+from vllm.config import KVTransferConfig  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
+    KVConnectorBase_V1,
+    KVConnectorRole,
+    SupportsHMA,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (  # noqa: E402
+    MultiConnector as VllmMultiConnector,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector  # noqa: E402
+from vllm.v1.request import RequestStatus  # noqa: E402
+from vllm_children import child, script  # noqa: E402
+from vllm_harness import (  # noqa: E402
+    builtin_config,
+    make_config,
+    make_connector,
+    make_hybrid_kv_cache_config,
+    make_request,
+)
+
+from multiconnector.vllm import ChildStartError, HMAUnsupportedError, MultiConnector  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+#: Copied verbatim from vLLM's docs (vllm-project/vllm, docs/features/disagg_prefill.md, the
+#: MultiConnector example of ``--kv-transfer-config``).
+VLLM_DOCS_CONFIG = (
+    '{"kv_connector":"MultiConnector","kv_role":"kv_both","kv_connector_extra_config":'
+    '{"connectors":[{"kv_connector":"NixlConnector","kv_role":"kv_both"},'
+    '{"kv_connector":"ExampleConnector","kv_role":"kv_both",'
+    '"kv_connector_extra_config":{"shared_storage_path":"local_storage"}}]}}'
+)
+ONE_LINE = {"kv_connector_module_path": "multiconnector.vllm"}
+
+
+def docs_config(model: Path) -> Any:
+    transfer = {**json.loads(VLLM_DOCS_CONFIG), **ONE_LINE}
+    config = make_config(model, [])
+    config.kv_transfer_config = KVTransferConfig(**transfer)
+    return config
+
+
+def test_vllms_documented_config_with_one_line_loads_our_class(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the example's relative shared_storage_path
+    config = docs_config(model)
+    transfer = config.kv_transfer_config
+    assert KVConnectorFactory.get_connector_class(transfer) is MultiConnector
+    built = make_connector(config, KVConnectorRole.SCHEDULER)
+    assert type(built) is MultiConnector
+    assert list(built.children) == ["NixlConnector", "ExampleConnector"]
+    assert isinstance(built.sub_connectors[0], NixlConnector)
+    # NixlConnector's worker needs the NIXL library (and a GPU): here it fails to start, named.
+    with pytest.raises(ChildStartError) as caught:
+        make_connector(config, KVConnectorRole.WORKER)
+    assert (caught.value.name, caught.value.started) == ("NixlConnector", ())
+    # vLLM's string checks on "MultiConnector" see our children.
+    assert transfer.has_connector("NixlConnector")
+    assert transfer.has_connector("ExampleConnector")
+    assert not transfer.has_connector("OffloadingConnector")
+    # ExampleConnector has no SupportsHMA: vLLM's config check reads our children and says so.
+    assert KVConnectorFactory.supports_hma_config(transfer) is False
+
+
+def test_without_the_line_vllms_own_class_is_built(model: Path, tmp_path: Path) -> None:
+    config = docs_config(model)
+    config.kv_transfer_config.kv_connector_module_path = None
+    assert KVConnectorFactory.get_connector_class(config.kv_transfer_config) is VllmMultiConnector
+
+
+# -- HMA ------------------------------------------------------------------------------------------
+
+HMA_CHILDREN = [
+    {"kv_connector": "NixlConnector", "kv_role": "kv_producer"},
+    {"kv_connector": "DecodeBenchConnector", "kv_role": "kv_both"},
+]
+
+
+def test_hma_enabled_construction_works_where_every_child_supports_it(model: Path) -> None:
+    config = builtin_config(model, HMA_CHILDREN, ours=True, kv_role="kv_producer", hma=True)
+    assert KVConnectorFactory.supports_hma_config(config.kv_transfer_config) is True
+    built = KVConnectorFactory.create_connector(
+        config, KVConnectorRole.SCHEDULER, make_hybrid_kv_cache_config()
+    )
+    assert isinstance(built, MultiConnector)
+    assert isinstance(built, SupportsHMA)
+    assert MultiConnector.all_children_support_hma(config.kv_transfer_config) is True
+
+
+def test_hma_enabled_with_a_child_without_it_is_refused_naming_it(
+    model: Path, tmp_path: Path
+) -> None:
+    example = {
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
+    }
+    config = builtin_config(model, [HMA_CHILDREN[1], example], ours=True, hma=True)
+    # Through the factory, vLLM's own check refuses it first (it reads our children)...
+    with pytest.raises(ValueError, match="does not support HMA"):
+        make_connector(config, KVConnectorRole.SCHEDULER)
+    # ...and built directly, ours does, before any child is built.
+    with pytest.raises(HMAUnsupportedError, match=r"\['ExampleConnector'\]"):
+        MultiConnector(config, KVConnectorRole.SCHEDULER, make_hybrid_kv_cache_config())
+
+
+def finished_request(request_id: str) -> Any:
+    request = make_request(request_id)
+    request.kv_transfer_params = {"do_remote_decode": True}
+    request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+    request.num_computed_tokens = 40
+    return request
+
+
+def test_request_finished_all_groups_answers_as_vllms_does(model: Path) -> None:
+    """Same hybrid inputs, both classes: the same answer, every group's blocks included."""
+    answers = []
+    for ours in (True, False):
+        config = builtin_config(model, HMA_CHILDREN, ours=ours, kv_role="kv_producer", hma=True)
+        built = KVConnectorFactory.create_connector(
+            config, KVConnectorRole.SCHEDULER, make_hybrid_kv_cache_config()
+        )
+        request = finished_request("r1")
+        built.on_new_request(request)
+        answers.append(built.request_finished_all_groups(request, ([1, 2, 3], [0, 3])))
+    assert answers[0] == answers[1]
+    saves, params = answers[0]
+    assert saves is True
+    assert params["remote_block_ids"] == ([1, 2, 3], [0, 3])
+
+
+def test_without_hma_children_request_finished_all_groups_takes_one_group(model: Path) -> None:
+    a = script(saves=True, params={"x": 1})
+    built = make_connector(make_config(model, [child("a", a)]), KVConnectorRole.SCHEDULER)
+    request = make_request("r1")
+    built.on_new_request(request)
+    assert built.request_finished_all_groups(request, ([4, 5],)) == (True, {"x": 1})
+    assert built.tracker.get("r1").awaiting == ("a",)
+    other = make_request("r2")
+    built.on_new_request(other)
+    with pytest.raises(HMAUnsupportedError, match="exactly one KV cache group"):
+        built.request_finished_all_groups(other, ([4], [5]))
+
+
+# -- parity with vLLM's API ---------------------------------------------------------------------
+
+
+def test_matching_stops_at_the_first_child_still_looking_up(model: Path) -> None:
+    asked = []
+    for ours in (True, False):
+        a, b, c = script(tokens=16), script(tokens=None), script(tokens=32)
+        built = make_connector(
+            make_config(model, [child("a", a), child("b", b), child("c", c)], ours=ours),
+            KVConnectorRole.SCHEDULER,
+        )
+        request = make_request("r1")
+        built.on_new_request(request)
+        answer = built.get_num_new_matched_tokens(request, 0)
+        asked.append((answer, [len(s.names("get_num_new_matched_tokens")) for s in (a, b, c)]))
+    assert asked[0] == asked[1] == ((None, False), [1, 1, 0])
+
+
+def test_loaded_group_ids_come_from_the_chosen_child(model: Path) -> None:
+    answers = []
+    for ours in (True, False):
+        a, b = script(tokens=0), script(tokens=16, load_async=True, groups=(1,))
+        built = make_connector(
+            make_config(model, [child("a", a), child("b", b)], ours=ours),
+            KVConnectorRole.SCHEDULER,
+        )
+        request = make_request("r1")
+        built.on_new_request(request)
+        assert built.get_num_new_matched_tokens(request, 0) == (16, True)
+        answers.append(built.get_loaded_kv_cache_group_ids(request))
+    assert answers == [(1,), (1,)]
+
+
+#: Public members of vLLM's base class that MultiConnector inherits on purpose.
+INHERITED = {
+    "role": "a property of the base's own state, set by the base constructor",
+    "has_connector_metadata": (
+        "reads the base's own slot, which bind_connector_metadata sets through super()"
+    ),
+}
+
+
+def public(cls: type[Any]) -> set[str]:
+    return {name for name in dir(cls) if not name.startswith("_")}
+
+
+def test_every_base_method_is_implemented_or_listed_as_inherited() -> None:
+    """Fails the day vLLM's base class (or SupportsHMA) gains a method we did not decide on."""
+    api = public(KVConnectorBase_V1) | public(SupportsHMA)
+    undecided = {n for n in api if n not in vars(MultiConnector) and n not in INHERITED}
+    assert not undecided, f"implement, or list in INHERITED with a reason: {sorted(undecided)}"
+    assert not {n for n in INHERITED if n in vars(MultiConnector)}, "listed but implemented"
+
+
+def test_vllms_multiconnector_api_is_ours_too() -> None:
+    """Everything public on vLLM's MultiConnector exists on ours, with the same kind."""
+    for name in public(VllmMultiConnector):
+        theirs = inspect.getattr_static(VllmMultiConnector, name)
+        ours = inspect.getattr_static(MultiConnector, name)
+        assert type(ours) is type(theirs), name
+
+
+def test_the_migration_example_in_the_docs_is_vllms_plus_one_line(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page = (Path(__file__).parents[2] / "docs" / "vllm.md").read_text(encoding="utf-8")
+    block = page.split("```json\n", 1)[1].split("```", 1)[0]
+    documented = json.loads(block)
+    assert documented == {**json.loads(VLLM_DOCS_CONFIG), **ONE_LINE}
+    monkeypatch.chdir(tmp_path)
+    config = make_config(model, [])
+    config.kv_transfer_config = KVTransferConfig(**documented)
+    built = make_connector(config, KVConnectorRole.SCHEDULER)
+    assert type(built) is MultiConnector
