@@ -52,7 +52,7 @@ test: setup $(VLLM)
 
 ## test-deep: the hypothesis properties with many more examples
 test-deep: setup
-	HYPOTHESIS_PROFILE=deep $(PY) -m pytest tests -m "not vllm"
+	HYPOTHESIS_PROFILE=deep $(PY) -m pytest tests -m "not vllm" --timeout=1800
 
 ## check: the model check at its default bound
 check: setup
