@@ -219,3 +219,22 @@ def test_build_machine_is_the_declaration_and_nothing_more() -> None:
 
     built = build_machine(machine_cls=Recording, name="named")
     assert type(built) is Recording and built.name == "named: "
+
+
+def test_the_compiler_honours_unless_in_any_declaration_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # In the real declaration each "unless" transition follows its "conditions" twin, so a
+    # compiler that dropped "unless" would still walk to the same states; declared the other
+    # way round, it would not.
+    reordered = (
+        {"trigger": "request_finished", "source": "pending", "dest": "finished",
+         "unless": "has_savers"},
+        {"trigger": "request_finished", "source": "pending", "dest": "finishing",
+         "conditions": "has_savers"},
+    )  # fmt: skip
+    monkeypatch.setattr(machine_module, "TRANSITIONS", reordered)
+    monkeypatch.setattr(machine_module, "TABLE", machine_module._compile())
+    record = RequestTransferState("r")
+    assert step(record, "request_finished", ("a",)) is State.finishing
+    assert step(record, "request_finished", ()) is State.finished
