@@ -139,7 +139,10 @@ def test_a_non_callable_attribute_is_no_method() -> None:
 @pytest.mark.parametrize(
     ("make", "words"),
     [
-        (lambda: ConnectorRegistry(5), ["connectors=5", "(name, connector) pairs"]),  # type: ignore[arg-type]
+        (
+            lambda: ConnectorRegistry(5),  # type: ignore[arg-type]
+            ["connectors=5 (type int) must be a Mapping or an iterable of (name, connector) pairs"],
+        ),
         (
             lambda: ConnectorRegistry().register("x", object()),
             ["connector=<object object", "callable request_finished"],
@@ -150,3 +153,4 @@ def test_errors_show_the_value_and_what_was_expected(make: Any, words: list[str]
     with pytest.raises(InvalidArgumentError) as info:
         make()
     assert all(w in str(info.value) for w in words), str(info.value)
+    assert str(info.value).endswith(words[-1])
