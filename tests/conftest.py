@@ -14,4 +14,6 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("deep", max_examples=3000, deadline=None)
+# `make mutate`: the same examples on every run, so a mutant's verdict does not depend on luck.
+settings.register_profile("mutate", max_examples=50, deadline=None, derandomize=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))

@@ -78,6 +78,7 @@ def test_vllm_rows_are_skipped_with_a_line_without_the_extra(tmp_path: Path) -> 
 
 
 @pytest.mark.vllm
+@pytest.mark.timeout(300)  # three vLLM rows, each starting the engine
 def test_vllm_rows_run_through_all_three(tmp_path: Path) -> None:
     require_vllm()
     table, figures = run(tmp_path, "--only", "vllm")

@@ -35,6 +35,8 @@ from tests.broken_aggregators import CATALOG
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = {"a": "saver", "b": "saver", "none": None}
 
+pytestmark = pytest.mark.timeout(120)  # model-check bounds: longer than the default time limit
+
 
 def declared() -> set[tuple[str, str, str]]:
     return set(declared_transitions(build_machine())[1])

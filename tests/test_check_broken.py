@@ -19,6 +19,8 @@ from multiconnector.check import ALPHABET, LOAD_EVENTS, check_aggregator
 from multiconnector.diagram import find_path
 from tests.broken_aggregators import CATALOG, Broken
 
+pytestmark = pytest.mark.timeout(120)  # model-check bounds: longer than the default time limit
+
 BOUND: dict[str, Any] = {"connectors": {"a": "saver", "b": "saver", "none": None}, "requests": 1}
 
 #: The property each planted bug breaks, and the length of its known shortest counterexample.

@@ -81,9 +81,13 @@ def run_doctest(code: str, globs: dict[str, object], name: str, line: int) -> No
     assert runner.failures == 0, "".join(out)
 
 
+#: The vLLM examples start the engine: more than the default time limit.
+VLLM_MARKS = [pytest.mark.vllm, pytest.mark.timeout(300)]
+
+
 @pytest.mark.parametrize(
     "page",
-    [pytest.param(p, marks=pytest.mark.vllm) if p.name == "vllm.md" else p for p in PAGES],
+    [pytest.param(p, marks=VLLM_MARKS) if p.name == "vllm.md" else p for p in PAGES],
     ids=page_id,
 )
 def test_page_examples_run(
@@ -173,7 +177,7 @@ def modules() -> list[str]:
 
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(n, marks=pytest.mark.vllm) if "vllm" in n else n for n in modules()],
+    [pytest.param(n, marks=VLLM_MARKS) if "vllm" in n else n for n in modules()],
 )
 def test_docstring_examples_run(name: str) -> None:
     try:
@@ -196,6 +200,7 @@ def test_docstring_examples_run(name: str) -> None:
     assert runner.failures == 0, "".join(out)
 
 
+@pytest.mark.timeout(120)  # a full mkdocs build
 def test_docs_build_strict(tmp_path: Path) -> None:
     """``make docs``: mkdocs --strict builds with no warning and without the network."""
     # Not -q: at that level mkdocs drops the warnings that --strict would count.

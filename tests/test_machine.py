@@ -6,8 +6,9 @@ import itertools
 from typing import Any
 
 import pytest
-from transitions import MachineError
+from transitions import Machine, MachineError
 
+from multiconnector import machine as machine_module
 from multiconnector.machine import (
     EVENTS,
     STATES,
@@ -94,3 +95,146 @@ def test_lifecycle_through_the_table() -> None:
     record.awaiting = ("b",)
     assert step(record, "transfer_finished", "b") is State.finished
     assert step(record, "cancel", None) is State.cancelled
+
+
+# -- the tables are built at import time: build them again here, so that what builds them is
+# -- tested too (a mutation test, which imports the module once, would not see it otherwise).
+
+
+def walk(candidates: tuple[Any, ...], record: RequestTransferState, arg: Any) -> State | None:
+    """step's rule: the first candidate whose guard returns what it must."""
+    for guard, want, dest in candidates:
+        if guard is None or guard(record, arg) is want:
+            return dest
+    return None
+
+
+def decide(decision: Any, record: RequestTransferState, arg: Any) -> State | None:
+    """The aggregator's hot-path use of a decision."""
+    guard, yes, no = decision
+    return yes if guard is None or guard(record, arg) else no
+
+
+def test_tables_built_again_agree_with_transitions_machine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert machine_module._events() == tuple(build_machine().events) == EVENTS
+    table = machine_module._compile()
+    assert set(table) == set(STATES)
+    monkeypatch.setattr(machine_module, "TABLE", table)
+    for state, event in itertools.product(STATES, EVENTS):
+        for awaiting, arg in SCENARIOS:
+            if event == "request_finished" and not isinstance(arg, tuple):
+                continue
+            if event in {"transfer_finished", "connector_gone"} and not isinstance(arg, str):
+                continue
+            record = RequestTransferState("r", state=state, awaiting=awaiting)
+            expected = machine_says(state, event, awaiting, arg)
+            assert step(record, event, arg) == expected, (state, event, awaiting, arg)
+            decision = machine_module._decision(table[state].get(event, ()))
+            assert decision is not None  # the declaration needs no walk anywhere
+            assert decide(decision, record, arg) == expected, (state, event, awaiting, arg)
+            assert machine_module.DECISIONS[event][state] == decision
+
+
+def yes(record: RequestTransferState, arg: Any) -> bool:
+    return bool(arg)
+
+
+def other(record: RequestTransferState, arg: Any) -> bool:
+    return not arg
+
+
+@pytest.mark.parametrize(
+    ("candidates", "walkable"),
+    [
+        ((), True),
+        (((None, True, State.finished),), True),
+        (((yes, True, State.finished),), True),
+        (((yes, False, State.finished),), True),
+        (((yes, True, State.finished), (yes, False, State.cancelled)), True),
+        (((yes, False, State.finished), (yes, True, State.cancelled)), True),
+        (((yes, True, State.finished), (None, True, State.cancelled)), True),
+        (((yes, False, State.finished), (None, True, State.cancelled)), True),
+        # Candidates one guard call cannot decide: the caller walks them.
+        (((yes, True, State.finished), (other, True, State.cancelled)), False),
+        (((yes, True, State.finished), (yes, True, State.cancelled)), False),
+    ],
+)
+def test_a_decision_takes_exactly_the_walks_choices(candidates: Any, walkable: bool) -> None:
+    decision = machine_module._decision(candidates)
+    assert (decision is not None) is walkable
+    if decision is not None:
+        record = RequestTransferState("r")
+        for arg in (True, False):
+            assert decide(decision, record, arg) == walk(candidates, record, arg), arg
+
+
+@pytest.mark.parametrize(
+    ("conds", "unless", "arg", "awaiting", "holds"),
+    [
+        ([], [], "a", (), True),
+        (["is_last"], [], "a", ("a",), True),
+        (["is_last"], [], "a", ("a", "b"), False),
+        ([], ["is_last"], "a", ("a",), False),
+        ([], ["is_last"], "a", ("a", "b"), True),
+        (["is_last", "is_last"], [], "a", ("a",), True),
+        (["is_last"], ["is_last"], "a", ("a",), False),
+        (["is_last", "is_last"], [], "a", ("b",), False),
+        ([], ["is_last", "is_last"], "a", ("b",), True),
+        ([], ["is_last", "is_last"], "a", ("a",), False),
+    ],
+)
+def test_a_folded_guard_holds_exactly_when_the_transition_may_fire(
+    conds: list[str], unless: list[str], arg: str, awaiting: tuple[str, ...], holds: bool
+) -> None:
+    guard, want = machine_module._guard(conds, unless)
+    record = RequestTransferState("r", state=State.finishing, awaiting=awaiting)
+    assert (guard is None or guard(record, arg) is want) is holds
+
+
+def test_as_list_reads_every_spelling_of_a_declaration_field() -> None:
+    assert machine_module._as_list(None) == []
+    assert machine_module._as_list("pending") == ["pending"]
+    assert machine_module._as_list(["pending", "finishing"]) == ["pending", "finishing"]
+    assert machine_module._as_list(("pending",)) == ["pending"]
+
+
+def test_build_machine_is_the_declaration_and_nothing_more() -> None:
+    machine = build_machine()
+    assert list(machine.states) == [s.value for s in STATES]
+    assert machine.initial == State.pending.value
+    assert list(machine.events) == list(EVENTS)  # no auto transitions (to_pending, ...)
+    assert machine.models == []
+    model = RequestTransferState("r", state=State.finished)
+    with pytest.raises(MachineError):  # invalid triggers are errors, not silently ignored
+        machine.events["cancel"].trigger(model, None)
+    assert (
+        len(TRANSITIONS)
+        == sum(len(t) for e in machine.events.values() for t in e.transitions.values()) - 1
+    )  # cancel is declared once for two sources
+
+    class Recording(Machine):
+        pass
+
+    built = build_machine(machine_cls=Recording, name="named")
+    assert type(built) is Recording and built.name == "named: "
+
+
+def test_the_compiler_honours_unless_in_any_declaration_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # In the real declaration each "unless" transition follows its "conditions" twin, so a
+    # compiler that dropped "unless" would still walk to the same states; declared the other
+    # way round, it would not.
+    reordered = (
+        {"trigger": "request_finished", "source": "pending", "dest": "finished",
+         "unless": "has_savers"},
+        {"trigger": "request_finished", "source": "pending", "dest": "finishing",
+         "conditions": "has_savers"},
+    )  # fmt: skip
+    monkeypatch.setattr(machine_module, "TRANSITIONS", reordered)
+    monkeypatch.setattr(machine_module, "TABLE", machine_module._compile())
+    record = RequestTransferState("r")
+    assert step(record, "request_finished", ("a",)) is State.finishing
+    assert step(record, "request_finished", ()) is State.finished

@@ -177,9 +177,9 @@ def test_all_clashes_reported_at_once() -> None:
         ([("a", {}), ("a", {})], {}, DuplicateConnectorError, ["'a'", "twice"]),
         ([(3, {})], {}, InvalidNameError, ["contributions[0][0]", "int"]),
         ([("", {})], {}, InvalidNameError, ["contributions[0][0]"]),
-        ([("a", {}, "extra")], {}, TypeError, ["contributions[0]"]),
-        ({"a": {}}, {}, TypeError, ["contributions="]),
-        ([], {"allow_equal": "yes"}, TypeError, ["allow_equal="]),
+        ([("a", {}, "extra")], {}, TypeError, ["contributions[0]=('a', {}, 'extra')", "tuple"]),
+        ({"a": {}}, {}, TypeError, ["contributions={'a': {}}", "dict"]),
+        ([], {"allow_equal": "yes"}, TypeError, ["allow_equal='yes'", "str"]),
     ],
 )
 def test_bad_inputs(items: Any, kwargs: Any, error: type[Exception], words: list[str]) -> None:
@@ -208,3 +208,39 @@ def test_linear_time_on_100k_keys() -> None:
     assert merged is not None and len(merged) == 100_000
     assert Counter(k.split("_")[0] for k in merged) == {f"k{i}": 20_000 for i in range(5)}
     assert elapsed < 1.0, f"{elapsed:.3f} s for 100 000 keys"
+
+
+def test_allow_equal_compares_values_not_identity() -> None:
+    # Equal values that are distinct objects: not a clash under allow_equal, a clash without.
+    first, again = {"k": [1, 2], "n": 10**20}, {"k": [1, 2], "n": int("1" + "0" * 20)}
+    assert first["k"] is not again["k"] and first["n"] is not again["n"]
+    assert merge_transfer_params([("a", first), ("b", again)], allow_equal=True) == first
+    with pytest.raises(KeyClashError):
+        merge_transfer_params([("a", first), ("b", again)])
+
+
+def test_allow_equal_treats_an_ambiguous_comparison_as_a_clash() -> None:
+    class Ambiguous:
+        """Like an array: its == cannot be read as one bool."""
+
+        def __eq__(self, other: object) -> bool:
+            raise ValueError("truth value is ambiguous")
+
+        __hash__ = object.__hash__
+
+    with pytest.raises(KeyClashError) as info:
+        merge_transfer_params(
+            [("a", {"k": Ambiguous()}), ("b", {"k": Ambiguous()})], allow_equal=True
+        )
+    assert info.value.clashes == {"k": ("a", "b")}
+    same = Ambiguous()  # the very same object is equal to itself, without asking ==
+    merged = merge_transfer_params([("a", {"k": same}), ("b", {"k": same})], allow_equal=True)
+    assert merged == {"k": same}
+
+
+def test_str_subclass_keys_are_accepted() -> None:
+    class Key(str):
+        pass
+
+    merged = merge_transfer_params([("a", {Key("k"): 1}), ("b", {"j": 2})])
+    assert merged == {"k": 1, "j": 2}

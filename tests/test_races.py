@@ -12,43 +12,189 @@ import pytest
 from multiconnector import ConnectorRegistry, MultiConnector, Outcome, State
 from multiconnector.aggregator import OTHER_NAMES
 from tests.connectors import Scripted
+from tests.stripes import CHOSEN, STRIPE_COUNTS, ids_on, stripe_of
 
 
-def test_unregister_while_request_finished_applies_never_strands(
-    monkeypatch: pytest.MonkeyPatch,
+class Tracked:
+    """A stripe lock that notes each thread that asks for it, before it waits."""
+
+    def __init__(self, lock: Any, index: int, asked: list[tuple[str, int]]) -> None:
+        self._lock, self._index, self._asked = lock, index, asked
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        self._asked.append((threading.current_thread().name, self._index))
+        return bool(self._lock.acquire(blocking, timeout))
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def tracked(mc: MultiConnector) -> list[tuple[str, int]]:
+    """Replace ``mc``'s stripe locks by ones that record who asks for which stripe."""
+    asked: list[tuple[str, int]] = []
+    mc._locks = tuple(Tracked(lock, i, asked) for i, lock in enumerate(mc._locks))
+    return asked
+
+
+def striped(
+    connectors: dict[str, Scripted | None], stripes: int, stripe: int
+) -> tuple[MultiConnector, str]:
+    """An aggregator with ``stripes`` locks, and a request id on ``stripe``."""
+    mc = MultiConnector(ConnectorRegistry(connectors), stripes=stripes)
+    (rid,) = ids_on(mc, [stripe])
+    return mc, rid
+
+
+CHOSEN_IDS = [f"{n}-stripes-#{s}" for n, s in CHOSEN]
+
+
+@pytest.mark.parametrize("stripes", STRIPE_COUNTS)
+def test_each_event_takes_the_lock_of_the_stripe_the_tests_compute(stripes: int) -> None:
+    # The helpers in tests/stripes.py must agree with the aggregator, or the tests below would
+    # exercise other stripes than they say.
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted()}), stripes=stripes)
+    asked = tracked(mc)
+    ids = ids_on(mc, range(stripes))
+    assert [stripe_of(mc, rid) for rid in ids] == list(range(stripes))
+    for rid in ids:
+        mc.begin(rid)
+        for event, args in (
+            (mc.request_finished, (rid,)),
+            (mc.transfer_finished, (rid, "a")),
+            (mc.cancel, (rid,)),
+            (mc.get, (rid,)),
+        ):
+            asked.clear()
+            event(*args)  # type: ignore[operator]
+            assert asked == [("MainThread", stripe_of(mc, rid))], event
+
+
+def unregister_while_request_finished_applies(
+    stripes: int, stripe: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The unregister scan cannot miss a request whose awaited set is being written."""
+    """A request on ``stripe`` is paused inside request_finished's update, under its stripe lock,
+    after the registry was checked; meanwhile a saver it is about to await is unregistered."""
     inside, go = threading.Event(), threading.Event()
     original = MultiConnector._intern
 
     def paused(self: MultiConnector, names: tuple[str, ...]) -> tuple[str, ...]:
-        # Runs under the request's stripe lock, after the registry was checked.
         if threading.current_thread().name == "finisher" and not inside.is_set():
             inside.set()
             go.wait(5)
         return original(self, names)
 
     monkeypatch.setattr(MultiConnector, "_intern", paused)
-    mc = MultiConnector(ConnectorRegistry({"a": Scripted(), "b": Scripted(saves=False)}))
-    mc.begin("r")
+    mc, rid = striped({"a": Scripted(), "b": Scripted(saves=False)}, stripes, stripe)
+    asked = tracked(mc)
+    mc.begin(rid)
     mc.register("c", Scripted())
-    finisher = threading.Thread(target=mc.request_finished, args=("r",), name="finisher")
+    finisher = threading.Thread(target=mc.request_finished, args=(rid,), name="finisher")
     finisher.start()
     assert inside.wait(5)
-    remover = threading.Thread(target=mc.unregister, args=("a",))
+    remover = threading.Thread(target=mc.unregister, args=("a",), name="remover")
     remover.start()
-    time.sleep(0.05)  # the remover now waits for the finisher's stripe lock
+    # The remover either waits for the finisher's stripe (right) or scans without it (a bug that
+    # would miss the request): wait for one or the other, no sleep, no luck involved.
+    deadline = time.monotonic() + 5
+    while ("remover", stripe) not in asked and remover.is_alive():
+        assert time.monotonic() < deadline, "the remover neither waits nor finishes"
+        time.sleep(0.0005)
     go.set()
     finisher.join(5)
     remover.join(5)
-    record = mc.get("r")
+    assert not finisher.is_alive() and not remover.is_alive()
+    record = mc.get(rid)
     assert record is not None
-    assert (record.awaiting, record.abandoned) == (("c",), ("a",))
-    assert mc.transfer_finished("r", "c") is Outcome.applied
+    assert (record.awaiting, record.abandoned) == (("c",), ("a",)), (stripes, stripe)
+    assert mc.transfer_finished(rid, "c") is Outcome.applied
     assert [r.state for r in mc.take()] == [State.finished]
 
 
-def test_a_second_concurrent_request_finished_is_a_duplicate_and_asks_nobody() -> None:
+@pytest.mark.parametrize("stripes", STRIPE_COUNTS)
+def test_unregister_while_request_finished_applies_never_strands_on_any_stripe(
+    stripes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unregister scan cannot miss a request whose awaited set is being written, whichever
+    stripe the request is on: every stripe of each count is tried."""
+    for stripe in range(stripes):
+        with monkeypatch.context() as patch:
+            unregister_while_request_finished_applies(stripes, stripe, patch)
+
+
+class Reregistering(Scripted):
+    """A saver that, while it is asked, unregisters its own name and registers it again."""
+
+    def __init__(self, replacement: Scripted | None = None) -> None:
+        super().__init__()
+        self.replacement = replacement
+        self.mc: MultiConnector | None = None  # None: an ordinary saver
+
+    def request_finished(
+        self, request_id: str, blocks: Sequence[int]
+    ) -> tuple[bool, Mapping[str, Any] | None]:
+        if self.mc is not None:
+            self.mc.unregister("s")
+            self.mc.register("s", self if self.replacement is None else self.replacement)
+        return super().request_finished(request_id, blocks)
+
+
+@pytest.mark.parametrize("again", ["itself", "another"])
+@pytest.mark.parametrize(("stripes", "stripe"), CHOSEN, ids=CHOSEN_IDS)
+def test_a_saver_that_reregisters_while_asked_is_abandoned_not_awaited(
+    stripes: int, stripe: int, again: str
+) -> None:
+    # The unregister rule: the registration that promised the save was unregistered, so it can
+    # never report. The request must not await the name (the new registration promised nothing
+    # and would strand it): "s" is expected and abandoned at once, and its later reports are
+    # ignored. The other saver is still awaited.
+    replacement = Scripted() if again == "another" else None
+    saver = Reregistering(replacement)
+    other = Scripted()
+    mc, rid = striped({"s": saver, "o": other}, stripes, stripe)
+    saver.mc = mc
+    mc.begin(rid)
+    assert mc.request_finished(rid) == (Outcome.applied, None)
+    record = mc.get(rid)
+    assert record is not None
+    assert (record.state, record.awaiting) == (State.finishing, ("o",))
+    assert (record.expected, record.abandoned) == (("s", "o"), ("s",))
+    assert mc.transfer_finished(rid, "s") is Outcome.unregistered
+    assert mc.transfer_finished(rid, "o") is Outcome.applied
+    assert [(r.state, r.abandoned) for r in mc.take()] == [(State.finished, ("s",))]
+    assert saver.on_finished_calls == [] and (replacement is None or not replacement.finished_calls)
+    assert mc.connector_counts()["s"] == {Outcome.unregistered: 1}
+
+
+@pytest.mark.parametrize(("stripes", "stripe"), CHOSEN, ids=CHOSEN_IDS)
+def test_a_lone_saver_that_reregisters_while_asked_finishes_the_request(
+    stripes: int, stripe: int
+) -> None:
+    # Nothing left to await: the request is finished at once, and "s" is abandoned.
+    saver = Reregistering()
+    mc, rid = striped({"s": saver}, stripes, stripe)
+    saver.mc = mc
+    mc.begin(rid)
+    assert mc.request_finished(rid) == (Outcome.applied, None)
+    (record,) = mc.take()
+    assert (record.state, record.awaiting, record.abandoned) == (State.finished, (), ("s",))
+    assert mc.transfer_finished(rid, "s") is Outcome.unknown_request  # taken: forgotten
+    assert "s" in mc.registry  # registered again, free for the next requests
+    mc.begin(rid)
+    saver.mc = None  # no more tricks: an ordinary saver now
+    assert mc.request_finished(rid) == (Outcome.applied, None)
+    assert mc.get(rid).awaiting == ("s",)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("stripes", "stripe"), CHOSEN, ids=CHOSEN_IDS)
+def test_a_second_concurrent_request_finished_is_a_duplicate_and_asks_nobody(
+    stripes: int, stripe: int
+) -> None:
     entered, release = threading.Event(), threading.Event()
 
     class Slow(Scripted):
@@ -60,21 +206,24 @@ def test_a_second_concurrent_request_finished_is_a_duplicate_and_asks_nobody() -
             return super().request_finished(request_id, blocks)
 
     slow = Slow()
-    mc = MultiConnector(ConnectorRegistry({"slow": slow}))
-    mc.begin("r")
+    mc, rid = striped({"slow": slow}, stripes, stripe)
+    mc.begin(rid)
     results: list[Any] = []
-    first = threading.Thread(target=lambda: results.append(mc.request_finished("r")))
+    first = threading.Thread(target=lambda: results.append(mc.request_finished(rid)))
     first.start()
     assert entered.wait(5)
-    assert mc.request_finished("r") == (Outcome.duplicate, None)
+    assert mc.request_finished(rid) == (Outcome.duplicate, None)
     release.set()
     first.join(5)
     assert results == [(Outcome.applied, None)]
     assert len(slow.finished_calls) == 1  # asked once: one promise, one awaited name
-    assert mc.get("r").awaiting == ("slow",)  # type: ignore[union-attr]
+    assert mc.get(rid).awaiting == ("slow",)  # type: ignore[union-attr]
 
 
-def test_a_call_that_claims_just_after_another_finished_asks_nobody() -> None:
+@pytest.mark.parametrize(("stripes", "stripe"), CHOSEN, ids=CHOSEN_IDS)
+def test_a_call_that_claims_just_after_another_finished_asks_nobody(
+    stripes: int, stripe: int
+) -> None:
     # The second call takes its first look (pending) while the first call is asking, and claims
     # the moment the first one releases its claim. It must then see the state the first wrote
     # and ask nobody, or its connectors would promise saves nobody tracks.
@@ -110,15 +259,15 @@ def test_a_call_that_claims_just_after_another_finished_asks_nobody() -> None:
             return super().request_finished(request_id, blocks)
 
     holder = Holding()
-    mc = MultiConnector(ConnectorRegistry({"h": holder}))
+    mc, rid = striped({"h": holder}, stripes, stripe)
     mc._asking = Gate()
-    mc.begin("r")
+    mc.begin(rid)
     results: dict[str, Any] = {}
 
-    runner = threading.Thread(target=lambda: results.update(first=mc.request_finished("r")))
+    runner = threading.Thread(target=lambda: results.update(first=mc.request_finished(rid)))
     runner.start()
     assert asking.wait(5)  # the first call holds its claim and asks
-    second.append(threading.Thread(target=lambda: results.update(second=mc.request_finished("r"))))
+    second.append(threading.Thread(target=lambda: results.update(second=mc.request_finished(rid))))
     second[0].start()
     assert at_claim.wait(5)  # the second call saw "pending" and is about to claim
     release.set()
@@ -126,22 +275,25 @@ def test_a_call_that_claims_just_after_another_finished_asks_nobody() -> None:
     second[0].join(5)
     assert results == {"first": (Outcome.applied, None), "second": (Outcome.duplicate, None)}
     assert len(holder.finished_calls) == 1  # asked once
-    assert mc.get("r").awaiting == ("h",)  # type: ignore[union-attr]
+    assert mc.get(rid).awaiting == ("h",)  # type: ignore[union-attr]
 
 
-def test_a_claim_is_released_when_a_connector_raises_a_base_exception() -> None:
+@pytest.mark.parametrize(("stripes", "stripe"), CHOSEN, ids=CHOSEN_IDS)
+def test_a_claim_is_released_when_a_connector_raises_a_base_exception(
+    stripes: int, stripe: int
+) -> None:
     class Interrupted(Scripted):
         def request_finished(
             self, request_id: str, blocks: Sequence[int]
         ) -> tuple[bool, Mapping[str, Any] | None]:
             raise KeyboardInterrupt
 
-    mc = MultiConnector(ConnectorRegistry({"x": Interrupted()}))
-    mc.begin("r")
+    mc, rid = striped({"x": Interrupted()}, stripes, stripe)
+    mc.begin(rid)
     with pytest.raises(KeyboardInterrupt):
-        mc.request_finished("r")
+        mc.request_finished(rid)
     mc.unregister("x")
-    assert mc.request_finished("r")[0] is Outcome.applied  # not refused as a duplicate
+    assert mc.request_finished(rid)[0] is Outcome.applied  # not refused as a duplicate
 
 
 def test_counters_stay_bounded_under_made_up_names() -> None:
@@ -157,10 +309,14 @@ def test_counters_stay_bounded_under_made_up_names() -> None:
     assert mc.counts()[Outcome.unknown_connector] == 5_000
 
 
-def test_a_request_begun_again_while_an_old_call_asks_can_be_finished() -> None:
+@pytest.mark.parametrize(("stripes", "stripe"), CHOSEN, ids=CHOSEN_IDS)
+def test_a_request_begun_again_while_an_old_call_asks_can_be_finished(
+    stripes: int, stripe: int
+) -> None:
     # Claims belong to records: the old call's claim on the cancelled, taken record does not
     # make the new request's request_finished a duplicate.
     mc: MultiConnector
+    rid: str
     seen: dict[str, Any] = {}
 
     class Recycler(Scripted):
@@ -174,18 +330,22 @@ def test_a_request_begun_again_while_an_old_call_asks_can_be_finished() -> None:
                 seen["new"] = mc.request_finished(request_id)
             return super().request_finished(request_id, blocks)
 
-    mc = MultiConnector(ConnectorRegistry({"a": Recycler()}))
-    mc.begin("r")
-    assert mc.request_finished("r") == (Outcome.unknown_request, None)  # its record is gone
+    mc, rid = striped({"a": Recycler()}, stripes, stripe)
+    mc.begin(rid)
+    assert mc.request_finished(rid) == (Outcome.unknown_request, None)  # its record is gone
     assert seen == {"taken": [State.cancelled], "new": (Outcome.applied, None)}
-    record = mc.get("r")
+    record = mc.get(rid)
     assert record is not None
     assert (record.state, record.awaiting) == (State.finishing, ("a",))
 
 
-def test_request_finished_by_while_request_finished_asks_is_a_duplicate() -> None:
+@pytest.mark.parametrize(("stripes", "stripe"), CHOSEN, ids=CHOSEN_IDS)
+def test_request_finished_by_while_request_finished_asks_is_a_duplicate(
+    stripes: int, stripe: int
+) -> None:
     # Otherwise the asking call's connectors would commit to saves the record never awaits.
     mc: MultiConnector
+    rid: str
     by: list[Outcome] = []
 
     class Asker(Scripted):
@@ -195,17 +355,20 @@ def test_request_finished_by_while_request_finished_asks_is_a_duplicate() -> Non
             by.append(mc.request_finished_by(request_id, ()))
             return super().request_finished(request_id, blocks)
 
-    mc = MultiConnector(ConnectorRegistry({"a": Asker()}))
-    mc.begin("r")
-    assert mc.request_finished("r") == (Outcome.applied, None)
+    mc, rid = striped({"a": Asker()}, stripes, stripe)
+    mc.begin(rid)
+    assert mc.request_finished(rid) == (Outcome.applied, None)
     assert by == [Outcome.duplicate]
-    assert mc.get("r").awaiting == ("a",)  # type: ignore[union-attr]
-    assert mc.request_finished_by("r", ("a",)) is Outcome.duplicate  # finishing already
+    assert mc.get(rid).awaiting == ("a",)  # type: ignore[union-attr]
+    assert mc.request_finished_by(rid, ("a",)) is Outcome.duplicate  # finishing already
     assert mc.counts()[Outcome.duplicate] == 2
 
 
+@pytest.mark.parametrize(("stripes", "stripe"), CHOSEN, ids=CHOSEN_IDS)
 @pytest.mark.parametrize("event", ["request_finished", "request_finished_by"])
-def test_an_interrupt_right_after_the_claim_leaks_no_claim(event: str) -> None:
+def test_an_interrupt_right_after_the_claim_leaks_no_claim(
+    event: str, stripes: int, stripe: int
+) -> None:
     # A signal's KeyboardInterrupt can land just after the claim is made.
     fire = [True]
 
@@ -217,11 +380,11 @@ def test_an_interrupt_right_after_the_claim_leaks_no_claim(event: str) -> None:
                 raise KeyboardInterrupt
             return made
 
-    mc = MultiConnector(ConnectorRegistry({"a": Scripted(saves=False)}))
+    mc, rid = striped({"a": Scripted(saves=False)}, stripes, stripe)
     mc._asking = Interrupting()
-    mc.begin("r")
+    mc.begin(rid)
     finish = getattr(mc, event)
-    args: tuple[Any, ...] = ("r",) if event == "request_finished" else ("r", ())
+    args: tuple[Any, ...] = (rid,) if event == "request_finished" else (rid, ())
     with pytest.raises(KeyboardInterrupt):
         finish(*args)
     assert dict(mc._asking) == {}

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from typing import Any
 
 import pytest
 
@@ -107,3 +108,49 @@ def test_listeners_are_held_weakly_and_all_called() -> None:
     assert [str(e) for e in info.value.exceptions] == ["listener"]
     with pytest.raises(InvalidArgumentError, match="listener=5"):
         registry.subscribe(5)  # type: ignore[arg-type]
+
+
+def test_get_repr_and_entries_of_a_registry() -> None:
+    quick, fallback = Scripted(), Scripted()
+    registry = ConnectorRegistry({"quick": quick, "dead": None})
+    assert registry.get("quick") is quick
+    assert registry.get("dead", fallback) is None  # registered as not ready: not the default
+    assert registry.get("ghost") is None
+    assert registry.get("ghost", fallback) is fallback
+    assert repr(registry) == "ConnectorRegistry({'quick': Scripted, 'dead': None})"
+    assert repr(ConnectorRegistry()) == "ConnectorRegistry({})"
+    dead = registry.entry("dead")
+    assert dead is not None and (dead.name, dead.connector) == ("dead", None)
+    assert dead.request_finished is None and dead.on_finished is None
+
+
+def test_a_non_callable_attribute_is_no_method() -> None:
+    class Odd(Scripted):
+        on_finished = 3  # type: ignore[assignment]
+        on_load_finished = None  # type: ignore[assignment]
+
+    registry = ConnectorRegistry({"odd": Odd()})
+    entry = registry.entry("odd")
+    assert entry is not None
+    assert entry.on_finished is None and entry.on_load_finished is None
+    assert entry.request_finished is not None
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (
+            lambda: ConnectorRegistry(5),  # type: ignore[arg-type]
+            ["connectors=5 (type int) must be a Mapping or an iterable of (name, connector) pairs"],
+        ),
+        (
+            lambda: ConnectorRegistry().register("x", object()),
+            ["connector=<object object", "callable request_finished"],
+        ),
+    ],
+)
+def test_errors_show_the_value_and_what_was_expected(make: Any, words: list[str]) -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        make()
+    assert all(w in str(info.value) for w in words), str(info.value)
+    assert str(info.value).endswith(words[-1])

@@ -19,6 +19,8 @@ from multiconnector.simulate import FAULT_KINDS, SimulationConfig, render_summar
 
 SMALL = 1500
 
+pytestmark = pytest.mark.timeout(120)  # simulations: longer than the default time limit
+
 
 def _stable(result_json: dict[str, Any]) -> dict[str, Any]:
     """The JSON minus wall-clock figures."""

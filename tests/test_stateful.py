@@ -224,7 +224,8 @@ def check_complete(record: RequestTransferState) -> None:
 AggregatorMachine.TestCase.settings = settings(
     settings(), stateful_step_count=50, max_examples=settings().max_examples
 )
-TestAggregator = AggregatorMachine.TestCase
+# 100 programs of up to 50 steps: a few seconds, more than the default time limit on a busy host.
+TestAggregator = pytest.mark.timeout(120)(AggregatorMachine.TestCase)
 
 
 def test_reference_model_can_fail() -> None:

@@ -60,7 +60,7 @@ from multiconnector.vllm import (  # noqa: E402
     msgspec_enc_hook,
 )
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]  # vLLM engine start-up
 
 
 def named(name: Any, kv_connector: str) -> dict[str, Any]:

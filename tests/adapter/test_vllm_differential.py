@@ -30,7 +30,7 @@ from vllm_harness import Engine, make_config, make_connector, make_request  # no
 
 from multiconnector.vllm import NamedMultiConnectorMetadata  # noqa: E402
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]  # vLLM engine start-up
 
 
 def both(reason: str, raises: type[BaseException] | None = AssertionError) -> pytest.MarkDecorator:

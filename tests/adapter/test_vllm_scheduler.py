@@ -21,7 +21,7 @@ from vllm_harness import BLOCK, Engine, make_config, make_request  # noqa: E402
 from multiconnector import KeyClashError, Outcome, State  # noqa: E402
 from multiconnector.vllm import MultiConnector, NamedMultiConnectorMetadata  # noqa: E402
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]  # vLLM engine start-up
 
 
 def example(name: str, storage: Path) -> dict[str, object]:
