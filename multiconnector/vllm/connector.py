@@ -575,7 +575,7 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def on_new_request(self, request: Any) -> None:
         self._ensure(request)
-        self._gather("on_new_request", lambda _, c: c.on_new_request(request))
+        self._each("on_new_request", request)
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
@@ -614,12 +614,16 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         """The loader gets ``num_external_tokens``; every other child gets 0 and the blocks."""
         request_id = request.request_id
         loader = self._loader(request_id)
-        self._gather(
-            "update_state_after_alloc",
-            lambda name, c: c.update_state_after_alloc(
-                request, blocks, num_external_tokens if name == loader else 0
-            ),
-        )
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # once per scheduled request: no helper
+            try:
+                child.update_state_after_alloc(
+                    request, blocks, num_external_tokens if name == loader else 0
+                )
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("update_state_after_alloc", failures)
         if (
             num_external_tokens > 0
             and loader is not None
