@@ -472,8 +472,8 @@ def bench_vllm(sizes: Sizes, report: Report) -> None:
 def bench_scheduler_loop(sizes: Sizes, report: Report) -> None:
     missing = [m for m in ("vllm", "multiconnector.vllm") if not _importable(m)]
     if missing:
-        line = f"scheduler-loop rows skipped: {', '.join(missing)} not importable (install the vllm extra)"
-        report.notes.append(line)
+        line = f"scheduler-loop rows skipped: {', '.join(missing)} not importable"
+        report.notes.append(line + " (install the vllm extra)")
         report.figures["scheduler_loop_ratio_vs_real_vllm"] = None
         return
     importlib.import_module("scheduler_loop").bench(sizes, report)

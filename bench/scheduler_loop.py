@@ -41,8 +41,8 @@ from run import NAMES, Report, Row, Sizes, median, p90
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "adapter"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from vllm import SamplingParams  # noqa: E402
-from vllm.config import (  # noqa: E402
+from vllm import SamplingParams
+from vllm.config import (
     CacheConfig,
     DeviceConfig,
     KVTransferConfig,
@@ -50,13 +50,13 @@ from vllm.config import (  # noqa: E402
     SchedulerConfig,
     VllmConfig,
 )
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
-from vllm.utils.hashing import sha256  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
-from vllm_harness import (  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm_harness import (
     BLOCK,
     EOS,
     TINY_OPT,
@@ -69,7 +69,9 @@ logging.getLogger("vllm").setLevel(logging.ERROR)
 
 PROMPT = 32
 OUTPUT = 4
-LAYERS = tuple(f"model.decoder.layers.{i}.self_attn.attn" for i in range(TINY_OPT["num_hidden_layers"]))
+LAYERS = tuple(
+    f"model.decoder.layers.{i}.self_attn.attn" for i in range(TINY_OPT["num_hidden_layers"])
+)
 
 #: The children as a vLLM user lists them (``multiconnector_name`` is read by ours only).
 CHILDREN = [
@@ -252,7 +254,7 @@ def bench(sizes: Sizes, report: Report) -> None:
                 low, high = quartiles(times[who])
                 report.rows.append(
                     Row(
-                        f"scheduler loop, {label}: {name} (IQR {low * 1e6:.0f}–"
+                        f"scheduler loop, {label}: {name} (IQR {low * 1e6:.0f}-"
                         f"{high * 1e6:.0f} µs)",
                         median(times[who]) * 1e6,
                         p90(times[who]) * 1e6,
@@ -265,7 +267,7 @@ def bench(sizes: Sizes, report: Report) -> None:
             headline = index == 0
             report.rows.append(
                 Row(
-                    f"scheduler loop ratio, {label}: ours ÷ vLLM (IQR {low:.3f}–{high:.3f})",
+                    f"scheduler loop ratio, {label}: ours ÷ vLLM (IQR {low:.3f}-{high:.3f})",
                     median(ratios),
                     p90(ratios),
                     "x",
