@@ -52,6 +52,8 @@ class Sizes:
     thread_repeats: int = 11
     vllm_steps: int = 40
     vllm_repeats: int = 11
+    loop_requests: int = 128
+    loop_repeats: int = 21
     check_states: int | None = None  # None: the default bound, to the end
 
 
@@ -69,6 +71,8 @@ QUICK = Sizes(
     thread_repeats=2,
     vllm_steps=2,
     vllm_repeats=2,
+    loop_requests=8,
+    loop_repeats=2,
     check_states=300,
 )
 
@@ -465,6 +469,16 @@ def bench_vllm(sizes: Sizes, report: Report) -> None:
     vllm_rows.bench(sizes, report)
 
 
+def bench_scheduler_loop(sizes: Sizes, report: Report) -> None:
+    missing = [m for m in ("vllm", "multiconnector.vllm") if not _importable(m)]
+    if missing:
+        line = f"scheduler-loop rows skipped: {', '.join(missing)} not importable"
+        report.notes.append(line + " (install the vllm extra)")
+        report.figures["scheduler_loop_ratio_vs_real_vllm"] = None
+        return
+    importlib.import_module("scheduler_loop").bench(sizes, report)
+
+
 def _importable(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -523,6 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("threads", lambda: bench_threads(sizes, report)),
         ("check", lambda: bench_check(sizes, report)),
         ("vllm", lambda: bench_vllm(sizes, report)),
+        ("scheduler-loop", lambda: bench_scheduler_loop(sizes, report)),
     ):
         if args.only and name not in args.only.split(","):
             continue

@@ -89,3 +89,27 @@ def test_vllm_rows_run_through_all_three(tmp_path: Path) -> None:
     assert isinstance(figures["yardstick_ratio_vs_real_vllm"], float)
     for row in ("vLLM MultiConnector", "our vLLM adapter", "our core MultiConnector", "yardstick"):
         assert row in table
+
+
+def test_scheduler_loop_rows_are_skipped_with_a_line_without_the_extra(tmp_path: Path) -> None:
+    if missing_reason() is None:
+        pytest.skip("the vLLM extra is installed: the rows run (see the vllm-marked test)")
+    table, figures = run(tmp_path, "--only", "scheduler-loop")
+    assert "scheduler-loop rows skipped" in table
+    assert figures["scheduler_loop_ratio_vs_real_vllm"] is None
+
+
+@pytest.mark.vllm
+def test_scheduler_loop_rows_run_both_connectors_at_both_sizes(tmp_path: Path) -> None:
+    require_vllm()
+    table, figures = run(tmp_path, "--only", "scheduler-loop")
+    ratio = figures["scheduler_loop_ratio_vs_real_vllm"]
+    assert isinstance(ratio, float) and math.isfinite(ratio) and ratio > 0
+    assert isinstance(figures["scheduler_loop_ratio_vs_real_vllm_full_batches"], float)
+    sizes = figures["scheduler_loop"]
+    assert isinstance(sizes, dict) and len(sizes) == 2
+    for entry in sizes.values():
+        assert entry["vllm_us"] > 0 and entry["ours_us"] > 0
+        assert entry["vllm_iqr_us"][0] <= entry["vllm_iqr_us"][1]
+    for row in ("scheduler loop, 16 seqs", "scheduler loop, full batches of 128", "≤ 1.03"):
+        assert row in table

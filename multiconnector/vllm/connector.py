@@ -67,6 +67,8 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._all_support_hma = not lacking
         self._specs: dict[str, ChildSpec] = {spec.name: spec for spec in specs}
         self._children: dict[str, Any] = _start_children(specs, vllm_config, role, kv_cache_config)
+        #: ``(name, child)`` pairs in configuration order, for the per-step fan-outs.
+        self._items: tuple[tuple[str, Any], ...] = tuple(self._children.items())
         side = SchedulerSide if role == KVConnectorRole.SCHEDULER else WorkerSide
         self._sides: dict[str, Any] = {
             name: side(self, name, child) for name, child in self._children.items()
@@ -143,6 +145,50 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             )
         return results
 
+    def _each(self, method: str, *args: Any) -> None:
+        """``child.<method>(*args)`` for every child; every failure raised together afterwards.
+
+        :meth:`_gather` for a call whose answers are not used, with no closure and no result
+        dict on the way (the per-step calls).
+        """
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:
+            try:
+                getattr(child, method)(*args)
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise(method, failures)
+
+    def _raise(self, what: str, failures: list[tuple[str, Exception]], result: Any = ...) -> None:
+        """Raise :class:`ConnectorFailures` for ``failures``, as :meth:`_gather` does."""
+        failed = [name for name, _ in failures]
+        if result is ...:
+            result = {name: None for name in self._children if name not in failed}
+        raise ConnectorFailures(
+            f"{len(failures)} child connector(s) raised in {what}: {', '.join(failed)}",
+            [exc for _, exc in failures],
+            failed=failed,
+            result=result,
+        )
+
+    def _present_list(self, method: str) -> list[Any]:
+        """The answers of :meth:`_present`, in order, without a closure or dicts on the way."""
+        found: list[Any] = []
+        failures: list[tuple[str, Exception]] | None = None
+        answers: dict[str, Any] = {}
+        for name, child in self._items:
+            try:
+                answers[name] = answer = getattr(child, method)()
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+                continue
+            if answer is not None:
+                found.append(answer)
+        if failures is not None:
+            self._raise(method, failures, result=answers)
+        return found
+
     def _present(self, method: str) -> dict[str, Any]:
         """Each child's no-argument ``method()``, keeping only answers that are not ``None``."""
         answers = self._gather(method, lambda _, c: getattr(c, method)())
@@ -164,8 +210,11 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             raise InvalidArgumentError(
                 f"connector_metadata={shown(metadata)} must be a NamedMultiConnectorMetadata"
             )
-        missing = [name for name in self._children if name not in metadata.children]
-        unexpected = sorted(name for name in metadata.names() if name not in self._children)
+        known = self._children
+        if metadata.children.keys() == known.keys() and _all_known(metadata, known):
+            return metadata  # every step: the common case, without building name sets
+        missing = [name for name in known if name not in metadata.children]
+        unexpected = sorted(name for name in metadata.names() if name not in known)
         if missing or unexpected:
             raise MetadataMismatchError(
                 f"connector metadata does not match this connector's children "
@@ -290,14 +339,18 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             finally:
                 del self._load_plan[request_id]
         children = metadata.children
-        self._gather(
-            "bind_connector_metadata",
-            lambda name, child: child.bind_connector_metadata(children[name]),
-        )
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:
+            try:
+                child.bind_connector_metadata(children[name])
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("bind_connector_metadata", failures)
         super().bind_connector_metadata(connector_metadata)
 
     def clear_connector_metadata(self) -> None:
-        self._gather("clear_connector_metadata", lambda _, c: c.clear_connector_metadata())
+        self._each("clear_connector_metadata")
         super().clear_connector_metadata()
 
     def shutdown(self) -> None:
@@ -309,7 +362,18 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return all(result is not False for result in results.values())
 
     def get_kv_connector_stats(self) -> NamedMultiConnectorStats | None:
-        stats = {name: s for name, s in self._tracker.stats().items() if s is not None}
+        stats: dict[str, Any] = {}
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # every step, on both roles: no helper
+            try:
+                found = child.get_kv_connector_stats()
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+                continue
+            if found is not None:
+                stats[name] = found
+        if failures is not None:
+            self._raise("get_kv_connector_stats", failures, result=stats)
         if not stats:
             return None
         sources = {
@@ -343,7 +407,7 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         )
 
     def finish_forward(self) -> None:
-        self._gather("finish_forward", lambda _, c: c.finish_forward())
+        self._each("finish_forward")
 
     def reset_capture_state(self) -> None:
         self._gather("reset_capture_state", lambda _, c: c.reset_capture_state())
@@ -353,21 +417,40 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._gather("handle_preemptions", lambda name, c: c.handle_preemptions(children[name]))
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        self._gather("start_load_kv", lambda _, c: c.start_load_kv(forward_context, **kwargs))
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:
+            try:
+                child.start_load_kv(forward_context, **kwargs)
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("start_load_kv", failures)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        self._gather("wait_for_layer_load", lambda _, c: c.wait_for_layer_load(layer_name))
+        # Called for every attention layer of every step: a plain loop, no helper.
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:
+            try:
+                child.wait_for_layer_load(layer_name)
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("wait_for_layer_load", failures)
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
     ) -> None:
-        self._gather(
-            "save_kv_layer",
-            lambda _, c: c.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs),
-        )
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:
+            try:
+                child.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("save_kv_layer", failures)
 
     def wait_for_save(self) -> None:
-        self._gather("wait_for_save", lambda _, c: c.wait_for_save())
+        self._each("wait_for_save")
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         results = self.get_transfer_results(finished_req_ids)
@@ -379,13 +462,13 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         A request is reported finished sending once every name the scheduler said saves it has
         reported; a load completion is passed on once, from the name chosen to load.
         """
-        failure: ConnectorFailures | None = None
-        try:
-            per_child = self._gather(
-                "get_transfer_results", lambda _, c: c.get_transfer_results(finished_req_ids)
-            )
-        except ConnectorFailures as exc:
-            failure, per_child = exc, exc.result
+        per_child: dict[str, Any] = {}
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # every step: no helper
+            try:
+                per_child[name] = child.get_transfer_results(finished_req_ids)
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
         results = KVConnectorTransferResults()
         loads = self._loads
         tracker = self._tracker
@@ -393,6 +476,8 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             if child_results.finished_sending:
                 tracker.transfer_finished_many(name, child_results.finished_sending)
             failed = child_results.failed_recving
+            if not failed and not child_results.finished_recving:
+                continue
             # Failed receives also count as finished: the scheduler must stop waiting.
             for request_id in child_results.finished_recving | failed:
                 if loads.load_finished(request_id, name) is not Outcome.applied:
@@ -403,32 +488,42 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 if request_id in self._finished_while_loading:
                     self._finished_while_loading.discard(request_id)
                     loads.cancel(request_id)
-        for request_id in finished_req_ids:
-            record = loads.peek(request_id)
-            if record is None:
-                continue
-            if record.loader is None or record.loaded:
-                loads.cancel(request_id)
-            else:  # aborted while loading: the scheduler still needs that one completion
-                self._finished_while_loading.add(request_id)
-        loads.take()
+        if len(loads):  # nothing to look up while no load is tracked
+            for request_id in finished_req_ids:
+                record = loads.peek(request_id)
+                if record is None:
+                    continue
+                if record.loader is None or record.loaded:
+                    loads.cancel(request_id)
+                else:  # aborted while loading: the scheduler still needs that one completion
+                    self._finished_while_loading.add(request_id)
+            loads.take()
+        sending = results.finished_sending
         for record in tracker.take():
             if record.state is State.finished:
-                results.finished_sending.add(record.request_id)
-        if failure is not None:
-            raise failure
+                sending.add(record.request_id)
+        if failures is not None:
+            self._raise("get_transfer_results", failures, result=per_child)
         return results
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         blocks: set[int] = set()
-        for found in self._gather(
-            "get_block_ids_with_load_errors", lambda _, c: c.get_block_ids_with_load_errors()
-        ).values():
-            blocks |= found
+        failures: list[tuple[str, Exception]] | None = None
+        answers: dict[str, Any] = {}
+        for name, child in self._items:
+            try:
+                answers[name] = found = child.get_block_ids_with_load_errors()
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+                continue
+            if found:
+                blocks |= found
+        if failures is not None:
+            self._raise("get_block_ids_with_load_errors", failures, result=answers)
         return blocks
 
     def get_kv_connector_kv_cache_events(self) -> Any:
-        found = list(self._present("get_kv_connector_kv_cache_events").values())
+        found = self._present_list("get_kv_connector_kv_cache_events")
         if not found:
             return None
         merged = found[0]
@@ -441,8 +536,21 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return NamedHandshakeMetadata(found) if found else None
 
     def build_connector_worker_meta(self) -> NamedMultiConnectorWorkerMetadata | None:
-        found = self._present("build_connector_worker_meta")
-        return NamedMultiConnectorWorkerMetadata(found) if found else None
+        found: dict[str, Any] | None = None
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # every step: no helper
+            try:
+                meta = child.build_connector_worker_meta()
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+                continue
+            if meta is not None:
+                if found is None:
+                    found = {}
+                found[name] = meta
+        if failures is not None:
+            self._raise("build_connector_worker_meta", failures, result=found or {})
+        return None if found is None else NamedMultiConnectorWorkerMetadata(found)
 
     def get_finished_count(self) -> int | None:
         counts = self._gather("get_finished_count", lambda _, c: c.get_finished_count())
@@ -467,7 +575,7 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def on_new_request(self, request: Any) -> None:
         self._ensure(request)
-        self._gather("on_new_request", lambda _, c: c.on_new_request(request))
+        self._each("on_new_request", request)
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
@@ -506,12 +614,16 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         """The loader gets ``num_external_tokens``; every other child gets 0 and the blocks."""
         request_id = request.request_id
         loader = self._loader(request_id)
-        self._gather(
-            "update_state_after_alloc",
-            lambda name, c: c.update_state_after_alloc(
-                request, blocks, num_external_tokens if name == loader else 0
-            ),
-        )
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # once per scheduled request: no helper
+            try:
+                child.update_state_after_alloc(
+                    request, blocks, num_external_tokens if name == loader else 0
+                )
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("update_state_after_alloc", failures)
         if (
             num_external_tokens > 0
             and loader is not None
@@ -520,12 +632,18 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             self._new_loads[request_id] = loader
 
     def build_connector_meta(self, scheduler_output: Any) -> NamedMultiConnectorMetadata:
-        children = self._gather(
-            "build_connector_meta", lambda _, c: c.build_connector_meta(scheduler_output)
-        )
-        metadata = NamedMultiConnectorMetadata(
-            children, savers=self._new_savers, loads=self._new_loads
-        )
+        children: dict[str, Any] = {}
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # every step: no helper
+            try:
+                children[name] = child.build_connector_meta(scheduler_output)
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("build_connector_meta", failures, result=children)
+        # Built by this connector: the dicts are new and the saver names tuples, so the
+        # metadata takes them as they are instead of copying them.
+        metadata = NamedMultiConnectorMetadata.owning(children, self._new_savers, self._new_loads)
         self._new_savers = {}
         self._new_loads = {}
         return metadata
@@ -652,8 +770,17 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def take_events(self) -> list[Any]:
         events: list[Any] = []
-        for found in self._gather("take_events", lambda _, c: list(c.take_events())).values():
+        failures: list[tuple[str, Exception]] | None = None
+        answers: dict[str, Any] = {}
+        for name, child in self._items:  # every step: no helper
+            try:
+                answers[name] = found = list(child.take_events())
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+                continue
             events.extend(found)
+        if failures is not None:
+            self._raise("take_events", failures, result=answers)
         return events
 
     def has_pending_block_frees(self) -> bool:
@@ -680,6 +807,32 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 getattr(child, method)(mine)
 
         self._gather(method, route)
+
+
+def _all_known(metadata: NamedMultiConnectorMetadata, known: Mapping[str, Any]) -> bool:
+    """Whether every saver and loader name ``metadata`` mentions is one of ``known``.
+
+    The saver tuples of one step are mostly one shared tuple (the scheduler's are interned and
+    pickle keeps them shared), so each distinct tuple is checked once.
+    """
+    checked: tuple[str, ...] | None = None
+    for names in metadata.savers.values():
+        if names is not checked:
+            for name in names:
+                if name not in known:
+                    return False
+            checked = names
+    return all(name in known for name in metadata.loads.values())
+
+
+def _failed(
+    failures: list[tuple[str, Exception]] | None, name: str, exc: Exception
+) -> list[tuple[str, Exception]]:
+    """``failures`` (a new list when ``None``) with ``(name, exc)`` appended."""
+    if failures is None:
+        return [(name, exc)]
+    failures.append((name, exc))
+    return failures
 
 
 def _start_children(

@@ -63,6 +63,20 @@ class NamedMultiConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
         }
         self.loads: dict[str, str] = dict(loads or {})
 
+    @classmethod
+    def owning(
+        cls,
+        children: dict[str, Any],
+        savers: dict[str, tuple[str, ...]],
+        loads: dict[str, str],
+    ) -> NamedMultiConnectorMetadata:
+        """The metadata holding these very dicts, which the caller gives up (no copies)."""
+        metadata = cls.__new__(cls)
+        metadata.children = children
+        metadata.savers = savers
+        metadata.loads = loads
+        return metadata
+
     def names(self) -> set[str]:
         """Every child name this metadata mentions."""
         mentioned = set(self.children)
