@@ -550,6 +550,9 @@ class _Interner:
         self.ids: dict[Any, int] = {}
         #: renamed[k][id]: the id of the thing numbered ``id``, renamed by renaming ``k``.
         self.renamed: list[dict[int, int]] = [{} for _ in self.renamings]
+        #: The canonical key of each raw key (registry, parts, order, queue) met so far: most
+        #: events lead to a state already seen, whose canonical form is then a dict look-up.
+        self.canonical: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     def number(self, thing: Any) -> int:
         found = self.ids.get(thing)
@@ -615,6 +618,10 @@ def _snapshot(world: _World) -> Hashable:
         parts.append(part)
         part_ids.append(numbers.number(part))
     order, queue = world.order, world.queue
+    raw = (reg_id, tuple(part_ids), order, queue)
+    known = numbers.canonical.get(raw)
+    if known is not None:
+        return known
     best: tuple[Any, ...] | None = None
     for k, (perm, _) in enumerate(scenario.symmetries):
         moved = [0] * len(requests)
@@ -628,6 +635,8 @@ def _snapshot(world: _World) -> Hashable:
         )
         if best is None or key < best:
             best = key
+    assert best is not None
+    numbers.canonical[raw] = best
     return best
 
 
