@@ -42,6 +42,17 @@ __all__ = [
     "explore",
 ]
 
+#: Verdicts of a :class:`CheckReport` (:attr:`CheckReport.verdict`).
+PASS: Final = "PASS"
+FAIL: Final = "FAIL"
+INCONCLUSIVE: Final = "INCONCLUSIVE"
+#: Names of the bounds that can stop a search (:attr:`CheckReport.stopped_by`).
+MAX_STATES: Final = "max states"
+MAX_DEPTH: Final = "max depth"
+MAX_SECONDS: Final = "max seconds"
+#: The properties about coverage rather than behaviour.
+COVERAGE: Final = frozenset({"states reached", "transitions fired"})
+
 M = TypeVar("M")
 E = TypeVar("E")
 
@@ -102,6 +113,16 @@ class PropertyResult:
     passed: bool
     message: str = ""
     counterexample: Counterexample | None = None
+    #: ``False`` when the property was not judged (coverage of a search a bound cut short):
+    #: ``passed`` is then ``True`` and ``message`` says why; the report shows ``SKIP``.
+    judged: bool = True
+
+    @property
+    def status(self) -> str:
+        """``"PASS"``, ``"FAIL"`` or ``"SKIP"`` (not judged)."""
+        if not self.judged:
+            return "SKIP"
+        return PASS if self.passed else FAIL
 
 
 @final
@@ -127,8 +148,13 @@ class CheckReport:
     ``states_generated`` counts every event applied to an expanded state (TLC's "states
     generated"); ``distinct_states`` the states found; ``edges`` the distinct (state, next state)
     pairs. ``finished`` is true when the search ran out of states to expand, not out of bounds.
+    ``stopped_by`` names the bounds that cut it short (:data:`MAX_STATES`, :data:`MAX_DEPTH`,
+    :data:`MAX_SECONDS`); ``complete_depth`` is the largest ``n`` such that every event sequence
+    of up to ``n`` events was explored and checked (``max_depth`` when the search finished).
 
     .. versionadded:: 0.1.0
+    .. versionchanged:: 0.1.0
+       ``stopped_by``, ``complete_depth`` and :attr:`verdict`.
     """
 
     title: str
@@ -142,11 +168,44 @@ class CheckReport:
     properties: tuple[PropertyResult, ...]
     coverage: tuple[TransitionCoverage, ...] = ()
     states_reached: tuple[str, ...] = ()
+    stopped_by: tuple[str, ...] = ()
+    complete_depth: int = 0
 
     @property
     def ok(self) -> bool:
-        """Every property passed."""
+        """Every property passed (a property not judged counts as passed)."""
         return all(p.passed for p in self.properties)
+
+    @property
+    def verdict(self) -> str:
+        """``"FAIL"``, ``"INCONCLUSIVE"`` or ``"PASS"``.
+
+        ``FAIL`` when a property failed: a counterexample is definite even in a search cut
+        short. Otherwise ``INCONCLUSIVE`` when ``max states`` or ``max seconds`` cut the search
+        short; a ``max depth`` bound is one the caller chose, so a search that explored every
+        state within it ``PASS``\ es (bounded). Otherwise ``PASS``.
+        """
+        if not self.ok:
+            return FAIL
+        if set(self.stopped_by) - {MAX_DEPTH}:
+            return INCONCLUSIVE
+        return PASS
+
+    def explored(self) -> str:
+        """One line: what the search explored, and what it did not."""
+        if self.finished:
+            return f"complete: every reachable state was explored (max depth {self.max_depth})"
+        stops = " and ".join(self.stopped_by) or "a bound"
+        if self.stopped_by == (MAX_DEPTH,):
+            return (
+                f"bounded by {stops}: every event sequence of up to "
+                f"{_events(self.complete_depth)} was explored; longer ones were not"
+            )
+        return (
+            f"NOT complete ({stops} hit): every event sequence of up to "
+            f"{_events(self.complete_depth)} was explored; some of {self.complete_depth + 1} or "
+            "more were not"
+        )
 
     @property
     def states_per_second(self) -> float:
@@ -189,13 +248,16 @@ class CheckReport:
             "edges": self.edges,
             "max_depth": self.max_depth,
             "finished": self.finished,
+            "stopped_by": list(self.stopped_by),
+            "complete_depth": self.complete_depth,
+            "verdict": self.verdict,
             "wall_time": round(self.wall_time, 4),
             "states_per_second": round(self.states_per_second, 1),
             "properties": [
                 {
                     "name": p.name,
                     "description": p.description,
-                    "result": "PASS" if p.passed else "FAIL",
+                    "result": p.status,
                     "message": p.message,
                     "counterexample": trace(p.counterexample),
                 }
@@ -220,14 +282,16 @@ class CheckReport:
         out.append("bounds: " + "; ".join(f"{k} {_shown_bound(v)}" for k, v in self.bounds.items()))
         out.append(
             f"explored: {self.states_generated:,} states generated, {self.distinct_states:,} "
-            f"distinct, {self.edges:,} edges, max depth {self.max_depth}, "
-            + ("finished (nothing left queued)" if self.finished else "NOT finished (bound hit)")
+            f"distinct, {self.edges:,} edges, max depth {self.max_depth}"
         )
+        out.append(f"search: {self.explored()}")
         out.append(f"time: {self.wall_time:.2f} s, {self.states_per_second:,.0f} states/s")
         out.append("properties:")
         for p in self.properties:
-            out.append(f"  {'PASS' if p.passed else 'FAIL'}  {p.name}: {p.description}")
+            out.append(f"  {p.status}  {p.name}: {p.description}")
             if p.passed:
+                if p.message:
+                    out.append(f"        {p.message}")
                 continue
             out.append(f"        {p.message}")
             trace = p.counterexample
@@ -246,15 +310,19 @@ class CheckReport:
         if self.states_reached:
             out.append("states reached: " + ", ".join(self.states_reached))
         failed = len(self.failures)
-        out.append(
-            "result: "
-            + (
-                "PASS"
-                if self.ok
-                else f"FAIL ({failed} {'property' if failed == 1 else 'properties'})"
-            )
-        )
+        verdict = self.verdict
+        if verdict == FAIL:
+            verdict += f" ({failed} {'property' if failed == 1 else 'properties'})"
+        elif verdict == INCONCLUSIVE:
+            verdict += f" (no violation within {_events(self.complete_depth)}; the rest unexplored)"
+        elif not self.finished:
+            verdict += f" (bounded: every sequence of up to {_events(self.complete_depth)})"
+        out.append("result: " + verdict)
         return "\n".join(out)
+
+
+def _events(n: int) -> str:
+    return f"{n} event" if n == 1 else f"{n} events"
 
 
 def _shown_bound(value: Any) -> str:
@@ -396,6 +464,8 @@ def explore(
     progress: bool = False,
     bounds: Mapping[str, Any] | None = None,
     title: str = "model check",
+    max_seconds: float | None = None,
+    expected: Callable[[Triple], bool] | None = None,
 ) -> CheckReport:
     """Explore every state reachable from ``initial()`` breadth-first and check properties.
 
@@ -427,8 +497,16 @@ def explore(
     * ``describe(model)`` (default: the snapshot's repr) and ``label(event)`` (default: repr)
       write counterexamples; ``data(event)`` gives the event as JSON data; ``annotate(model)``
       adds data about a counterexample's final model to it.
-    * ``max_states`` and ``max_depth`` bound the search (``None``: unbounded); the report says
-      whether the search finished.
+    * ``expected(triple)``, when given, says which declared transitions the configuration can
+      fire: one that never fires fails ``"transitions fired"`` only when ``expected`` is true
+      for it (the others are listed as unreachable), and a declared state fails ``"states
+      reached"`` only when it is the initial state or an end of an expected transition.
+      Coverage is judged only when the search finished; otherwise it is reported, not judged.
+    * ``max_states``, ``max_depth`` and ``max_seconds`` (wall time) bound the search (``None``:
+      unbounded); the report says which stopped it (:attr:`CheckReport.stopped_by`), up to which
+      depth the search is complete (:attr:`CheckReport.complete_depth`), and its
+      :attr:`CheckReport.verdict`. A search stopped by ``max_seconds`` stops cleanly: every
+      state it found was checked.
     * ``progress=True`` shows the figures on stderr when the search runs longer than two seconds
       (with ``rich`` on a terminal when it is installed).
 
@@ -469,6 +547,12 @@ def explore(
     for argument, bound in (("max_states", max_states), ("max_depth", max_depth)):
         if bound is not None and (type(bound) is not int or bound < 1):
             raise InvalidArgumentError(f"{argument}={shown(bound)} must be an int >= 1 or None")
+    if max_seconds is not None and (
+        type(max_seconds) not in (int, float) or not 0 < max_seconds < float("inf")
+    ):
+        raise InvalidArgumentError(f"max_seconds={shown(max_seconds)} must be a number > 0 or None")
+    if expected is not None and not callable(expected):
+        raise InvalidArgumentError(f"expected={shown(expected)} must be callable or None")
     check_bool(progress, "progress")
     if (machine is None) != (fired is None):
         raise InvalidArgumentError(
@@ -487,6 +571,8 @@ def explore(
         reached=reached,
         max_states=max_states,
         max_depth=max_depth,
+        max_seconds=max_seconds,
+        expected=expected,
     )
     search.run(_Progress(progress))
     return search.report(
@@ -517,12 +603,17 @@ class _Search(Generic[M, E]):
         reached: Callable[[M], Iterable[str]] | None,
         max_states: int | None,
         max_depth: int | None,
+        max_seconds: float | None = None,
+        expected: Callable[[Triple], bool] | None = None,
     ) -> None:
         self.initial, self.events, self.apply, self.snapshot = initial, events, apply, snapshot
         self.checks = list(invariants.items())
         self.goal, self.ways_out = goal, ways_out
         self.fired, self.reached = fired, reached
         self.max_states, self.max_depth = max_states, max_depth
+        self.max_seconds, self.expected = max_seconds, expected
+        #: The bounds that cut the search short, in the order they did.
+        self.stopped: dict[str, None] = {}
         self.machine = machine
         self.declared_states: tuple[str, ...] = ()
         self.declared: tuple[Triple, ...] = ()
@@ -546,7 +637,6 @@ class _Search(Generic[M, E]):
         self.out_dst = array("i")
         self.generated = 0
         self.edges = 0
-        self.cut = False
         self.wall = 0.0
 
     # -- the search ----------------------------------------------------------------------------
@@ -619,13 +709,21 @@ class _Search(Generic[M, E]):
         apply, snapshot, ways_out = self.apply, self.snapshot, self.ways_out
         out_src, out_dst = self.out_src, self.out_dst
         index = 0
+        deadline = None if self.max_seconds is None else start + self.max_seconds
+        stopped = self.stopped
         try:
             while index < len(via):
+                if deadline is not None and index & 15 == 0 and time.perf_counter() > deadline:
+                    # Stop cleanly: what is left in the queue stays open, never half-expanded.
+                    stopped.setdefault(MAX_SECONDS, None)
+                    for rest in range(index, len(via)):
+                        open_[rest] = 1
+                    break
                 sid = index
                 index += 1
                 if self.max_depth is not None and depth[sid] >= self.max_depth:
                     open_[sid] = 1
-                    self.cut = True
+                    stopped.setdefault(MAX_DEPTH, None)
                     continue
                 model: M | None = self.revisit(sid)
                 assert model is not None
@@ -647,7 +745,7 @@ class _Search(Generic[M, E]):
                     if target is None:
                         if self.max_states is not None and len(via) >= self.max_states:
                             open_[sid] = 1
-                            self.cut = True
+                            stopped.setdefault(MAX_STATES, None)
                             model = None
                             continue
                         target = self.add(key, model, sid, event, depth[sid] + 1)
@@ -723,28 +821,8 @@ class _Search(Generic[M, E]):
         table: tuple[TransitionCoverage, ...] = ()
         reached: tuple[str, ...] = ()
         if self.machine is not None:
-            missing = [s for s in self.declared_states if s not in self.seen_states]
-            results.append(
-                PropertyResult(
-                    name=STATES_REACHED,
-                    description="every declared state is entered",
-                    passed=not missing,
-                    message="never entered: " + ", ".join(missing) if missing else "",
-                )
-            )
+            results += self.coverage_results()
             declared = set(self.declared)
-            problems = [f"never fired: {_arrow(t)}" for t in self.declared if not self.coverage[t]]
-            problems += [
-                f"fired but not declared: {_arrow(t)}" for t in self.coverage if t not in declared
-            ]
-            results.append(
-                PropertyResult(
-                    name=TRANSITIONS_FIRED,
-                    description="every declared transition fires, and no undeclared one",
-                    passed=not problems,
-                    message="; ".join(problems),
-                )
-            )
             table = tuple(
                 TransitionCoverage(
                     source=t[0], event=t[1], dest=t[2], count=n, declared=t in declared
@@ -760,12 +838,85 @@ class _Search(Generic[M, E]):
             distinct_states=len(self.via),
             edges=self.edges,
             max_depth=max(self.depth),
-            finished=not self.cut,
+            finished=not self.stopped,
+            stopped_by=tuple(self.stopped),
+            complete_depth=self.complete_depth(),
             wall_time=self.wall,
             properties=tuple(results),
             coverage=table,
             states_reached=reached,
         )
+
+    def complete_depth(self) -> int:
+        """Every event sequence of up to this many events was explored and checked."""
+        deepest = max(self.depth)
+        if not self.stopped:
+            return deepest
+        # A state left open (not fully expanded) at depth d: sequences of d + 1 events are not
+        # all explored. States are numbered breadth-first, so the first open one is shallowest.
+        first = self.open.find(1)
+        return int(self.depth[first]) if first >= 0 else deepest
+
+    def coverage_results(self) -> list[PropertyResult]:
+        """``states reached`` and ``transitions fired``, judged only on a finished search."""
+        expected = self.expected
+        required = [t for t in self.declared if expected is None or expected(t)]
+        needed_states = {str(getattr(self.machine, "initial", ""))} | {
+            s for t in required for s in (t[0], t[2])
+        }
+        missing = [s for s in self.declared_states if s not in self.seen_states]
+        failing_states = [s for s in missing if expected is None or s in needed_states]
+        unreachable_states = [s for s in missing if s not in failing_states]
+        required_set, declared = set(required), set(self.declared)
+        never = [t for t in self.declared if not self.coverage[t]]
+        problems = [f"never fired: {_arrow(t)}" for t in never if t in required_set]
+        problems += [
+            f"fired but not declared: {_arrow(t)}" for t in self.coverage if t not in declared
+        ]
+        unreachable = [_arrow(t) for t in never if t not in required_set]
+        judged = not self.stopped
+        out = []
+        for name, description, failing, notes, what in (
+            (
+                STATES_REACHED,
+                "every declared state is entered",
+                ["never entered: " + ", ".join(failing_states)] if failing_states else [],
+                unreachable_states,
+                "never entered",
+            ),
+            (
+                TRANSITIONS_FIRED,
+                "every declared transition fires, and no undeclared one",
+                problems,
+                unreachable,
+                "never fired",
+            ),
+        ):
+            note = (
+                f"{what}, not reachable in this configuration: " + ", ".join(notes) if notes else ""
+            )
+            if not judged:
+                shown_ = "; ".join([*failing, note] if note else failing)
+                out.append(
+                    PropertyResult(
+                        name=name,
+                        description=description,
+                        passed=True,
+                        judged=False,
+                        message="not judged: the search was cut short"
+                        + (f" ({shown_})" if shown_ else ""),
+                    )
+                )
+                continue
+            out.append(
+                PropertyResult(
+                    name=name,
+                    description=description,
+                    passed=not failing,
+                    message="; ".join([*failing, note] if note else failing),
+                )
+            )
+        return out
 
     def trace(
         self,

@@ -69,7 +69,10 @@ from typing import Any, Final
 import attrs
 
 from ._explore import (
+    FAIL,
+    INCONCLUSIVE,
     NO_EXCEPTION,
+    PASS,
     NO_TRAP,
     STATES_REACHED,
     TRANSITIONS_FIRED,
@@ -96,6 +99,7 @@ from .registry import ConnectorRegistry
 __all__ = [
     "ALPHABET",
     "DEFAULT_CONNECTORS",
+    "EXIT_STATUS",
     "LOAD_EVENTS",
     "LOAD_ONCE",
     "PROPERTIES",
@@ -107,6 +111,7 @@ __all__ = [
     "check_aggregator",
     "declared_transitions",
     "explore",
+    "reachable_in",
     "run_cli",
 ]
 
@@ -303,9 +308,11 @@ class _World:
     """
 
     __slots__ = (
+        "applied",
         "dirty",
         "index",
         "last",
+        "log",
         "mc",
         "order",
         "queue",
@@ -323,6 +330,11 @@ class _World:
         self.registry: tuple[tuple[str, bool], ...] = ()
         self.order: tuple[int, ...] = ()
         self.queue: tuple[int, ...] = ()
+        #: Events applied, and what each fired per request as the checker applied it: (step
+        #: number, request index, event, the new steps of that request's history). Complete
+        #: when every event was applied with a :meth:`sync` in between (as a trace is replayed).
+        self.applied = 0
+        self.log: list[tuple[int, int, Event, list[Any]]] = []
         self.dirty = True
         self.sync()
 
@@ -348,10 +360,12 @@ class _World:
                 r.load_view = (None, False)
         last = self.last
         if last is not None:
-            for r, n in zip(self.requests, last.lengths, strict=True):
+            for i, (r, n) in enumerate(zip(self.requests, last.lengths, strict=True)):
                 history = r.record.history if r.record is not None else None
                 if history and len(history) > n:
-                    last.fired += [(s.source.value, s.event, s.dest.value) for s in history[n:]]
+                    new = history[n:]
+                    last.fired += [(s.source.value, s.event, s.dest.value) for s in new]
+                    self.log.append((self.applied, i, last.event, new))
 
 
 def _held(mc: MultiConnector) -> Mapping[str, RequestTransferState]:
@@ -374,6 +388,7 @@ def _apply(world: _World, event: Event) -> None:
     mc = world.mc
     requests = world.requests
     kind = event[0]
+    world.applied += 1
     if world.dirty:  # replaying a path: nothing reads what happened in between
         world.last = None
     else:
@@ -857,18 +872,36 @@ def _data(ids: tuple[str, ...]) -> Callable[[Event], Any]:
 
 
 def _annotate(world: _World) -> dict[str, Any]:
-    """Each request's path, as ``[event, source, dest, name]`` steps (for the diagrams)."""
+    """Each request's path, as ``[event, source, dest, name]`` steps (for the diagrams).
+
+    The path is the one the trace applied, event for event: each step is a transition the
+    request's record took, with the connector the *applied* event named (the reporting
+    connector of a ``transfer_finished``, the unregistered one of a ``connector_gone``), not a
+    name the aggregator may have substituted; ``path_steps`` gives the trace step of each.
+    """
     world.sync()
-    return {
-        "paths": {
-            r.request_id: [
-                [s.event, s.source.value, s.dest.value, s.name]
-                for s in (r.record.history or () if r.record is not None else ())
-            ]
-            for r in world.requests
-            if r.phase != _UNBORN
-        }
-    }
+    begun = [i for i, r in enumerate(world.requests) if r.phase != _UNBORN]
+    paths: dict[str, list[list[Any]]] = {world.requests[i].request_id: [] for i in begun}
+    numbers: dict[str, list[int]] = {world.requests[i].request_id: [] for i in begun}
+    for step, i, event, new in world.log:
+        rid = world.requests[i].request_id
+        named = _named(event)
+        for s in new:
+            paths.setdefault(rid, []).append(
+                [s.event, s.source.value, s.dest.value, named if named is not None else s.name]
+            )
+            numbers.setdefault(rid, []).append(step)
+    return {"paths": paths, "path_steps": numbers}
+
+
+def _named(event: Event) -> str | None:
+    """The connector an applied event names, if it names one."""
+    kind = event[0]
+    if kind in ("unregister", "register"):
+        return str(event[1])
+    if kind in _PER_REQUEST and len(event) > 2 and isinstance(event[2], str):
+        return event[2]
+    return None
 
 
 # -- the public entry point ---------------------------------------------------------------------
@@ -885,6 +918,8 @@ def check_aggregator(
     max_states: int | None = None,
     max_depth: int | None = None,
     progress: bool = False,
+    max_seconds: float | None = None,
+    strict_coverage: bool = False,
 ) -> CheckReport:
     """Model-check the real aggregator on a bounded scenario: every reachable state, every event.
 
@@ -897,15 +932,20 @@ def check_aggregator(
     and :data:`LOAD_EVENTS`; with a load event, scripted savers also answer ``match_tokens``
     (0, 1 or ``None`` each, every combination tried) and the report adds :data:`LOAD_ONCE`.
     ``factory(registry, trace=True, stripes=1)`` builds the aggregator: pass a subclass, or a
-    ``functools.partial`` with your options. ``max_states``/``max_depth`` bound the search
-    (default: none, so it finishes); see :func:`explore` for the rest.
+    ``functools.partial`` with your options. ``max_states``/``max_depth``/``max_seconds`` bound
+    the search (default: none, so it finishes); see :func:`explore` for the rest.
+
+    Coverage (``states reached``, ``transitions fired``) fails only for what the configuration
+    can reach (:func:`reachable_in`: e.g. a request waits for a second report only with two
+    savers); ``strict_coverage=True`` requires every declared state and transition.
 
     Returns a :class:`CheckReport` with one result per name in :data:`PROPERTIES` (and
     :data:`LOAD_ONCE` after ``no leak`` when the alphabet has a load event).
 
     .. versionadded:: 0.1.0
     .. versionchanged:: 0.1.0
-       ``events`` may include the load side, :data:`LOAD_EVENTS`.
+       ``events`` may include the load side, :data:`LOAD_EVENTS`; ``max_seconds`` and
+       ``strict_coverage``.
     """
     if connectors is None:
         connectors = DEFAULT_CONNECTORS
@@ -943,6 +983,7 @@ def check_aggregator(
     if not callable(factory):
         raise InvalidArgumentError(f"factory={shown(factory)} must be callable")
     check_bool(symmetry, "symmetry")
+    check_bool(strict_coverage, "strict_coverage")
     pad = _Pad()
     made: dict[str, Any] = {}
     for name, kind in kinds.items():
@@ -975,6 +1016,8 @@ def check_aggregator(
         "max states": max_states if max_states is not None else "unbounded",
         "max depth": max_depth if max_depth is not None else "unbounded",
     }
+    if max_seconds is not None:
+        bounds["max seconds"] = max_seconds
     factory_name = getattr(factory, "__qualname__", type(probe).__qualname__)
     invariants: dict[str, Callable[[_World], object]] = {
         TERMINAL_ABSORBING: _terminal_absorbing,
@@ -999,10 +1042,42 @@ def check_aggregator(
         annotate=_annotate,
         max_states=max_states,
         max_depth=max_depth,
+        max_seconds=max_seconds,
+        expected=None if strict_coverage else reachable_in(kinds, alphabet),
         progress=progress,
         bounds=bounds,
         title=f"multiconnector check: the transfer machine, on the real {factory_name}",
     )
+
+
+def reachable_in(
+    connectors: Mapping[str, str | None], events: Collection[str]
+) -> Callable[[tuple[str, str, str]], bool]:
+    """Whether a declared (source, event, dest) transition can fire in this configuration.
+
+    Every transition needs ``begin``; its own event kind (``connector_gone`` is fired by
+    ``unregister``); one touching ``finishing`` needs a saver and ``request_finished`` (the way
+    into ``finishing``); one staying in ``finishing`` needs two savers (a request awaits a
+    second report, or a second connector's unregistering). A transition of an event the
+    scenario does not know is assumed reachable.
+
+    .. versionadded:: 0.1.0
+    """
+    savers = sum(1 for kind in connectors.values() if kind == SAVER)
+    alphabet = frozenset(events)
+    finishing = State.finishing.value
+
+    def reachable(triple: tuple[str, str, str]) -> bool:
+        source, event, dest = triple
+        needs = {"begin", "unregister" if event == "connector_gone" else event}
+        needs &= set(_KINDS)
+        least = 0
+        if finishing in (source, dest):
+            needs.add("request_finished")
+            least = 2 if source == dest else 1
+        return needs <= alphabet and savers >= least
+
+    return reachable
 
 
 # -- the command --------------------------------------------------------------------------------
@@ -1037,12 +1112,24 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds above 0")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="multiconnector check",
         description="Explore every reachable state of a bounded scenario on the real "
-        "MultiConnector and check its properties. Exit status: 0 all PASS, 1 a property "
-        "FAILs, 2 bad arguments.",
+        "MultiConnector and check its properties. Exit status: 0 PASS (every property "
+        "holds; with --max-depth, within that depth), 1 FAIL (a property fails), 2 bad "
+        "arguments, 3 INCONCLUSIVE (--max-states or --max-seconds cut the search short "
+        "before any violation was found).",
     )
     default = ",".join(
         n if k == SAVER else f"{n}={k or 'none'}" for n, k in DEFAULT_CONNECTORS.items()
@@ -1076,8 +1163,36 @@ def _parser() -> argparse.ArgumentParser:
         help="add the load side (match_tokens, load_finished) to the alphabet and check "
         "that a load is applied at most once, only from the chosen loader",
     )
-    parser.add_argument("--max-states", type=_positive, default=None, metavar="N")
-    parser.add_argument("--max-depth", type=_positive, default=None, metavar="N")
+    parser.add_argument(
+        "--max-states",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="stop after N distinct states: the result is INCONCLUSIVE (exit 3) unless a "
+        "property fails",
+    )
+    parser.add_argument(
+        "--max-depth",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="explore event sequences of up to N events only: an accepted bound, so the "
+        "result PASSes (bounded) when no property fails within it",
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=_seconds,
+        default=None,
+        metavar="N",
+        help="a time budget for CI: stop cleanly after N seconds; the result is INCONCLUSIVE "
+        "(exit 3) unless a property fails, and says up to which depth the search is complete",
+    )
+    parser.add_argument(
+        "--strict-coverage",
+        action="store_true",
+        help="fail when any declared state or transition is not reached, even one this "
+        "configuration cannot reach (default: only the reachable ones)",
+    )
     parser.add_argument(
         "--no-symmetry",
         action="store_true",
@@ -1094,8 +1209,12 @@ def _alphabet(events: list[str] | None, load: bool) -> list[str] | None:
     return [*(ALPHABET if events is None else events), *LOAD_EVENTS]
 
 
+#: The command's exit status for each verdict (2 is for bad arguments).
+EXIT_STATUS: Final[Mapping[str, int]] = {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}
+
+
 def run_cli(argv: Sequence[str]) -> int:
-    """``multiconnector check``: 0 when every property passes, 1 on a violation, 2 on bad input."""
+    """``multiconnector check``: 0 PASS, 1 FAIL, 2 bad input, 3 INCONCLUSIVE (cut short)."""
     parser = _parser()
     try:
         args = parser.parse_args(list(argv))
@@ -1110,6 +1229,8 @@ def run_cli(argv: Sequence[str]) -> int:
             symmetry=not args.no_symmetry,
             max_states=args.max_states,
             max_depth=args.max_depth,
+            max_seconds=args.max_seconds,
+            strict_coverage=args.strict_coverage,
             progress=not args.no_progress,
         )
     except MultiConnectorError as exc:
@@ -1124,4 +1245,4 @@ def run_cli(argv: Sequence[str]) -> int:
             print(f"multiconnector check: error: cannot write --json: {exc}", file=sys.stderr)
             return 2
         print(f"report written to {args.json}")
-    return 0 if report.ok else 1
+    return EXIT_STATUS[report.verdict]
