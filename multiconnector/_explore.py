@@ -183,7 +183,7 @@ class CheckReport:
         ``FAIL`` when a property failed: a counterexample is definite even in a search cut
         short. Otherwise ``INCONCLUSIVE`` when ``max states`` or ``max seconds`` cut the search
         short; a ``max depth`` bound is one the caller chose, so a search that explored every
-        state within it ``PASS``\ es (bounded). Otherwise ``PASS``.
+        state within it passes (bounded). Otherwise ``PASS``.
         """
         if not self.ok:
             return FAIL
