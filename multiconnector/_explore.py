@@ -170,6 +170,10 @@ class CheckReport:
     states_reached: tuple[str, ...] = ()
     stopped_by: tuple[str, ...] = ()
     complete_depth: int = 0
+    #: Transitions partial-order reduction spared (not applied), and those applied again to
+    #: search for traps.
+    pruned: int = 0
+    reexpanded: int = 0
 
     @property
     def ok(self) -> bool:
@@ -250,6 +254,8 @@ class CheckReport:
             "finished": self.finished,
             "stopped_by": list(self.stopped_by),
             "complete_depth": self.complete_depth,
+            "pruned": self.pruned,
+            "reexpanded": self.reexpanded,
             "verdict": self.verdict,
             "wall_time": round(self.wall_time, 4),
             "states_per_second": round(self.states_per_second, 1),
@@ -285,6 +291,11 @@ class CheckReport:
             f"distinct, {self.edges:,} edges, max depth {self.max_depth}"
         )
         out.append(f"search: {self.explored()}")
+        if self.pruned:
+            out.append(
+                f"reduction: {self.pruned:,} transitions spared by sleep sets"
+                + (f" ({self.reexpanded:,} applied again for no trap)" if self.reexpanded else "")
+            )
         out.append(f"time: {self.wall_time:.2f} s, {self.states_per_second:,.0f} states/s")
         out.append("properties:")
         for p in self.properties:
@@ -466,6 +477,7 @@ def explore(
     title: str = "model check",
     max_seconds: float | None = None,
     expected: Callable[[Triple], bool] | None = None,
+    independent: Callable[[E, E], bool] | None = None,
 ) -> CheckReport:
     """Explore every state reachable from ``initial()`` breadth-first and check properties.
 
@@ -507,6 +519,15 @@ def explore(
       depth the search is complete (:attr:`CheckReport.complete_depth`), and its
       :attr:`CheckReport.verdict`. A search stopped by ``max_seconds`` stops cleanly: every
       state it found was checked.
+    * ``independent(a, b)``, when given, turns on partial-order reduction with sleep sets: it
+      must be true only for events that commute (applied in either order from any state where
+      both are enabled, they lead to the same state, neither enables or disables the other,
+      and each does to the properties' inputs what it does in the other order). An event
+      already explored from a predecessor, independent of the event that led here, is not
+      applied again: every state is still found at its breadth-first depth, so verdicts and
+      counterexample lengths are unchanged (docs/check.md, "Reductions"). For ``"no trap"``,
+      every state that cannot reach a goal in the reduced graph is expanded fully until
+      none is left, so traps are those of the full graph.
     * ``progress=True`` shows the figures on stderr when the search runs longer than two seconds
       (with ``rich`` on a terminal when it is installed).
 
@@ -553,6 +574,8 @@ def explore(
         raise InvalidArgumentError(f"max_seconds={shown(max_seconds)} must be a number > 0 or None")
     if expected is not None and not callable(expected):
         raise InvalidArgumentError(f"expected={shown(expected)} must be callable or None")
+    if independent is not None and not callable(independent):
+        raise InvalidArgumentError(f"independent={shown(independent)} must be callable or None")
     check_bool(progress, "progress")
     if (machine is None) != (fired is None):
         raise InvalidArgumentError(
@@ -573,6 +596,7 @@ def explore(
         max_depth=max_depth,
         max_seconds=max_seconds,
         expected=expected,
+        independent=independent,
     )
     search.run(_Progress(progress))
     return search.report(
@@ -605,6 +629,7 @@ class _Search(Generic[M, E]):
         max_depth: int | None,
         max_seconds: float | None = None,
         expected: Callable[[Triple], bool] | None = None,
+        independent: Callable[[E, E], bool] | None = None,
     ) -> None:
         self.initial, self.events, self.apply, self.snapshot = initial, events, apply, snapshot
         self.checks = list(invariants.items())
@@ -612,6 +637,13 @@ class _Search(Generic[M, E]):
         self.fired, self.reached = fired, reached
         self.max_states, self.max_depth = max_states, max_depth
         self.max_seconds, self.expected = max_seconds, expected
+        self.independent = independent
+        #: Sleep sets (partial-order reduction), by state: the events not to apply there.
+        self.sleep: list[frozenset[Any] | None] = []
+        self.sleep_sets: dict[frozenset[Any], frozenset[Any]] = {}
+        #: Transitions the sleep sets spared, and those applied again for the trap search.
+        self.pruned = 0
+        self.reexpanded = 0
         #: The bounds that cut the search short, in the order they did.
         self.stopped: dict[str, None] = {}
         self.machine = machine
@@ -690,8 +722,17 @@ class _Search(Generic[M, E]):
         if self.reached is not None:
             self.seen_states.update(str(s) for s in self.reached(model))
 
-    def add(self, key: Hashable, model: M, source: int, event: Any, depth: int) -> int:
+    def add(
+        self,
+        key: Hashable,
+        model: M,
+        source: int,
+        event: Any,
+        depth: int,
+        sleep: frozenset[Any] | None = None,
+    ) -> int:
         sid = len(self.via)
+        self.sleep.append(sleep)
         self.ids[key] = sid
         self.parent.append(source)
         self.via.append(event)
@@ -707,6 +748,7 @@ class _Search(Generic[M, E]):
         self.add(self.snapshot(root), root, -1, None, 0)
         ids, via, depth, open_ = self.ids, self.via, self.depth, self.open
         apply, snapshot, ways_out = self.apply, self.snapshot, self.ways_out
+        independent = self.independent
         out_src, out_dst = self.out_src, self.out_dst
         index = 0
         deadline = None if self.max_seconds is None else start + self.max_seconds
@@ -728,7 +770,13 @@ class _Search(Generic[M, E]):
                 model: M | None = self.revisit(sid)
                 assert model is not None
                 targets: set[int] = set()
+                asleep = self.sleep[sid]
+                done: list[Any] = []  # the events applied here so far (sleep sets)
                 for event in list(self.events(model)):
+                    if asleep is not None and event in asleep:
+                        self.pruned += 1
+                        continue
+                    done.append(event)
                     if model is None:
                         model = self.revisit(sid)
                     self.generated += 1
@@ -748,7 +796,10 @@ class _Search(Generic[M, E]):
                             stopped.setdefault(MAX_STATES, None)
                             model = None
                             continue
-                        target = self.add(key, model, sid, event, depth[sid] + 1)
+                        sleep = None
+                        if independent is not None:
+                            sleep = self.asleep(asleep, done[:-1], event)
+                        target = self.add(key, model, sid, event, depth[sid] + 1, sleep)
                     if target not in targets:
                         targets.add(target)
                     if target != sid and (ways_out is None or ways_out(event)):
@@ -763,7 +814,10 @@ class _Search(Generic[M, E]):
             show.close()
             self.wall = time.perf_counter() - start
         if self.goal is not None:
-            trap = _first_trap(len(via), self.goals, open_, out_src, out_dst)
+            good = _able(len(via), self.goals, open_, out_src, out_dst)
+            if independent is not None:
+                good = self.expand_traps(good)
+            trap = good.find(0) if 0 in good else None
             if trap is not None:
                 self.record(
                     NO_TRAP,
@@ -774,6 +828,62 @@ class _Search(Generic[M, E]):
                     + " leads from this state to a goal state"
                     + (f" ({_description(self.goal, '')})" if _docstring(self.goal) else ""),
                 )
+
+    def asleep(
+        self, here: frozenset[Any] | None, done: list[Any], event: Any
+    ) -> frozenset[Any] | None:
+        """The sleep set of a state first reached by ``event``: the events already explored
+        (from here, or asleep here) that commute with it, so their interleaving is found anyway.
+        """
+        independent = self.independent
+        assert independent is not None
+        kept = [x for x in done if independent(x, event)]
+        if here:
+            kept += [x for x in here if independent(x, event)]
+        if not kept:
+            return None
+        found = frozenset(kept)
+        return self.sleep_sets.setdefault(found, found)
+
+    def expand_traps(self, good: bytearray) -> bytearray:
+        """Apply the spared events of every state that cannot reach a goal, until none is left.
+
+        The reduced graph lacks the edges the sleep sets spared; a state that reaches a goal in
+        it reaches one in the full graph. The others get all their edges back (a target not
+        found counts as open), and reachability is recomputed, until every state still unable
+        to reach a goal has all its edges: those are exactly the traps of the full graph.
+        """
+        n = len(self.via)
+        full = bytearray(n)
+        ways_out = self.ways_out
+        while True:
+            todo = [s for s in range(n) if not good[s] and not full[s] and self.sleep[s]]
+            if not todo:
+                return good
+            for sid in todo:
+                full[sid] = 1
+                asleep = self.sleep[sid]
+                assert asleep is not None
+                model: M | None = None
+                for event in list(self.events(self.revisit(sid))):
+                    if event not in asleep or (ways_out is not None and not ways_out(event)):
+                        continue
+                    if model is None:
+                        model = self.revisit(sid)
+                    self.reexpanded += 1
+                    try:
+                        self.apply(model, event)
+                    except Exception:  # noqa: BLE001 - recorded where it was first applied
+                        model = None
+                        continue
+                    target = self.ids.get(self.snapshot(model))
+                    if target is None:
+                        self.open[sid] = 1  # not found: count it as able to reach a goal
+                    elif target != sid:
+                        self.out_src.append(sid)
+                        self.out_dst.append(target)
+                        model = None
+            good = _able(n, self.goals, self.open, self.out_src, self.out_dst)
 
     # -- the report ----------------------------------------------------------------------------
 
@@ -841,6 +951,8 @@ class _Search(Generic[M, E]):
             finished=not self.stopped,
             stopped_by=tuple(self.stopped),
             complete_depth=self.complete_depth(),
+            pruned=self.pruned,
+            reexpanded=self.reexpanded,
             wall_time=self.wall,
             properties=tuple(results),
             coverage=table,
@@ -960,12 +1072,13 @@ def _arrow(t: Triple) -> str:
     return f"{t[0]} --{t[1]}--> {t[2]}"
 
 
-def _first_trap(
+def _able(
     n: int, goals: bytearray, open_: bytearray, src: array[int], dst: array[int]
-) -> int | None:
-    """The first (so shallowest) state from which no goal state and no open state is reachable.
+) -> bytearray:
+    """1 for each state from which a goal state or an open state is reachable, else 0.
 
-    Backward breadth-first search over the reversed edges, stored compactly (CSR).
+    Backward breadth-first search over the reversed edges, stored compactly (CSR). The first
+    0 is the first (so shallowest) trap.
     """
     start = [0] * (n + 1)
     for d in dst:
@@ -990,4 +1103,4 @@ def _first_trap(
             if not good[s]:
                 good[s] = 1
                 todo.append(s)
-    return good.find(0) if 0 in good else None
+    return good
