@@ -311,6 +311,7 @@ class _World:
     __slots__ = (
         "applied",
         "dirty",
+        "entries",
         "index",
         "last",
         "log",
@@ -336,8 +337,11 @@ class _World:
         #: when every event was applied with a :meth:`sync` in between (as a trace is replayed).
         self.applied = 0
         self.log: list[tuple[int, int, Event, list[Any]]] = []
+        #: The registry's published entries ``registry`` was read from (it publishes a new
+        #: mapping on every change), so that an unchanged registry is not read again.
+        self.entries: object = None
+        # Read lazily: a model being replayed is read only once its path is applied.
         self.dirty = True
-        self.sync()
 
     def sync(self) -> None:
         """Read what the aggregator shows, if an event ran since the last read."""
@@ -347,7 +351,10 @@ class _World:
         mc = self.mc
         index = self.index
         held = _held(mc)
-        self.registry = tuple((n, c is not None) for n, c in mc.registry.items())
+        entries = _entries(mc)
+        if entries is not self.entries or entries is None:
+            self.entries = entries
+            self.registry = tuple((n, c is not None) for n, c in mc.registry.items())
         self.order = tuple(index.get(r, -1) for r in held)
         self.queue = tuple(index.get(r.request_id, -1) for r in _take_queue(mc))
         for r in self.requests:
@@ -367,6 +374,11 @@ class _World:
                     new = history[n:]
                     last.fired += [(s.source.value, s.event, s.dest.value) for s in new]
                     self.log.append((self.applied, i, last.event, new))
+
+
+def _entries(mc: MultiConnector) -> object:
+    """The registry's current entries mapping (replaced, never changed, on every change)."""
+    return getattr(mc.registry, "_entries", None)
 
 
 def _held(mc: MultiConnector) -> Mapping[str, RequestTransferState]:
