@@ -28,6 +28,7 @@ from multiconnector.check import (
     check_aggregator,
     declared_transitions,
     explore,
+    independent,
     reachable_in,
     run_cli,
 )
@@ -688,3 +689,21 @@ def test_docs_quote_the_real_text_of_a_counterexample() -> None:
     with bug.installed() as factory:
         report = check_aggregator(SMALL, requests=1, factory=factory)
     assert sample.rstrip("\n") in report.to_text()
+
+
+def test_independence_is_by_request_and_generic_over_per_request_kinds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from multiconnector import check as check_module  # noqa: PLC0415 - patched below
+
+    assert independent(("transfer_finished", 0, "a"), ("cancel", 1))
+    assert independent(("begin", 1), ("request_finished", 0, ("a",)))
+    assert not independent(("transfer_finished", 0, "a"), ("cancel", 0))
+    for shared in (("take",), ("unregister", "a"), ("register", "a")):
+        assert not independent(shared, ("cancel", 1))
+        assert not independent(("cancel", 1), shared)
+    # A new per-request kind is covered once it is listed as one; unlisted, it is dependent.
+    assert not independent(("finish_asking", 0), ("cancel", 1))
+    monkeypatch.setattr(check_module, "_PER_REQUEST", check_module._PER_REQUEST | {"finish_asking"})
+    assert independent(("finish_asking", 0), ("cancel", 1))
+    assert not independent(("finish_asking", 0), ("cancel", 0))

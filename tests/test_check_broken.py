@@ -261,7 +261,11 @@ def test_partial_order_reduction_keeps_verdicts_states_and_trace_lengths(
     "bound",
     [
         {"connectors": {"a": "saver", "b": "saver"}, "requests": 2, "unknown": ()},
-        {"connectors": {"a": "saver", "none": None, "boom": "raises"}, "requests": 2},
+        {
+            "connectors": {"a": "saver", "none": None, "boom": "raises"},
+            "requests": 2,
+            "max_depth": 6,
+        },
         {"connectors": {"a": "saver", "b": "saver"}, "requests": 3, "max_depth": 5},
     ],
     ids=["two-savers", "raising", "three-requests"],
