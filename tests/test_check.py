@@ -265,6 +265,8 @@ def test_json_report_round_trips(tmp_path: Path) -> None:
     assert data["bounds"]["requests"] == 1
     for key in ("states_generated", "edges", "max_depth", "wall_time", "states_per_second"):
         assert data[key] > 0
+    assert data["verdict"] == "PASS" and data["stopped_by"] == []
+    assert data["complete_depth"] == data["max_depth"]
 
 
 # -- the command --------------------------------------------------------------------------------
@@ -281,6 +283,9 @@ def test_json_report_round_trips(tmp_path: Path) -> None:
         ["--unknown", "a", "--connectors", "a"],
         ["--no-such-option"],
         ["--requests", "9"],
+        ["--max-seconds", "0"],
+        ["--max-seconds", "soon"],
+        ["--max-seconds", "inf"],
     ],
 )
 def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -585,6 +590,10 @@ def test_explore_detects_a_nondeterministic_model() -> None:
         ({"max_states": 0}, "max_states=0"),
         ({"progress": "yes"}, "progress='yes'"),
         ({"machine": LIGHT}, "must be given together"),
+        ({"max_seconds": 0}, "max_seconds=0"),
+        ({"max_seconds": "1"}, "max_seconds='1'"),
+        ({"expected": True}, "expected=True"),
+        ({"independent": 1}, "independent=1"),
     ],
 )
 def test_explore_rejects_bad_arguments(kwargs: dict[str, Any], needle: str) -> None:
