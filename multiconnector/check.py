@@ -69,8 +69,11 @@ from typing import Any, Final
 import attrs
 
 from ._explore import (
+    FAIL,
+    INCONCLUSIVE,
     NO_EXCEPTION,
     NO_TRAP,
+    PASS,
     STATES_REACHED,
     TRANSITIONS_FIRED,
     CheckReport,
@@ -98,6 +101,7 @@ from .usermachine.command import add_check_arguments, run_check_cli
 __all__ = [
     "ALPHABET",
     "DEFAULT_CONNECTORS",
+    "EXIT_STATUS",
     "LOAD_EVENTS",
     "LOAD_ONCE",
     "PROPERTIES",
@@ -109,6 +113,8 @@ __all__ = [
     "check_aggregator",
     "declared_transitions",
     "explore",
+    "independent",
+    "reachable_in",
     "run_cli",
     "validate",
 ]
@@ -306,9 +312,12 @@ class _World:
     """
 
     __slots__ = (
+        "applied",
         "dirty",
+        "entries",
         "index",
         "last",
+        "log",
         "mc",
         "order",
         "queue",
@@ -326,8 +335,16 @@ class _World:
         self.registry: tuple[tuple[str, bool], ...] = ()
         self.order: tuple[int, ...] = ()
         self.queue: tuple[int, ...] = ()
+        #: Events applied, and what each fired per request as the checker applied it: (step
+        #: number, request index, event, the new steps of that request's history). Complete
+        #: when every event was applied with a :meth:`sync` in between (as a trace is replayed).
+        self.applied = 0
+        self.log: list[tuple[int, int, Event, list[Any]]] = []
+        #: The registry's published entries ``registry`` was read from (it publishes a new
+        #: mapping on every change), so that an unchanged registry is not read again.
+        self.entries: object = None
+        # Read lazily: a model being replayed is read only once its path is applied.
         self.dirty = True
-        self.sync()
 
     def sync(self) -> None:
         """Read what the aggregator shows, if an event ran since the last read."""
@@ -337,7 +354,10 @@ class _World:
         mc = self.mc
         index = self.index
         held = _held(mc)
-        self.registry = tuple((n, c is not None) for n, c in mc.registry.items())
+        entries = _entries(mc)
+        if entries is not self.entries or entries is None:
+            self.entries = entries
+            self.registry = tuple((n, c is not None) for n, c in mc.registry.items())
         self.order = tuple(index.get(r, -1) for r in held)
         self.queue = tuple(index.get(r.request_id, -1) for r in _take_queue(mc))
         for r in self.requests:
@@ -351,10 +371,17 @@ class _World:
                 r.load_view = (None, False)
         last = self.last
         if last is not None:
-            for r, n in zip(self.requests, last.lengths, strict=True):
+            for i, (r, n) in enumerate(zip(self.requests, last.lengths, strict=True)):
                 history = r.record.history if r.record is not None else None
                 if history and len(history) > n:
-                    last.fired += [(s.source.value, s.event, s.dest.value) for s in history[n:]]
+                    new = history[n:]
+                    last.fired += [(s.source.value, s.event, s.dest.value) for s in new]
+                    self.log.append((self.applied, i, last.event, new))
+
+
+def _entries(mc: MultiConnector) -> object:
+    """The registry's current entries mapping (replaced, never changed, on every change)."""
+    return getattr(mc.registry, "_entries", None)
 
 
 def _held(mc: MultiConnector) -> Mapping[str, RequestTransferState]:
@@ -377,6 +404,7 @@ def _apply(world: _World, event: Event) -> None:
     mc = world.mc
     requests = world.requests
     kind = event[0]
+    world.applied += 1
     if world.dirty:  # replaying a path: nothing reads what happened in between
         world.last = None
     else:
@@ -553,6 +581,9 @@ class _Interner:
         self.ids: dict[Any, int] = {}
         #: renamed[k][id]: the id of the thing numbered ``id``, renamed by renaming ``k``.
         self.renamed: list[dict[int, int]] = [{} for _ in self.renamings]
+        #: The canonical key of each raw key (registry, parts, order, queue) met so far: most
+        #: events lead to a state already seen, whose canonical form is then a dict look-up.
+        self.canonical: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     def number(self, thing: Any) -> int:
         found = self.ids.get(thing)
@@ -617,7 +648,14 @@ def _snapshot(world: _World) -> Hashable:
             part = ("request", r.phase, view, r.owed, r.cancelled, load)
         parts.append(part)
         part_ids.append(numbers.number(part))
-    order, queue = world.order, world.queue
+    # Which requests are held and queued for take() matters, not in what order: no property
+    # reads the order (take()'s list is judged record by record), and requests are assumed
+    # not to interact except through the registry and take() (docs/check.md, "Reductions").
+    order, queue = tuple(sorted(world.order)), tuple(sorted(world.queue))
+    raw = (reg_id, tuple(part_ids), order, queue)
+    known = numbers.canonical.get(raw)
+    if known is not None:
+        return known
     best: tuple[Any, ...] | None = None
     for k, (perm, _) in enumerate(scenario.symmetries):
         moved = [0] * len(requests)
@@ -626,11 +664,13 @@ def _snapshot(world: _World) -> Hashable:
         key = (
             numbers.rename(k, registry, reg_id, _rename_registry),
             tuple(moved),
-            tuple(perm[i] if i >= 0 else -1 for i in order),
-            tuple(perm[i] if i >= 0 else -1 for i in queue),
+            tuple(sorted(perm[i] if i >= 0 else -1 for i in order)),
+            tuple(sorted(perm[i] if i >= 0 else -1 for i in queue)),
         )
         if best is None or key < best:
             best = key
+    assert best is not None
+    numbers.canonical[raw] = best
     return best
 
 
@@ -851,18 +891,36 @@ def _data(ids: tuple[str, ...]) -> Callable[[Event], Any]:
 
 
 def _annotate(world: _World) -> dict[str, Any]:
-    """Each request's path, as ``[event, source, dest, name]`` steps (for the diagrams)."""
+    """Each request's path, as ``[event, source, dest, name]`` steps (for the diagrams).
+
+    The path is the one the trace applied, event for event: each step is a transition the
+    request's record took, with the connector the *applied* event named (the reporting
+    connector of a ``transfer_finished``, the unregistered one of a ``connector_gone``), not a
+    name the aggregator may have substituted; ``path_steps`` gives the trace step of each.
+    """
     world.sync()
-    return {
-        "paths": {
-            r.request_id: [
-                [s.event, s.source.value, s.dest.value, s.name]
-                for s in (r.record.history or () if r.record is not None else ())
-            ]
-            for r in world.requests
-            if r.phase != _UNBORN
-        }
-    }
+    begun = [i for i, r in enumerate(world.requests) if r.phase != _UNBORN]
+    paths: dict[str, list[list[Any]]] = {world.requests[i].request_id: [] for i in begun}
+    numbers: dict[str, list[int]] = {world.requests[i].request_id: [] for i in begun}
+    for step, i, event, new in world.log:
+        rid = world.requests[i].request_id
+        named = _named(event)
+        for s in new:
+            paths.setdefault(rid, []).append(
+                [s.event, s.source.value, s.dest.value, named if named is not None else s.name]
+            )
+            numbers.setdefault(rid, []).append(step)
+    return {"paths": paths, "path_steps": numbers}
+
+
+def _named(event: Event) -> str | None:
+    """The connector an applied event names, if it names one."""
+    kind = event[0]
+    if kind in ("unregister", "register"):
+        return str(event[1])
+    if kind in _PER_REQUEST and len(event) > 2 and isinstance(event[2], str):
+        return event[2]
+    return None
 
 
 # -- the public entry point ---------------------------------------------------------------------
@@ -879,6 +937,9 @@ def check_aggregator(
     max_states: int | None = None,
     max_depth: int | None = None,
     progress: bool = False,
+    max_seconds: float | None = None,
+    strict_coverage: bool = False,
+    reduction: bool = True,
 ) -> CheckReport:
     """Model-check the real aggregator on a bounded scenario: every reachable state, every event.
 
@@ -891,15 +952,23 @@ def check_aggregator(
     and :data:`LOAD_EVENTS`; with a load event, scripted savers also answer ``match_tokens``
     (0, 1 or ``None`` each, every combination tried) and the report adds :data:`LOAD_ONCE`.
     ``factory(registry, trace=True, stripes=1)`` builds the aggregator: pass a subclass, or a
-    ``functools.partial`` with your options. ``max_states``/``max_depth`` bound the search
-    (default: none, so it finishes); see :func:`explore` for the rest.
+    ``functools.partial`` with your options. ``max_states``/``max_depth``/``max_seconds`` bound
+    the search (default: none, so it finishes); see :func:`explore` for the rest.
+
+    Coverage (``states reached``, ``transitions fired``) fails only for what the configuration
+    can reach (:func:`reachable_in`: e.g. a request waits for a second report only with two
+    savers); ``strict_coverage=True`` requires every declared state and transition.
+    ``reduction`` (default on) is partial-order reduction: events of different requests
+    commute (:func:`independent`), so their interleavings are not all applied; the verdicts,
+    the states found and the counterexamples' lengths are the same without it.
 
     Returns a :class:`CheckReport` with one result per name in :data:`PROPERTIES` (and
     :data:`LOAD_ONCE` after ``no leak`` when the alphabet has a load event).
 
     .. versionadded:: 0.1.0
     .. versionchanged:: 0.1.0
-       ``events`` may include the load side, :data:`LOAD_EVENTS`.
+       ``events`` may include the load side, :data:`LOAD_EVENTS`; ``max_seconds`` and
+       ``strict_coverage``.
     """
     if connectors is None:
         connectors = DEFAULT_CONNECTORS
@@ -937,6 +1006,8 @@ def check_aggregator(
     if not callable(factory):
         raise InvalidArgumentError(f"factory={shown(factory)} must be callable")
     check_bool(symmetry, "symmetry")
+    check_bool(strict_coverage, "strict_coverage")
+    check_bool(reduction, "reduction")
     pad = _Pad()
     made: dict[str, Any] = {}
     for name, kind in kinds.items():
@@ -968,7 +1039,10 @@ def check_aggregator(
         else "off",
         "max states": max_states if max_states is not None else "unbounded",
         "max depth": max_depth if max_depth is not None else "unbounded",
+        "reduction": "sleep sets (events of different requests commute)" if reduction else "off",
     }
+    if max_seconds is not None:
+        bounds["max seconds"] = max_seconds
     factory_name = getattr(factory, "__qualname__", type(probe).__qualname__)
     invariants: dict[str, Callable[[_World], object]] = {
         TERMINAL_ABSORBING: _terminal_absorbing,
@@ -993,10 +1067,56 @@ def check_aggregator(
         annotate=_annotate,
         max_states=max_states,
         max_depth=max_depth,
+        max_seconds=max_seconds,
+        expected=None if strict_coverage else reachable_in(kinds, alphabet),
+        independent=independent if reduction else None,
         progress=progress,
         bounds=bounds,
         title=f"multiconnector check: the transfer machine, on the real {factory_name}",
     )
+
+
+def independent(a: Event, b: Event) -> bool:
+    """Whether two events of the scenario commute: per-request events of different requests.
+
+    Every kind in ``_PER_REQUEST`` names its request at ``event[1]``; registry events
+    (``register``, ``unregister``) and ``take`` touch every request, so they are independent
+    of nothing. This is the assumption partial-order reduction rests on: the aggregator lets
+    requests interact only through the registry and ``take()`` (docs/check.md, "Reductions").
+
+    .. versionadded:: 0.1.0
+    """
+    return a[0] in _PER_REQUEST and b[0] in _PER_REQUEST and a[1] != b[1]
+
+
+def reachable_in(
+    connectors: Mapping[str, str | None], events: Collection[str]
+) -> Callable[[tuple[str, str, str]], bool]:
+    """Whether a declared (source, event, dest) transition can fire in this configuration.
+
+    Every transition needs ``begin``; its own event kind (``connector_gone`` is fired by
+    ``unregister``); one touching ``finishing`` needs a saver and ``request_finished`` (the way
+    into ``finishing``); one staying in ``finishing`` needs two savers (a request awaits a
+    second report, or a second connector's unregistering). A transition of an event the
+    scenario does not know is assumed reachable.
+
+    .. versionadded:: 0.1.0
+    """
+    savers = sum(1 for kind in connectors.values() if kind == SAVER)
+    alphabet = frozenset(events)
+    finishing = State.finishing.value
+
+    def reachable(triple: tuple[str, str, str]) -> bool:
+        source, event, dest = triple
+        needs = {"begin", "unregister" if event == "connector_gone" else event}
+        needs &= set(_KINDS)
+        least = 0
+        if finishing in (source, dest):
+            needs.add("request_finished")
+            least = 2 if source == dest else 1
+        return needs <= alphabet and savers >= least
+
+    return reachable
 
 
 # -- the command --------------------------------------------------------------------------------
@@ -1031,12 +1151,24 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds above 0")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="multiconnector check",
         description="Explore every reachable state of a bounded scenario on the real "
-        "MultiConnector and check its properties. Exit status: 0 all PASS, 1 a property "
-        "FAILs, 2 bad arguments.",
+        "MultiConnector and check its properties. Exit status: 0 PASS (every property "
+        "holds; with --max-depth, within that depth), 1 FAIL (a property fails), 2 bad "
+        "arguments, 3 INCONCLUSIVE (--max-states or --max-seconds cut the search short "
+        "before any violation was found).",
     )
     default = ",".join(
         n if k == SAVER else f"{n}={k or 'none'}" for n, k in DEFAULT_CONNECTORS.items()
@@ -1070,8 +1202,42 @@ def _parser() -> argparse.ArgumentParser:
         help="add the load side (match_tokens, load_finished) to the alphabet and check "
         "that a load is applied at most once, only from the chosen loader",
     )
-    parser.add_argument("--max-states", type=_positive, default=None, metavar="N")
-    parser.add_argument("--max-depth", type=_positive, default=None, metavar="N")
+    parser.add_argument(
+        "--max-states",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="stop after N distinct states: the result is INCONCLUSIVE (exit 3) unless a "
+        "property fails",
+    )
+    parser.add_argument(
+        "--max-depth",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="explore event sequences of up to N events only: an accepted bound, so the "
+        "result PASSes (bounded) when no property fails within it",
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=_seconds,
+        default=None,
+        metavar="N",
+        help="a time budget for CI: stop cleanly after N seconds; the result is INCONCLUSIVE "
+        "(exit 3) unless a property fails, and says up to which depth the search is complete",
+    )
+    parser.add_argument(
+        "--no-reduction",
+        action="store_true",
+        help="apply every interleaving of different requests' events (no partial-order "
+        "reduction): the same verdicts, more time",
+    )
+    parser.add_argument(
+        "--strict-coverage",
+        action="store_true",
+        help="fail when any declared state or transition is not reached, even one this "
+        "configuration cannot reach (default: only the reachable ones)",
+    )
     parser.add_argument(
         "--no-symmetry",
         action="store_true",
@@ -1089,8 +1255,12 @@ def _alphabet(events: list[str] | None, load: bool) -> list[str] | None:
     return [*(ALPHABET if events is None else events), *LOAD_EVENTS]
 
 
+#: The command's exit status for each verdict (2 is for bad arguments).
+EXIT_STATUS: Final[Mapping[str, int]] = {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}
+
+
 def run_cli(argv: Sequence[str]) -> int:
-    """``multiconnector check``: 0 when every property passes, 1 on a violation, 2 on bad input."""
+    """``multiconnector check``: 0 PASS, 1 FAIL, 2 bad input, 3 INCONCLUSIVE (cut short)."""
     parser = _parser()
     try:
         args = parser.parse_args(list(argv))
@@ -1107,6 +1277,9 @@ def run_cli(argv: Sequence[str]) -> int:
             symmetry=not args.no_symmetry,
             max_states=args.max_states,
             max_depth=args.max_depth,
+            max_seconds=args.max_seconds,
+            strict_coverage=args.strict_coverage,
+            reduction=not args.no_reduction,
             progress=not args.no_progress,
         )
     except MultiConnectorError as exc:
@@ -1121,4 +1294,4 @@ def run_cli(argv: Sequence[str]) -> int:
             print(f"multiconnector check: error: cannot write --json: {exc}", file=sys.stderr)
             return 2
         print(f"report written to {args.json}")
-    return 0 if report.ok else 1
+    return EXIT_STATUS[report.verdict]

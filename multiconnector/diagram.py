@@ -48,6 +48,7 @@ __all__ = [
     "render",
     "run_cli",
     "steps",
+    "trace_numbers",
 ]
 
 #: The formats :func:`render` and the command know.
@@ -321,20 +322,65 @@ def read_path(
     file: str | os.PathLike[str], request: str | None = None, prop: str | None = None
 ) -> tuple[str | None, tuple[Step, ...]]:
     """:func:`find_path` on a JSON file (``"-"``: standard input)."""
+    return find_path(_load(file), request, prop)
+
+
+def _load(file: str | os.PathLike[str]) -> Any:
     if os.fspath(file) == "-":
         text = sys.stdin.read()
     else:
         with open(file, encoding="utf-8") as fh:
             text = fh.read()
-    return find_path(json.loads(text), request, prop)
+    return json.loads(text)
+
+
+def trace_numbers(
+    data: Any, request: str | None, prop: str | None, length: int
+) -> tuple[int, ...] | None:
+    """The trace step numbers of a check report's path, when the report gives them.
+
+    ``multiconnector check --json`` stores, next to each counterexample's ``paths``, the
+    ``path_steps`` at which each request's steps happened: a diagram numbered with them agrees
+    with the printed trace step for step. ``None`` when there are none (number 1, 2, ...).
+
+    .. versionadded:: 0.1.0
+    """
+    if prop is not None and isinstance(data, Mapping):
+        named = {
+            str(p.get("name")): p for p in data.get("properties") or () if isinstance(p, Mapping)
+        }
+        data = (named.get(prop) or {}).get("counterexample") or {}
+    found: list[Any] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, Mapping):
+            numbers = node.get("path_steps")
+            if isinstance(numbers, Mapping) and request in numbers:
+                found.append(numbers[request])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(data)
+    for numbers in found:
+        if (
+            isinstance(numbers, list)
+            and len(numbers) == length
+            and all(type(n) is int and n > 0 for n in numbers)
+        ):
+            return tuple(numbers)
+    return None
 
 
 # -- rendering -----------------------------------------------------------------------------------
 
 
-def _graph(engine: str, path: tuple[Step, ...] | None) -> Any:
+def _graph(engine: str, path: tuple[Step, ...] | None, at: Sequence[int] | None = None) -> Any:
     numbers: _Numbers = {}
-    for number, one in enumerate(path or (), start=1):
+    for index, one in enumerate(path or ()):
+        number = at[index] if at is not None else index + 1
         numbers.setdefault((one.event, one.source.value, one.dest.value), []).append(number)
     machine = _machine(engine, numbers)
     graph = machine.graph_cls(machine)
@@ -351,16 +397,16 @@ def _graph(engine: str, path: tuple[Step, ...] | None) -> Any:
     return graph.get_graph(title=TITLE)
 
 
-def _mermaid(path: tuple[Step, ...] | None, title: str) -> str:
-    lines = _graph("mermaid", path).source.splitlines()
+def _mermaid(path: tuple[Step, ...] | None, title: str, at: Sequence[int] | None = None) -> str:
+    lines = _graph("mermaid", path, at).source.splitlines()
     # transitions writes the title as bare front matter; mermaid wants YAML with a `title` key.
     if lines[:3] == ["---", TITLE, "---"]:
         lines[1] = f"title: {json.dumps(title)}"
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
-def _dot_graph(path: tuple[Step, ...] | None, title: str) -> Any:
-    graph = _graph("graphviz", path)
+def _dot_graph(path: tuple[Step, ...] | None, title: str, at: Sequence[int] | None = None) -> Any:
+    graph = _graph("graphviz", path, at)
     # The initial state's marker, as mermaid draws it with `[*] --> pending`.
     graph.node("__initial__", label="", shape="point", width="0.15", fillcolor="black")
     graph.edge("__initial__", INITIAL.value)
@@ -369,8 +415,8 @@ def _dot_graph(path: tuple[Step, ...] | None, title: str) -> Any:
     return graph
 
 
-def _svg(path: tuple[Step, ...] | None, title: str) -> str:
-    svg: str = _dot_graph(path, title).pipe(format="svg", encoding="utf-8")
+def _svg(path: tuple[Step, ...] | None, title: str, at: Sequence[int] | None = None) -> str:
+    svg: str = _dot_graph(path, title, at).pipe(format="svg", encoding="utf-8")
     return svg
 
 
@@ -384,7 +430,9 @@ def _guard_text(tran: Mapping[str, Any]) -> str:
     return " and ".join(parts) or "—"
 
 
-def _markdown(path: tuple[Step, ...] | None, title: str, request: str | None) -> str:
+def _markdown(
+    path: tuple[Step, ...] | None, title: str, request: str | None, at: Sequence[int] | None = None
+) -> str:
     markup = build_machine(machine_cls=GraphMachine, graph_engine="mermaid").markup
     out: list[str] = []
     if path is None:
@@ -403,10 +451,11 @@ def _markdown(path: tuple[Step, ...] | None, title: str, request: str | None) ->
             f"{len(path)} step(s), ending in `{final.value}`. Travelled transitions carry their",
             "step numbers; visited states are blue, the final state is amber.",
         ]
-    out += ["", "```mermaid", _mermaid(path, title).rstrip("\n"), "```", ""]
+    out += ["", "```mermaid", _mermaid(path, title, at).rstrip("\n"), "```", ""]
     if path is not None:
         out += ["| step | event | from | to | connector |", "| --- | --- | --- | --- | --- |"]
-        for number, one in enumerate(path, start=1):
+        for index, one in enumerate(path):
+            number = at[index] if at is not None else index + 1
             name = "—" if one.name is None else f"`{_cell(one.name)}`"
             out.append(
                 f"| {number} | `{one.event}` | `{one.source.value}` | `{one.dest.value}` | {name} |"
@@ -448,14 +497,17 @@ def render(
     path: Iterable[Any] | None = None,
     title: str | None = None,
     request: str | None = None,
+    numbers: Sequence[int] | None = None,
 ) -> str:
     """The machine in ``fmt`` (one of :data:`FORMATS`), optionally with a request's path marked.
 
     ``path`` is a request's steps, in any form :func:`steps` accepts (its recorded ``history``,
     say): visited states and travelled transitions are marked and numbered, and the state it ended
     in is highlighted. ``title`` replaces the diagram's title; ``request`` names the request in
-    the default title of a path. ``svg`` needs Graphviz's ``dot`` program, ``dot`` and ``svg``
-    the ``graphviz`` Python package.
+    the default title of a path; ``numbers`` numbers the path's steps (default ``1, 2, ...``;
+    a check report's counterexample gives its trace's, :func:`trace_numbers`).
+    ``svg`` needs Graphviz's ``dot`` program, ``dot`` and ``svg`` the ``graphviz`` Python
+    package.
 
     >>> from multiconnector import ConnectorRegistry, MultiConnector
     >>> class Saver:
@@ -476,19 +528,32 @@ def render(
         if value is not None and not isinstance(value, str):
             raise InvalidArgumentError(f"{argument}={shown(value)} must be a str or None")
     checked = None if path is None else steps(path)
+    at: tuple[int, ...] | None = None
+    if numbers is not None:
+        if (
+            checked is None
+            or isinstance(numbers, str)
+            or not isinstance(numbers, Sequence)
+            or len(numbers) != len(checked)
+            or not all(type(n) is int and n > 0 for n in numbers)
+        ):
+            raise InvalidArgumentError(
+                f"numbers={shown(numbers)} must give one step number (an int > 0) per step of path"
+            )
+        at = tuple(numbers)
     if title is None:
         if checked is None:
             title = TITLE
         else:
             title = f"{TITLE}: path of {request}" if request is not None else f"{TITLE}: a path"
     if fmt == "mermaid":
-        return _mermaid(checked, title)
+        return _mermaid(checked, title, at)
     if fmt == "md":
-        return _markdown(checked, title, request)
+        return _markdown(checked, title, request, at)
     if fmt == "dot":
-        source: str = _dot_graph(checked, title).source
+        source: str = _dot_graph(checked, title, at).source
         return source
-    return _svg(checked, title)
+    return _svg(checked, title, at)
 
 
 # -- command -------------------------------------------------------------------------------------
@@ -564,9 +629,12 @@ def run_cli(argv: Sequence[str]) -> int:
         return 2
     path: tuple[Step, ...] | None = None
     request = None
+    numbers: tuple[int, ...] | None = None
     if args.path is not None:
         try:
-            request, path = read_path(args.path, args.request, args.property)
+            data = _load(args.path)
+            request, path = find_path(data, args.request, args.property)
+            numbers = trace_numbers(data, request, args.property, len(path))
         except (OSError, ValueError, InvalidArgumentError) as exc:
             print(f"multiconnector diagram: --path {args.path}: {exc}", file=sys.stderr)
             return 2
@@ -576,7 +644,7 @@ def run_cli(argv: Sequence[str]) -> int:
             for name, fmt in GENERATED.items():
                 _write(os.path.join(args.all, name), render(fmt, title=args.title))
             return 0
-        text = render(args.format, path=path, title=args.title, request=request)
+        text = render(args.format, path=path, title=args.title, request=request, numbers=numbers)
     except ModuleNotFoundError as exc:
         print(f"multiconnector diagram: {exc}", file=sys.stderr)
         return 1

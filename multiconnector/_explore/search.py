@@ -1,20 +1,4 @@
-"""Breadth-first, exhaustive exploration of a bounded state space, on the real implementation.
-
-:func:`explore` knows nothing of the aggregator: it drives any model through a user-given event
-alphabet, identifies states by a user-given snapshot, and checks user-given invariants on every
-transition. :mod:`multiconnector.check` builds the aggregator's scenario on top of it.
-
-Why replay instead of copying: real implementations hold locks, callbacks and registries that
-``copy.deepcopy`` cannot or should not copy. A state is therefore stored only as its snapshot and
-the event that first reached it; the model is rebuilt by replaying that path from a fresh
-``initial()``. An event whose snapshot equals the state it started from (an ignored event)
-leaves a model that still stands for that state, so the next event reuses it instead of
-replaying. Both tricks rely on the snapshot being faithful (two models with equal snapshots
-behave the same), which is also what merging states requires.
-
-Breadth-first order makes every counterexample a shortest one: states are numbered in the order
-they are found, so a state's number never decreases with its depth.
-"""
+"""The breadth-first search: replay, symmetry through snapshots, sleep sets, the trap search."""
 
 from __future__ import annotations
 
@@ -24,253 +8,32 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any, Final, Generic, TypeVar, final
+from typing import Any, Generic, TypeVar
 
-import attrs
+from .._validate import check_bool, shown
+from ..errors import InvalidArgumentError, MultiConnectorError
+from .report import (
+    MAX_DEPTH,
+    MAX_SECONDS,
+    MAX_STATES,
+    NO_EXCEPTION,
+    NO_TRAP,
+    PROGRESS_AFTER,
+    STATES_REACHED,
+    TRANSITIONS_FIRED,
+    CheckReport,
+    Counterexample,
+    PropertyResult,
+    TraceStep,
+    TransitionCoverage,
+    Triple,
+    _jsonable,
+)
 
-from ._validate import check_bool, shown
-from .errors import InvalidArgumentError, MultiConnectorError
-
-__all__ = [
-    "CheckReport",
-    "Counterexample",
-    "NondeterminismError",
-    "PropertyResult",
-    "TraceStep",
-    "TransitionCoverage",
-    "declared_transitions",
-    "explore",
-]
+__all__ = ["NondeterminismError", "declared_transitions", "explore"]
 
 M = TypeVar("M")
 E = TypeVar("E")
-
-#: A declared or fired transition: (source state, event, destination state).
-Triple = tuple[str, str, str]
-
-NO_EXCEPTION: Final = "no exception"
-NO_TRAP: Final = "no trap"
-STATES_REACHED: Final = "states reached"
-TRANSITIONS_FIRED: Final = "transitions fired"
-
-#: Seconds before a progress display appears.
-PROGRESS_AFTER: Final = 2.0
-
-
-@final
-@attrs.frozen(kw_only=True)
-class TraceStep:
-    """One step of a counterexample: the event, and the state it led to.
-
-    .. versionadded:: 0.1.0
-    """
-
-    number: int
-    event: str
-    #: The event as data (lists and strings), for tools that redraw the trace.
-    data: Any
-    state: str
-
-
-@final
-@attrs.frozen(kw_only=True)
-class Counterexample:
-    """A shortest event sequence from the initial state to a violation.
-
-    .. versionadded:: 0.1.0
-    """
-
-    initial: str
-    steps: tuple[TraceStep, ...]
-    #: Extra data about the final model (the aggregator gives each request's path).
-    extra: Mapping[str, Any] = attrs.field(factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-
-@final
-@attrs.frozen(kw_only=True)
-class PropertyResult:
-    """Whether one property held on every explored transition.
-
-    .. versionadded:: 0.1.0
-    """
-
-    name: str
-    description: str
-    passed: bool
-    message: str = ""
-    counterexample: Counterexample | None = None
-
-
-@final
-@attrs.frozen(kw_only=True)
-class TransitionCoverage:
-    """How often a declared (or undeclared) transition fired during the search.
-
-    .. versionadded:: 0.1.0
-    """
-
-    source: str
-    event: str
-    dest: str
-    count: int
-    declared: bool
-
-
-@final
-@attrs.frozen(kw_only=True)
-class CheckReport:
-    """What :func:`explore` found: figures, one result per property, coverage.
-
-    ``states_generated`` counts every event applied to an expanded state (TLC's "states
-    generated"); ``distinct_states`` the states found; ``edges`` the distinct (state, next state)
-    pairs. ``finished`` is true when the search ran out of states to expand, not out of bounds.
-
-    .. versionadded:: 0.1.0
-    """
-
-    title: str
-    bounds: Mapping[str, Any]
-    states_generated: int
-    distinct_states: int
-    edges: int
-    max_depth: int
-    finished: bool
-    wall_time: float
-    properties: tuple[PropertyResult, ...]
-    coverage: tuple[TransitionCoverage, ...] = ()
-    states_reached: tuple[str, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        """Every property passed."""
-        return all(p.passed for p in self.properties)
-
-    @property
-    def states_per_second(self) -> float:
-        """States generated per second of wall time."""
-        return self.states_generated / self.wall_time if self.wall_time > 0 else 0.0
-
-    @property
-    def failures(self) -> tuple[PropertyResult, ...]:
-        return tuple(p for p in self.properties if not p.passed)
-
-    def result(self, name: str) -> PropertyResult:
-        """The result of the property called ``name``; ``KeyError`` if there is none."""
-        for p in self.properties:
-            if p.name == name:
-                return p
-        raise KeyError(name)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready data (what ``--json`` writes)."""
-
-        def trace(c: Counterexample | None) -> dict[str, Any] | None:
-            if c is None:
-                return None
-            return {
-                "length": len(c),
-                "initial": c.initial,
-                "steps": [
-                    {"n": s.number, "event": s.event, "data": s.data, "state": s.state}
-                    for s in c.steps
-                ],
-                **{k: _jsonable(v) for k, v in c.extra.items()},
-            }
-
-        return {
-            "title": self.title,
-            "ok": self.ok,
-            "bounds": _jsonable(dict(self.bounds)),
-            "states_generated": self.states_generated,
-            "distinct_states": self.distinct_states,
-            "edges": self.edges,
-            "max_depth": self.max_depth,
-            "finished": self.finished,
-            "wall_time": round(self.wall_time, 4),
-            "states_per_second": round(self.states_per_second, 1),
-            "properties": [
-                {
-                    "name": p.name,
-                    "description": p.description,
-                    "result": "PASS" if p.passed else "FAIL",
-                    "message": p.message,
-                    "counterexample": trace(p.counterexample),
-                }
-                for p in self.properties
-            ],
-            "coverage": [
-                {
-                    "source": c.source,
-                    "event": c.event,
-                    "dest": c.dest,
-                    "count": c.count,
-                    "declared": c.declared,
-                }
-                for c in self.coverage
-            ],
-            "states_reached": list(self.states_reached),
-        }
-
-    def to_text(self) -> str:
-        """The report as the command prints it."""
-        out = [self.title]
-        out.append("bounds: " + "; ".join(f"{k} {_shown_bound(v)}" for k, v in self.bounds.items()))
-        out.append(
-            f"explored: {self.states_generated:,} states generated, {self.distinct_states:,} "
-            f"distinct, {self.edges:,} edges, max depth {self.max_depth}, "
-            + ("finished (nothing left queued)" if self.finished else "NOT finished (bound hit)")
-        )
-        out.append(f"time: {self.wall_time:.2f} s, {self.states_per_second:,.0f} states/s")
-        out.append("properties:")
-        for p in self.properties:
-            out.append(f"  {'PASS' if p.passed else 'FAIL'}  {p.name}: {p.description}")
-            if p.passed:
-                continue
-            out.append(f"        {p.message}")
-            trace = p.counterexample
-            if trace is not None:
-                out.append(f"        shortest trace ({len(trace)} events), from: {trace.initial}")
-                width = max((len(s.event) for s in trace.steps), default=0)
-                for s in trace.steps:
-                    out.append(f"        {s.number:>3}. {s.event:<{width}}  -> {s.state}")
-        if self.coverage:
-            out.append("transitions (source --event--> dest: times fired):")
-            width = max(len(f"{c.source} --{c.event}--> {c.dest}") for c in self.coverage)
-            for c in self.coverage:
-                arrow = f"{c.source} --{c.event}--> {c.dest}"
-                note = "" if c.declared else "  (NOT DECLARED)"
-                out.append(f"  {arrow:<{width}}  {c.count:>9,}{note}")
-        if self.states_reached:
-            out.append("states reached: " + ", ".join(self.states_reached))
-        failed = len(self.failures)
-        out.append(
-            "result: "
-            + (
-                "PASS"
-                if self.ok
-                else f"FAIL ({failed} {'property' if failed == 1 else 'properties'})"
-            )
-        )
-        return "\n".join(out)
-
-
-def _shown_bound(value: Any) -> str:
-    if isinstance(value, list | tuple):
-        return ", ".join(str(v) for v in value) or "-"
-    return str(value)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_jsonable(v) for v in value]
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return str(value)
 
 
 def declared_transitions(machine: Any) -> tuple[tuple[str, ...], tuple[Triple, ...]]:
@@ -396,6 +159,9 @@ def explore(
     progress: bool = False,
     bounds: Mapping[str, Any] | None = None,
     title: str = "model check",
+    max_seconds: float | None = None,
+    expected: Callable[[Triple], bool] | None = None,
+    independent: Callable[[E, E], bool] | None = None,
 ) -> CheckReport:
     """Explore every state reachable from ``initial()`` breadth-first and check properties.
 
@@ -427,8 +193,25 @@ def explore(
     * ``describe(model)`` (default: the snapshot's repr) and ``label(event)`` (default: repr)
       write counterexamples; ``data(event)`` gives the event as JSON data; ``annotate(model)``
       adds data about a counterexample's final model to it.
-    * ``max_states`` and ``max_depth`` bound the search (``None``: unbounded); the report says
-      whether the search finished.
+    * ``expected(triple)``, when given, says which declared transitions the configuration can
+      fire: one that never fires fails ``"transitions fired"`` only when ``expected`` is true
+      for it (the others are listed as unreachable), and a declared state fails ``"states
+      reached"`` only when it is the initial state or an end of an expected transition.
+      Coverage is judged only when the search finished; otherwise it is reported, not judged.
+    * ``max_states``, ``max_depth`` and ``max_seconds`` (wall time) bound the search (``None``:
+      unbounded); the report says which stopped it (:attr:`CheckReport.stopped_by`), up to which
+      depth the search is complete (:attr:`CheckReport.complete_depth`), and its
+      :attr:`CheckReport.verdict`. A search stopped by ``max_seconds`` stops cleanly: every
+      state it found was checked.
+    * ``independent(a, b)``, when given, turns on partial-order reduction with sleep sets: it
+      must be true only for events that commute (applied in either order from any state where
+      both are enabled, they lead to the same state, neither enables or disables the other,
+      and each does to the properties' inputs what it does in the other order). An event
+      already explored from a predecessor, independent of the event that led here, is not
+      applied again: every state is still found at its breadth-first depth, so verdicts and
+      counterexample lengths are unchanged (docs/check.md, "Reductions"). For ``"no trap"``,
+      every state that cannot reach a goal in the reduced graph is expanded fully until
+      none is left, so traps are those of the full graph.
     * ``progress=True`` shows the figures on stderr when the search runs longer than two seconds
       (with ``rich`` on a terminal when it is installed).
 
@@ -469,6 +252,14 @@ def explore(
     for argument, bound in (("max_states", max_states), ("max_depth", max_depth)):
         if bound is not None and (type(bound) is not int or bound < 1):
             raise InvalidArgumentError(f"{argument}={shown(bound)} must be an int >= 1 or None")
+    if max_seconds is not None and (
+        type(max_seconds) not in (int, float) or not 0 < max_seconds < float("inf")
+    ):
+        raise InvalidArgumentError(f"max_seconds={shown(max_seconds)} must be a number > 0 or None")
+    if expected is not None and not callable(expected):
+        raise InvalidArgumentError(f"expected={shown(expected)} must be callable or None")
+    if independent is not None and not callable(independent):
+        raise InvalidArgumentError(f"independent={shown(independent)} must be callable or None")
     check_bool(progress, "progress")
     if (machine is None) != (fired is None):
         raise InvalidArgumentError(
@@ -487,6 +278,9 @@ def explore(
         reached=reached,
         max_states=max_states,
         max_depth=max_depth,
+        max_seconds=max_seconds,
+        expected=expected,
+        independent=independent,
     )
     search.run(_Progress(progress))
     return search.report(
@@ -517,12 +311,25 @@ class _Search(Generic[M, E]):
         reached: Callable[[M], Iterable[str]] | None,
         max_states: int | None,
         max_depth: int | None,
+        max_seconds: float | None = None,
+        expected: Callable[[Triple], bool] | None = None,
+        independent: Callable[[E, E], bool] | None = None,
     ) -> None:
         self.initial, self.events, self.apply, self.snapshot = initial, events, apply, snapshot
         self.checks = list(invariants.items())
         self.goal, self.ways_out = goal, ways_out
         self.fired, self.reached = fired, reached
         self.max_states, self.max_depth = max_states, max_depth
+        self.max_seconds, self.expected = max_seconds, expected
+        self.independent = independent
+        #: Sleep sets (partial-order reduction), by state: the events not to apply there.
+        self.sleep: list[frozenset[Any] | None] = []
+        self.sleep_sets: dict[frozenset[Any], frozenset[Any]] = {}
+        #: Transitions the sleep sets spared, and those applied again for the trap search.
+        self.pruned = 0
+        self.reexpanded = 0
+        #: The bounds that cut the search short, in the order they did.
+        self.stopped: dict[str, None] = {}
         self.machine = machine
         self.declared_states: tuple[str, ...] = ()
         self.declared: tuple[Triple, ...] = ()
@@ -546,7 +353,6 @@ class _Search(Generic[M, E]):
         self.out_dst = array("i")
         self.generated = 0
         self.edges = 0
-        self.cut = False
         self.wall = 0.0
 
     # -- the search ----------------------------------------------------------------------------
@@ -600,8 +406,18 @@ class _Search(Generic[M, E]):
         if self.reached is not None:
             self.seen_states.update(str(s) for s in self.reached(model))
 
-    def add(self, key: Hashable, model: M, source: int, event: Any, depth: int) -> int:
+    def add(
+        self,
+        key: Hashable,
+        model: M,
+        source: int,
+        event: Any,
+        depth: int,
+        *,
+        sleep: frozenset[Any] | None = None,
+    ) -> int:
         sid = len(self.via)
+        self.sleep.append(sleep)
         self.ids[key] = sid
         self.parent.append(source)
         self.via.append(event)
@@ -617,20 +433,35 @@ class _Search(Generic[M, E]):
         self.add(self.snapshot(root), root, -1, None, 0)
         ids, via, depth, open_ = self.ids, self.via, self.depth, self.open
         apply, snapshot, ways_out = self.apply, self.snapshot, self.ways_out
+        independent = self.independent
         out_src, out_dst = self.out_src, self.out_dst
         index = 0
+        deadline = None if self.max_seconds is None else start + self.max_seconds
+        stopped = self.stopped
         try:
             while index < len(via):
+                if deadline is not None and index & 15 == 0 and time.perf_counter() > deadline:
+                    # Stop cleanly: what is left in the queue stays open, never half-expanded.
+                    stopped.setdefault(MAX_SECONDS, None)
+                    for rest in range(index, len(via)):
+                        open_[rest] = 1
+                    break
                 sid = index
                 index += 1
                 if self.max_depth is not None and depth[sid] >= self.max_depth:
                     open_[sid] = 1
-                    self.cut = True
+                    stopped.setdefault(MAX_DEPTH, None)
                     continue
                 model: M | None = self.revisit(sid)
                 assert model is not None
                 targets: set[int] = set()
+                asleep = self.sleep[sid]
+                done: list[Any] = []  # the events applied here so far (sleep sets)
                 for event in list(self.events(model)):
+                    if asleep is not None and event in asleep:
+                        self.pruned += 1
+                        continue
+                    done.append(event)
                     if model is None:
                         model = self.revisit(sid)
                     self.generated += 1
@@ -647,10 +478,13 @@ class _Search(Generic[M, E]):
                     if target is None:
                         if self.max_states is not None and len(via) >= self.max_states:
                             open_[sid] = 1
-                            self.cut = True
+                            stopped.setdefault(MAX_STATES, None)
                             model = None
                             continue
-                        target = self.add(key, model, sid, event, depth[sid] + 1)
+                        sleep = None
+                        if independent is not None:
+                            sleep = self.asleep(asleep, done[:-1], event)
+                        target = self.add(key, model, sid, event, depth[sid] + 1, sleep=sleep)
                     if target not in targets:
                         targets.add(target)
                     if target != sid and (ways_out is None or ways_out(event)):
@@ -665,7 +499,10 @@ class _Search(Generic[M, E]):
             show.close()
             self.wall = time.perf_counter() - start
         if self.goal is not None:
-            trap = _first_trap(len(via), self.goals, open_, out_src, out_dst)
+            good = _able(len(via), self.goals, open_, out_src, out_dst)
+            if independent is not None:
+                good = self.expand_traps(good)
+            trap = good.find(0) if 0 in good else None
             if trap is not None:
                 self.record(
                     NO_TRAP,
@@ -676,6 +513,62 @@ class _Search(Generic[M, E]):
                     + " leads from this state to a goal state"
                     + (f" ({_description(self.goal, '')})" if _docstring(self.goal) else ""),
                 )
+
+    def asleep(
+        self, here: frozenset[Any] | None, done: list[Any], event: Any
+    ) -> frozenset[Any] | None:
+        """The sleep set of a state first reached by ``event``: the events already explored
+        (from here, or asleep here) that commute with it, so their interleaving is found anyway.
+        """
+        independent = self.independent
+        assert independent is not None
+        kept = [x for x in done if independent(x, event)]
+        if here:
+            kept += [x for x in here if independent(x, event)]
+        if not kept:
+            return None
+        found = frozenset(kept)
+        return self.sleep_sets.setdefault(found, found)
+
+    def expand_traps(self, good: bytearray) -> bytearray:
+        """Apply the spared events of every state that cannot reach a goal, until none is left.
+
+        The reduced graph lacks the edges the sleep sets spared; a state that reaches a goal in
+        it reaches one in the full graph. The others get all their edges back (a target not
+        found counts as open), and reachability is recomputed, until every state still unable
+        to reach a goal has all its edges: those are exactly the traps of the full graph.
+        """
+        n = len(self.via)
+        full = bytearray(n)
+        ways_out = self.ways_out
+        while True:
+            todo = [s for s in range(n) if not good[s] and not full[s] and self.sleep[s]]
+            if not todo:
+                return good
+            for sid in todo:
+                full[sid] = 1
+                asleep = self.sleep[sid]
+                assert asleep is not None
+                model: M | None = None
+                for event in list(self.events(self.revisit(sid))):
+                    if event not in asleep or (ways_out is not None and not ways_out(event)):
+                        continue
+                    if model is None:
+                        model = self.revisit(sid)
+                    self.reexpanded += 1
+                    try:
+                        self.apply(model, event)
+                    except Exception:  # recorded where it was first applied
+                        model = None
+                        continue
+                    target = self.ids.get(self.snapshot(model))
+                    if target is None:
+                        self.open[sid] = 1  # not found: count it as able to reach a goal
+                    elif target != sid:
+                        self.out_src.append(sid)
+                        self.out_dst.append(target)
+                        model = None
+            good = _able(n, self.goals, self.open, self.out_src, self.out_dst)
 
     # -- the report ----------------------------------------------------------------------------
 
@@ -723,28 +616,8 @@ class _Search(Generic[M, E]):
         table: tuple[TransitionCoverage, ...] = ()
         reached: tuple[str, ...] = ()
         if self.machine is not None:
-            missing = [s for s in self.declared_states if s not in self.seen_states]
-            results.append(
-                PropertyResult(
-                    name=STATES_REACHED,
-                    description="every declared state is entered",
-                    passed=not missing,
-                    message="never entered: " + ", ".join(missing) if missing else "",
-                )
-            )
+            results += self.coverage_results()
             declared = set(self.declared)
-            problems = [f"never fired: {_arrow(t)}" for t in self.declared if not self.coverage[t]]
-            problems += [
-                f"fired but not declared: {_arrow(t)}" for t in self.coverage if t not in declared
-            ]
-            results.append(
-                PropertyResult(
-                    name=TRANSITIONS_FIRED,
-                    description="every declared transition fires, and no undeclared one",
-                    passed=not problems,
-                    message="; ".join(problems),
-                )
-            )
             table = tuple(
                 TransitionCoverage(
                     source=t[0], event=t[1], dest=t[2], count=n, declared=t in declared
@@ -760,12 +633,87 @@ class _Search(Generic[M, E]):
             distinct_states=len(self.via),
             edges=self.edges,
             max_depth=max(self.depth),
-            finished=not self.cut,
+            finished=not self.stopped,
+            stopped_by=tuple(self.stopped),
+            complete_depth=self.complete_depth(),
+            pruned=self.pruned,
+            reexpanded=self.reexpanded,
             wall_time=self.wall,
             properties=tuple(results),
             coverage=table,
             states_reached=reached,
         )
+
+    def complete_depth(self) -> int:
+        """Every event sequence of up to this many events was explored and checked."""
+        deepest = max(self.depth)
+        if not self.stopped:
+            return deepest
+        # A state left open (not fully expanded) at depth d: sequences of d + 1 events are not
+        # all explored. States are numbered breadth-first, so the first open one is shallowest.
+        first = self.open.find(1)
+        return int(self.depth[first]) if first >= 0 else deepest
+
+    def coverage_results(self) -> list[PropertyResult]:
+        """``states reached`` and ``transitions fired``, judged only on a finished search."""
+        expected = self.expected
+        required = [t for t in self.declared if expected is None or expected(t)]
+        needed_states = {str(getattr(self.machine, "initial", ""))} | {
+            s for t in required for s in (t[0], t[2])
+        }
+        missing = [s for s in self.declared_states if s not in self.seen_states]
+        failing_states = [s for s in missing if expected is None or s in needed_states]
+        unreachable_states = [s for s in missing if s not in failing_states]
+        required_set, declared = set(required), set(self.declared)
+        never = [t for t in self.declared if not self.coverage[t]]
+        problems = [f"never fired: {_arrow(t)}" for t in never if t in required_set]
+        problems += [
+            f"fired but not declared: {_arrow(t)}" for t in self.coverage if t not in declared
+        ]
+        unreachable = [_arrow(t) for t in never if t not in required_set]
+        judged = not self.stopped
+        out = []
+        for name, description, failing, notes, what in (
+            (
+                STATES_REACHED,
+                "every declared state is entered",
+                ["never entered: " + ", ".join(failing_states)] if failing_states else [],
+                unreachable_states,
+                "never entered",
+            ),
+            (
+                TRANSITIONS_FIRED,
+                "every declared transition fires, and no undeclared one",
+                problems,
+                unreachable,
+                "never fired",
+            ),
+        ):
+            note = (
+                f"{what}, not reachable in this configuration: " + ", ".join(notes) if notes else ""
+            )
+            if not judged:
+                shown_ = "; ".join([*failing, note] if note else failing)
+                out.append(
+                    PropertyResult(
+                        name=name,
+                        description=description,
+                        passed=True,
+                        judged=False,
+                        message="not judged: the search was cut short"
+                        + (f" ({shown_})" if shown_ else ""),
+                    )
+                )
+                continue
+            out.append(
+                PropertyResult(
+                    name=name,
+                    description=description,
+                    passed=not failing,
+                    message="; ".join([*failing, note] if note else failing),
+                )
+            )
+        return out
 
     def trace(
         self,
@@ -809,12 +757,13 @@ def _arrow(t: Triple) -> str:
     return f"{t[0]} --{t[1]}--> {t[2]}"
 
 
-def _first_trap(
+def _able(
     n: int, goals: bytearray, open_: bytearray, src: array[int], dst: array[int]
-) -> int | None:
-    """The first (so shallowest) state from which no goal state and no open state is reachable.
+) -> bytearray:
+    """1 for each state from which a goal state or an open state is reachable, else 0.
 
-    Backward breadth-first search over the reversed edges, stored compactly (CSR).
+    Backward breadth-first search over the reversed edges, stored compactly (CSR). The first
+    0 is the first (so shallowest) trap.
     """
     start = [0] * (n + 1)
     for d in dst:
@@ -839,4 +788,4 @@ def _first_trap(
             if not good[s]:
                 good[s] = 1
                 todo.append(s)
-    return good.find(0) if 0 in good else None
+    return good
