@@ -46,8 +46,10 @@ Properties (each PASS or FAIL, with a shortest counterexample):
 ``load once`` (only with a load event in the alphabet)
     A ``load_finished`` is applied (its ``Outcome``, the connector's ``on_load_finished``)
     exactly when it is the first completion from the loader the latest decisive match chose,
-    while the request is live: at most once per match, never from another name, never after
-    terminal; and the chosen loader's completion is not lost.
+    while the request is live and that loader was not unregistered since it was chosen: at most
+    once per match, never from another name, never after terminal, never from an unregistered
+    loader or a new connector registered under its name (``unregistered``, no callback); and
+    the chosen loader's completion is not lost.
 ``no trap``
     From every reachable state, events other than ``cancel`` can bring every live request to a
     terminal state (``cancel`` would rescue any trap, so it does not count).
@@ -155,6 +157,7 @@ _NOTHING: Final[frozenset[str]] = frozenset()
 _CANCELLED: Final = State.cancelled
 _PENDING: Final = State.pending
 _APPLIED: Final = Outcome.applied
+_GONE: Final = Outcome.unregistered
 
 #: What the checker reads of a held record: state, awaiting, expected, abandoned.
 View = tuple[State, tuple[str, ...], tuple[str, ...], tuple[str, ...]]
@@ -234,12 +237,15 @@ class _Request:
     record: RequestTransferState | None = None
     #: ``record``'s (state, awaiting, expected, abandoned) while held, else ``None``.
     view: View | None = None
-    #: ``record``'s (loader, loaded) while held: not a property's input, but part of the state.
-    load_view: tuple[str | None, bool] = (None, False)
+    #: ``record``'s (loader, loaded, loader_gone) while held: not a property's input, but part
+    #: of the state.
+    load_view: tuple[str | None, bool, bool] = (None, False, False)
     #: The loader the latest decisive ``match_tokens`` chose, as the checker saw the answers.
     loader: str | None = None
     #: Whether that loader's completion was delivered while the request was live.
     loaded: bool = False
+    #: Whether that loader was unregistered since it was chosen: no completion of it is due.
+    loader_gone: bool = False
 
 
 @attrs.define(slots=True, eq=False)
@@ -266,6 +272,8 @@ class _Load:
     #: The checker's chosen loader and whether its completion was already delivered, before.
     loader: str | None
     loaded: bool
+    #: Whether the chosen loader was unregistered since it was chosen, before.
+    loader_gone: bool
     outcome: Outcome
     #: Whose ``on_load_finished`` the aggregator called.
     callbacks: tuple[str, ...]
@@ -342,10 +350,10 @@ class _World:
             if record is not None:
                 r.record = record
                 r.view = (record.state, record.awaiting, record.expected, record.abandoned)
-                r.load_view = (record.loader, record.loaded)
+                r.load_view = (record.loader, record.loaded, record.loader_gone)
             else:
                 r.view = None
-                r.load_view = (None, False)
+                r.load_view = (None, False, False)
         last = self.last
         if last is not None:
             for r, n in zip(self.requests, last.lengths, strict=True):
@@ -436,6 +444,8 @@ def _apply(world: _World, event: Event) -> None:
     elif kind == "unregister":
         for r in requests:
             r.owed -= {event[1]}
+            if r.loader == event[1]:
+                r.loader_gone = True
     elif kind == "cancel":
         assert request is not None
         if request.phase == _HELD:
@@ -480,17 +490,18 @@ def _apply_load(world: _World, request: _Request, event: Event) -> None:
         if state is _PENDING and all(tokens is not None for _, tokens in answers):
             request.loader = next((n for n, tokens in answers if tokens), None)
             request.loaded = False
+            request.loader_gone = False
         return
     name = event[2]
     pad.loads = []
     live = state is not None and state not in TERMINAL
-    loader, loaded = request.loader, request.loaded
+    loader, loaded, gone = request.loader, request.loaded, request.loader_gone
     outcome = mc.load_finished(request.request_id, name)
-    if live and name == loader:
+    if live and name == loader and not gone:
         request.loaded = True
     if world.last is not None:
         world.last.load = _Load(
-            request.request_id, name, live, loader, loaded, outcome, tuple(pad.loads)
+            request.request_id, name, live, loader, loaded, gone, outcome, tuple(pad.loads)
         )
 
 
@@ -571,8 +582,8 @@ def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
     if load is not None:
         seen, mine = load
         load = (
-            (rename.get(seen[0], seen[0]), seen[1]),
-            (rename.get(mine[0], mine[0]), mine[1]),
+            (rename.get(seen[0], seen[0]), *seen[1:]),
+            (rename.get(mine[0], mine[0]), *mine[1:]),
         )
     if view is not None:
         view = (
@@ -604,7 +615,7 @@ def _snapshot(world: _World) -> Hashable:
         load = (
             None
             if view is None or view[0] in TERMINAL or (not r.loader and not r.load_view[0])
-            else (r.load_view, (r.loader, r.loaded))
+            else (r.load_view, (r.loader, r.loaded, r.loader_gone))
         )
         if r.phase == _TAKEN or (view is not None and view[0] is _CANCELLED):
             # Nothing reads the promises of a request that is cancelled or handed back: a
@@ -738,7 +749,7 @@ def _load_once(world: _World) -> str | None:
         return None
     rid, name = load.request_id, load.name
     applied = load.outcome is _APPLIED
-    due = load.live and name == load.loader and not load.loaded
+    due = load.live and name == load.loader and not load.loaded and not load.loader_gone
     if applied and not due:
         if not load.live:
             why = "after it was terminal or handed back"
@@ -746,6 +757,8 @@ def _load_once(world: _World) -> str | None:
             why = "though no connector was chosen to load it"
         elif name != load.loader:
             why = f"from {name}, though {load.loader} was chosen to load it"
+        elif load.loader_gone:
+            why = f"from {name}, though it was unregistered after it was chosen to load it"
         else:
             why = f"twice from {name}, its chosen loader"
         return f"load_finished({rid}, {name}) was applied {why}"
@@ -753,6 +766,11 @@ def _load_once(world: _World) -> str | None:
         return f"load_finished({rid}, {name}) was {load.outcome.value}, yet on_load_finished ran"
     if len(load.callbacks) > 1 or set(load.callbacks) - {name}:
         return f"load_finished({rid}, {name}) called on_load_finished of {list(load.callbacks)}"
+    if load.live and name == load.loader and load.loader_gone and load.outcome is not _GONE:
+        return (
+            f"load_finished({rid}, {name}) from its chosen loader, unregistered since, was "
+            f"{load.outcome.value}, not unregistered"
+        )
     if due and not applied:
         return (
             f"load_finished({rid}, {name}) from its chosen loader was {load.outcome.value}, "

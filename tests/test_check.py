@@ -96,7 +96,7 @@ def test_load_side_bound_in_make_test_passes() -> None:
     )
     assert time.perf_counter() - start < 10
     assert_all_pass(report, LOAD_PROPERTIES)
-    assert (report.distinct_states, report.max_depth) == (2710, 12)
+    assert (report.distinct_states, report.max_depth) == (3412, 14)
     assert report.bounds["events"] == [*ALPHABET, *LOAD_EVENTS]
 
 
