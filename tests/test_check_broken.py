@@ -34,6 +34,8 @@ KNOWN: dict[str, tuple[str, int]] = {
     "duplicate load completion accepted": ("load once", 4),
     # begin, match_tokens choosing a, b reports a load
     "load completion from an unchosen connector accepted": ("load once", 3),
+    # begin, match_tokens choosing a, unregister a, a reports its load
+    "load completion from an unregistered loader accepted": ("load once", 4),
 }
 
 
@@ -117,6 +119,7 @@ def test_the_load_bugs_pass_every_other_property_and_the_default_alphabet() -> N
     for name in (
         "duplicate load completion accepted",
         "load completion from an unchosen connector accepted",
+        "load completion from an unregistered loader accepted",
     ):
         bug = next(b for b in CATALOG if b.name == name)
         with bug.installed() as factory:
@@ -146,3 +149,24 @@ def test_a_load_counterexample_names_the_chosen_loader() -> None:
         f"load_finished(r1, {other}) was applied from {other}, "
         f"though {chosen} was chosen to load it"
     )
+
+
+def test_the_cli_load_check_names_an_unregistered_loader(capsys: pytest.CaptureFixture[str]) -> None:
+    """``multiconnector check --load`` runs the property that catches the unregistered loader."""
+    from multiconnector import check as check_module
+
+    bug = next(b for b in CATALOG if b.name == "load completion from an unregistered loader accepted")
+    with bug.installed() as factory:
+        report = check_aggregator(**BOUND, events=bug.events, factory=factory)
+    (failure,) = report.failures
+    assert failure.message in {  # a and b are interchangeable (symmetry)
+        f"load_finished(r1, {n}) was applied from {n}, though it was unregistered after it was "
+        "chosen to load it"
+        for n in "ab"
+    }
+    assert [s.data[0] for s in failure.counterexample.steps] == [  # type: ignore[union-attr]
+        "begin", "match_tokens", "unregister", "load_finished"
+    ]  # fmt: skip
+    argv = ["--connectors", "a,b,none=none", "--requests", "1", "--load", "--no-progress"]
+    assert check_module.run_cli(argv) == 0  # the real aggregator passes it
+    assert "PASS  load once" in capsys.readouterr().out
