@@ -65,11 +65,11 @@ import itertools
 import json
 import sys
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 import attrs
 
+from ._args import Parser, name_list, output_file, split_list
 from ._explore import (
     NO_EXCEPTION,
     NO_TRAP,
@@ -1019,21 +1019,31 @@ def check_aggregator(
 
 def _parse_connectors(text: str) -> dict[str, str | None]:
     kinds: dict[str, str | None] = {}
-    for item in text.split(","):
-        name, _, kind = item.strip().partition("=")
-        kind = kind.strip().lower() or SAVER
-        if not name or kind not in (SAVER, RAISES, "none"):
+    for item in split_list(text, "NAME or NAME=saver|none|raises"):
+        name, equals, kind = (part.strip() for part in item.partition("="))
+        kind = kind.lower() if equals else SAVER
+        if kind not in (SAVER, RAISES, "none"):
             raise argparse.ArgumentTypeError(
                 f"{item!r}: expected NAME or NAME=saver|none|raises, comma-separated"
             )
+        (name,) = name_list(name)
         if name in kinds:
             raise argparse.ArgumentTypeError(f"{name!r} is given twice")
-        kinds[name.strip()] = None if kind == "none" else kind
+        kinds[name] = None if kind == "none" else kind
     return kinds
 
 
 def _parse_list(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
+    return split_list(text, "event kinds")
+
+
+def _default_unknown(connectors: Collection[str]) -> list[str]:
+    """``ghost``, or the first of ``ghost1``, ``ghost2``, ... that is not a connector's name."""
+    more = (f"{DEFAULT_UNKNOWN[0]}{i}" for i in itertools.count(1))
+    for name in itertools.chain(DEFAULT_UNKNOWN, more):
+        if name not in connectors:
+            return [name]
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _positive(text: str) -> int:
@@ -1047,7 +1057,7 @@ def _positive(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="multiconnector check",
         description="Explore every reachable state of a bounded scenario on the real "
         "MultiConnector and check its properties. Exit status: 0 all PASS, 1 a property "
@@ -1065,12 +1075,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--unknown",
-        type=_parse_list,
-        default=list(DEFAULT_UNKNOWN),
+        type=name_list,
+        default=None,
         metavar="NAMES",
-        help="names never registered, comma-separated (default: ghost)",
+        help="names never registered, comma-separated (default: ghost, or the first of ghost1, "
+        "ghost2, ... that --connectors does not name)",
     )
-    parser.add_argument("--requests", type=_positive, default=2, help="request ids (default: 2)")
+    parser.add_argument(
+        "--requests", type=_positive, default=2, metavar="N", help="request ids (default: 2)"
+    )
     parser.add_argument(
         "--events",
         type=_parse_list,
@@ -1085,14 +1098,34 @@ def _parser() -> argparse.ArgumentParser:
         help="add the load side (match_tokens, load_finished) to the alphabet and check "
         "that a load is applied at most once, only from the chosen loader",
     )
-    parser.add_argument("--max-states", type=_positive, default=None, metavar="N")
-    parser.add_argument("--max-depth", type=_positive, default=None, metavar="N")
+    parser.add_argument(
+        "--max-states",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="stop after N distinct states: the report then says the search did not finish "
+        "(default: no limit)",
+    )
+    parser.add_argument(
+        "--max-depth",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="explore no path longer than N events (default: no limit)",
+    )
     parser.add_argument(
         "--no-symmetry",
         action="store_true",
         help="do not merge states that differ only by request ids or same-kind connector names",
     )
-    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the report")
+    parser.add_argument(
+        "--json",
+        type=output_file,
+        default=None,
+        metavar="FILE",
+        help="also write the report as JSON to FILE (checked before the search starts; its "
+        "folder must exist)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="never show progress")
     return parser
 
@@ -1110,11 +1143,18 @@ def run_cli(argv: Sequence[str]) -> int:
         args = parser.parse_args(list(argv))
     except SystemExit as exc:  # argparse exits 2 on errors, 0 for --help
         return exc.code if isinstance(exc.code, int) else 2
+    unknown = args.unknown
+    if unknown is None:
+        unknown = _default_unknown(args.connectors)
+    elif clash := [n for n in unknown if n in args.connectors]:
+        names = ", ".join(clash)
+        print(f"{parser.prog}: error: --unknown {names}: also in --connectors", file=sys.stderr)
+        return 2
     try:
         report = check_aggregator(
             args.connectors,
             requests=args.requests,
-            unknown=args.unknown,
+            unknown=unknown,
             events=_alphabet(args.events, args.load),
             symmetry=not args.no_symmetry,
             max_states=args.max_states,
@@ -1127,7 +1167,6 @@ def run_cli(argv: Sequence[str]) -> int:
     print(report.to_text())
     if args.json is not None:
         try:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         except OSError as exc:
             print(f"multiconnector check: error: cannot write --json: {exc}", file=sys.stderr)
