@@ -231,8 +231,10 @@ class SimulationResult:
 
     @property
     def events(self) -> int:
-        """Events the library counted: every request_finished, report, load report, cancel."""
-        return sum(self.outcomes.values())
+        """Events the library counted: every request_finished, report, load report, cancel.
+
+        Not the awaited saves released by unregistering (``abandoned``): no call made those."""
+        return sum(n for k, n in self.outcomes.items() if k != Outcome.abandoned.value)
 
     @property
     def events_per_second(self) -> float:
@@ -260,7 +262,13 @@ class SimulationResult:
             "events": {
                 "total": self.events,
                 "applied": applied,
-                "ignored": {k: n for k, n in self.outcomes.items() if k != Outcome.applied.value},
+                "ignored": {
+                    k: n
+                    for k, n in self.outcomes.items()
+                    if k not in (Outcome.applied.value, Outcome.abandoned.value)
+                },
+                # Awaited saves released by unregistering their connector: not events.
+                "abandoned": self.outcomes.get(Outcome.abandoned.value, 0),
             },
             "connectors": self.connector_outcomes,
             "reports": self.reports,

@@ -54,11 +54,13 @@ def _rows(result: SimulationResult) -> list[tuple[str, str]]:
     rows.append(("events", f"{result.events:,}"))
     rows.append(("  applied", f"{result.outcomes.get('applied', 0):,}"))
     for outcome, n in result.outcomes.items():
-        if outcome != "applied":
+        if outcome not in ("applied", "abandoned"):
             rows.append((f"  ignored: {outcome}", f"{n:,}"))
     for name, per in result.connector_outcomes.items():
         parts = ", ".join(f"{o} {n:,}" for o, n in per.items())
         rows.append((f"  reports from {name}", parts))
+    if result.outcomes.get("abandoned"):
+        rows.append(("saves abandoned by unregistering", f"{result.outcomes['abandoned']:,}"))
     stats = result.simulator
     rows.append(("params clashes (KeyClashError)", f"{stats['clashes']:,}"))
     rows.append(("fan-outs with a failure", f"{stats['connector_failures']:,}"))

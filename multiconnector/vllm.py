@@ -53,7 +53,15 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, final
 
-import msgspec
+try:  # the vllm extra: without it, say how to install it, not just which module is missing
+    import msgspec
+    import vllm  # noqa: F401
+except ModuleNotFoundError as _missing:
+    raise ModuleNotFoundError(
+        f"multiconnector.vllm needs the vllm extra ({_missing}): "
+        "install it with pip install 'multiconnector[vllm]'",
+        name=_missing.name,
+    ) from None
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
