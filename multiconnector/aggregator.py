@@ -490,8 +490,8 @@ class MultiConnector:
         entries = self._registry._entries
         for name in names:
             if name.__class__ is not str or name not in entries:  # registered: a valid name
-                check_name(name, "an item of savers")
-                if not allow_unregistered:
+                name = check_name(name, "an item of savers")
+                if name not in entries and not allow_unregistered:
                     raise UnknownConnectorError(
                         f"an item of savers={name!r} is not registered (pass "
                         "allow_unregistered=True if it may have been unregistered)"
