@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 from collections.abc import Iterable
@@ -55,7 +56,9 @@ def split_list(text: str, what: str) -> list[str]:
     if not text.strip():
         raise argparse.ArgumentTypeError(f"an empty list; give one or more {what}, comma-separated")
     if "" in items:
-        raise argparse.ArgumentTypeError(f"{text!r} has an empty item; give {what}, comma-separated")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has an empty item; give {what}, comma-separated"
+        )
     return items
 
 
@@ -92,10 +95,8 @@ def _unwritable(path: Path) -> str | None:
     except OSError as exc:
         return f"cannot be written: {exc.strerror or exc}"
     if not existed:
-        try:
+        with contextlib.suppress(OSError):  # created a moment ago
             path.unlink()
-        except OSError:  # pragma: no cover - created a moment ago
-            pass
     return None
 
 

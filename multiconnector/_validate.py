@@ -1,4 +1,4 @@
-"""One rule per kind of input, shared by every public call. Messages read ``name=value!r must be ...``.
+"""One rule per kind of input, shared by every public call: ``name=value!r must be ...``.
 
 The rules (docs/bad-input.md lists every call's bad inputs and what each gets):
 
@@ -111,9 +111,13 @@ _INT: Final = {int}
 
 
 def check_int(value: Any, argument: str, *, minimum: int = 0, maximum: int | None = None) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value >= minimum and (maximum is None or value <= maximum):
-            return int(value)
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and value >= minimum
+        and (maximum is None or value <= maximum)
+    ):
+        return int(value)
     upper = "" if maximum is None else f" and <= {maximum:,}"
     raise InvalidArgumentError(f"{argument}={_shown(value)} must be an int >= {minimum}{upper}")
 

@@ -428,7 +428,10 @@ class MultiConnector:
                 del asking[record]  # our claim, released after the state was written
                 lock.release()
             # A copy for the caller: the record keeps its own (no aliasing of the books).
-            result = (outcome, merged.copy() if merged is not None and outcome is _APPLIED else None)
+            result = (
+                outcome,
+                merged.copy() if merged is not None and outcome is _APPLIED else None,
+            )
             if failures is None:
                 if clash is not None:
                     clash.result = result  # type: ignore[attr-defined]
@@ -488,9 +491,9 @@ class MultiConnector:
                 )
             names = tuple(names)
         entries = self._registry._entries
-        for name in names:
-            if name.__class__ is not str or name not in entries:  # registered: a valid name
-                name = check_name(name, "an item of savers")
+        for given in names:
+            if given.__class__ is not str or given not in entries:  # registered: a valid name
+                name = check_name(given, "an item of savers")
                 if name not in entries and not allow_unregistered:
                     raise UnknownConnectorError(
                         f"an item of savers={name!r} is not registered (pass "

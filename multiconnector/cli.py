@@ -31,7 +31,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def _usage() -> str:
     lines = ["usage: multiconnector COMMAND [options]", "", "commands:"]
     lines += [f"  {name:<10} {about}" for name, (_, about) in COMMANDS.items()]
-    lines += ["", "options:", "  -h, --help  show this help and exit", "  --version   show the version"]
+    lines += [
+        "",
+        "options:",
+        "  -h, --help  show this help and exit",
+        "  --version   show the version",
+    ]
     lines += ["", "Run 'multiconnector COMMAND --help' for a command's options."]
     return "\n".join(lines)
 

@@ -11,10 +11,10 @@ class Outcome(enum.StrEnum):
     """The outcome of one event delivered to :class:`~multiconnector.MultiConnector`.
 
     Only :attr:`applied` (and :attr:`abandoned`, which no call returns) changed anything. Every
-    other member names the rule under which the event was ignored: no exception, no state change, one count under that member and the
-    connector's name, one debug log line. Events that arrive late, twice, or from nowhere are
-    normal in a distributed server, so ignoring them is not an error; a wrong argument *type* is,
-    and raises instead.
+    other member names the rule under which the event was ignored: no exception, no state
+    change, one count under that member and the connector's name, one debug log line. Events
+    that arrive late, twice, or from nowhere are normal in a distributed server, so ignoring
+    them is not an error; a wrong argument is, and raises instead.
 
     .. versionadded:: 0.1.0
     """

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from multiconnector import MultiConnector, State
+from multiconnector import check as check_module
 from multiconnector import machine as machine_module
 from multiconnector.check import ALPHABET, LOAD_EVENTS, check_aggregator
 from multiconnector.diagram import find_path
@@ -151,11 +152,13 @@ def test_a_load_counterexample_names_the_chosen_loader() -> None:
     )
 
 
-def test_the_cli_load_check_names_an_unregistered_loader(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_load_check_names_an_unregistered_loader(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """``multiconnector check --load`` runs the property that catches the unregistered loader."""
-    from multiconnector import check as check_module
-
-    bug = next(b for b in CATALOG if b.name == "load completion from an unregistered loader accepted")
+    bug = next(
+        b for b in CATALOG if b.name == "load completion from an unregistered loader accepted"
+    )
     with bug.installed() as factory:
         report = check_aggregator(**BOUND, events=bug.events, factory=factory)
     (failure,) = report.failures
