@@ -19,6 +19,7 @@ from .errors import (
     InvalidParamsError,
     KeyClashError,
     MultiConnectorError,
+    ShutDownError,
     UnknownConnectorError,
     UnknownRequestError,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "MultiConnectorError",
     "Outcome",
     "RequestTransferState",
+    "ShutDownError",
     "State",
     "Step",
     "UnknownConnectorError",

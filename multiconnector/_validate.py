@@ -1,11 +1,32 @@
-"""Small argument checks shared by the public calls. Messages read ``name=value!r must be ...``."""
+"""One rule per kind of input, shared by every public call: ``name=value!r must be ...``.
+
+The rules (docs/bad-input.md lists every call's bad inputs and what each gets):
+
+* **request id**: a non-empty ``str``; a ``str`` subclass (numpy's ``str_``, say) is accepted
+  everywhere and made a plain ``str``.
+* **connector name**: a ``str`` (a subclass is made a plain ``str``) of 1 to :data:`MAX_NAME_LENGTH`
+  characters, every one printable and none whitespace, and none of :data:`NAME_SEPARATORS` (the
+  command line's list separators). ``"pd@0"`` is a name; ``" "``, ``"a b"``, ``"a\\n"``,
+  ``"a,b"`` and ``"a=b"`` are not.
+* **blocks**: a sequence (not a ``str``, ``bytes`` or mapping) of ``int`` block ids (an object
+  with ``__index__``, numpy's integers say, counts; a ``bool`` does not).
+* **stripes**: a power of two from 1 to :data:`MAX_STRIPES`.
+* **connector**: an instance, not a class.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, NoReturn
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, NoReturn
 
 from .errors import InvalidArgumentError, InvalidNameError
+
+#: The longest connector name, in characters.
+MAX_NAME_LENGTH: Final = 128
+#: Characters a connector name may not contain: the command line splits lists on them.
+NAME_SEPARATORS: Final = ",="
+#: The most lock stripes an aggregator takes (each costs a lock and two small dicts).
+MAX_STRIPES: Final = 1 << 16
 
 
 def _shown(value: Any) -> str:
@@ -15,13 +36,37 @@ def _shown(value: Any) -> str:
     return f"{text} (type {type(value).__name__})"
 
 
+def shown(value: Any) -> str:
+    return _shown(value)
+
+
+def name_problem(value: str) -> str | None:
+    """Why the ``str`` ``value`` is not a connector name, or ``None`` when it is one."""
+    if not value:
+        return "must be a non-empty str"
+    if len(value) > MAX_NAME_LENGTH:
+        return f"must be at most {MAX_NAME_LENGTH} characters long, not {len(value):,}"
+    if not value.isprintable() or any(c.isspace() for c in value):
+        return "must be printable, with no whitespace"
+    if any(c in value for c in NAME_SEPARATORS):
+        return f"must not contain any of {' '.join(NAME_SEPARATORS)}"
+    return None
+
+
 def check_name(value: Any, argument: str = "name") -> str:
-    """``value`` if it is a non-empty ``str``; :class:`InvalidNameError` otherwise."""
-    if type(value) is str and value:
-        return value
-    if isinstance(value, str) and value:
-        return str(value)
+    """``value`` as a plain ``str`` if it is a connector name; :class:`InvalidNameError` if not."""
+    if isinstance(value, str):
+        problem = name_problem(value)
+        if problem is None:
+            return value if type(value) is str else str(value)
+        raise InvalidNameError(f"{argument}={_shown(value)} {problem}")
     raise InvalidNameError(f"{argument}={_shown(value)} must be a non-empty str")
+
+
+def bad_name(value: Any, argument: str = "name") -> NoReturn:
+    """Raise for a value known not to be a connector name."""
+    check_name(value, argument)
+    raise InvalidNameError(f"{argument}={_shown(value)} is not a connector name")
 
 
 def bad_request_id(value: Any, argument: str = "request_id") -> NoReturn:
@@ -29,41 +74,71 @@ def bad_request_id(value: Any, argument: str = "request_id") -> NoReturn:
 
 
 def check_request_id(value: Any, argument: str = "request_id") -> str:
-    if type(value) is str and value:
-        return value
+    """``value`` as a plain ``str`` if it is a request id; :class:`InvalidArgumentError` if not."""
     if isinstance(value, str) and value:
-        return str(value)
+        return value if type(value) is str else str(value)
     bad_request_id(value, argument)
 
 
-def bad_name(value: Any, argument: str = "name") -> NoReturn:
-    """Raise for a connector name of the wrong type (an ``int`` index, say)."""
-    check_name(value, argument)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
 def check_blocks(value: Any, argument: str = "blocks") -> Sequence[int]:
-    """``value`` if it is a sequence (of block ids); :class:`InvalidArgumentError` otherwise."""
-    if type(value) is list or type(value) is tuple:
-        return value
-    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
-        return value
-    raise InvalidArgumentError(f"{argument}={_shown(value)} must be a sequence of block ids")
+    """``value`` if it is a sequence of block ids; :class:`InvalidArgumentError` otherwise.
+
+    The hot paths call this only for what is not a list or tuple, and :func:`check_block_ids`
+    for the ids of a non-empty list or tuple.
+    """
+    if (type(value) is not list and type(value) is not tuple) and (
+        not isinstance(value, Sequence) or isinstance(value, str | bytes | Mapping)
+    ):
+        raise InvalidArgumentError(f"{argument}={_shown(value)} must be a sequence of block ids")
+    check_block_ids(value, argument)
+    return value
 
 
-def check_int(value: Any, argument: str, *, minimum: int = 0) -> int:
-    if type(value) is int and value >= minimum:
-        return value
-    if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
+def check_block_ids(value: Sequence[Any], argument: str = "blocks") -> None:
+    """Raise :class:`InvalidArgumentError` unless every item of ``value`` is an int block id."""
+    if not value or set(map(type, value)) == _INT:
+        return
+    for index, item in enumerate(value):
+        if type(item) is int:
+            continue
+        if isinstance(item, bool) or not hasattr(type(item), "__index__"):
+            raise InvalidArgumentError(
+                f"{argument}[{index}]={_shown(item)} must be an int (a block id)"
+            )
+
+
+_INT: Final = {int}
+
+
+def check_int(value: Any, argument: str, *, minimum: int = 0, maximum: int | None = None) -> int:
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and value >= minimum
+        and (maximum is None or value <= maximum)
+    ):
         return int(value)
-    raise InvalidArgumentError(f"{argument}={_shown(value)} must be an int >= {minimum}")
+    upper = "" if maximum is None else f" and <= {maximum:,}"
+    raise InvalidArgumentError(f"{argument}={_shown(value)} must be an int >= {minimum}{upper}")
+
+
+def check_stripes(value: Any, argument: str = "stripes") -> int:
+    """A power of two from 1 to :data:`MAX_STRIPES`."""
+    stripes = check_int(value, argument, minimum=1, maximum=MAX_STRIPES)
+    if stripes & (stripes - 1):
+        raise InvalidArgumentError(f"{argument}={stripes!r} must be a power of two")
+    return stripes
+
+
+def check_connector(value: Any, argument: str = "connector") -> None:
+    """Raise :class:`InvalidArgumentError` for a class given where an instance is expected."""
+    if isinstance(value, type):
+        raise InvalidArgumentError(
+            f"{argument}={_shown(value)} is a class; register an instance of it"
+        )
 
 
 def check_bool(value: Any, argument: str) -> bool:
     if isinstance(value, bool):
         return value
     raise InvalidArgumentError(f"{argument}={_shown(value)} must be a bool")
-
-
-def shown(value: Any) -> str:
-    return _shown(value)

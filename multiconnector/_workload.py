@@ -36,7 +36,7 @@ import attrs
 
 from ._pool import BlockPool, Violations
 from ._simconnector import SimCache, SimConnector
-from ._validate import shown
+from ._validate import check_stripes, shown
 from .aggregator import MultiConnector
 from .errors import ConnectorFailures, InvalidArgumentError, KeyClashError
 from .machine import State
@@ -145,9 +145,7 @@ class SimulationConfig:
             raise InvalidArgumentError(f"seed={shown(self.seed)} must be an int")
         _check_count(self.threads, "threads", 1)
         _check_count(self.blocks, "blocks", _MAX_BLOCKS)
-        _check_count(self.stripes, "stripes", 1)
-        if self.stripes & (self.stripes - 1):
-            raise InvalidArgumentError(f"stripes={self.stripes!r} must be a power of two")
+        check_stripes(self.stripes)
         _check_rate(self.fault_rate, "fault_rate")
         _check_rate(self.cancel_rate, "cancel_rate")
 
@@ -233,8 +231,10 @@ class SimulationResult:
 
     @property
     def events(self) -> int:
-        """Events the library counted: every request_finished, report, load report, cancel."""
-        return sum(self.outcomes.values())
+        """Events the library counted: every request_finished, report, load report, cancel.
+
+        Not the awaited saves released by unregistering (``abandoned``): no call made those."""
+        return sum(n for k, n in self.outcomes.items() if k != Outcome.abandoned.value)
 
     @property
     def events_per_second(self) -> float:
@@ -262,7 +262,13 @@ class SimulationResult:
             "events": {
                 "total": self.events,
                 "applied": applied,
-                "ignored": {k: n for k, n in self.outcomes.items() if k != Outcome.applied.value},
+                "ignored": {
+                    k: n
+                    for k, n in self.outcomes.items()
+                    if k not in (Outcome.applied.value, Outcome.abandoned.value)
+                },
+                # Awaited saves released by unregistering their connector: not events.
+                "abandoned": self.outcomes.get(Outcome.abandoned.value, 0),
             },
             "connectors": self.connector_outcomes,
             "reports": self.reports,

@@ -27,16 +27,18 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any, Final, final
+from typing import Any, Final, NoReturn, final
 
 import attrs
 
 from ._validate import (
-    bad_request_id,
+    check_block_ids,
     check_blocks,
+    check_bool,
     check_int,
     check_name,
     check_request_id,
+    check_stripes,
     shown,
 )
 from .errors import (
@@ -45,6 +47,8 @@ from .errors import (
     InvalidArgumentError,
     InvalidParamsError,
     KeyClashError,
+    ShutDownError,
+    UnknownConnectorError,
     UnknownRequestError,
 )
 from .machine import (
@@ -75,6 +79,7 @@ _PHANTOM: Final = Outcome.phantom
 _UNKNOWN_CONNECTOR: Final = Outcome.unknown_connector
 _NOT_READY: Final = Outcome.not_ready
 _UNREGISTERED: Final = Outcome.unregistered
+_ABANDONED: Final = Outcome.abandoned
 _PENDING: Final = State.pending
 #: Counter key for events that concern a request, not a connector.
 _NO_NAME: Final = None
@@ -116,7 +121,14 @@ class MultiConnector:
 
     ``trace=True`` records each request's applied transitions in its ``history`` (off by default:
     then it costs one attribute test per transition). ``allow_equal_params`` is passed to
-    :func:`merge_transfer_params`. ``stripes`` is the number of request locks, a power of two.
+    :func:`merge_transfer_params`. ``stripes`` is the number of request locks, a power of two
+    from 1 to 65 536.
+
+    Every argument follows one rule per kind of input (docs/bad-input.md): a request id is a
+    non-empty ``str`` (a subclass is made a plain ``str``), a connector name is a printable
+    ``str`` of 1 to 128 characters without whitespace, ``,`` or ``=``, blocks are a sequence of
+    ``int``. A bad one raises a typed error naming it, and nothing changes. After
+    :meth:`shutdown`, calls that would do work raise :class:`ShutDownError`.
 
     .. versionadded:: 0.1.0
     """
@@ -126,6 +138,7 @@ class MultiConnector:
         "_allow_equal",
         "_applied",
         "_asking",
+        "_closed",
         "_counts",
         "_done",
         "_finishes",
@@ -158,9 +171,8 @@ class MultiConnector:
         for argument, value in (("trace", trace), ("allow_equal_params", allow_equal_params)):
             if not isinstance(value, bool):
                 raise InvalidArgumentError(f"{argument}={shown(value)} must be a bool")
-        check_int(stripes, "stripes", minimum=1)
-        if stripes & (stripes - 1):
-            raise InvalidArgumentError(f"stripes={stripes!r} must be a power of two")
+        stripes = check_stripes(stripes)
+        self._closed = False
         self._registry = registry
         self._trace = trace
         self._allow_equal = allow_equal_params
@@ -195,7 +207,9 @@ class MultiConnector:
         return self._registry
 
     def register(self, name: str, connector: Connector | None) -> None:
-        """Same as ``self.registry.register(name, connector)``."""
+        """Same as ``self.registry.register(name, connector)``; refused after :meth:`shutdown`."""
+        if self._closed:
+            self._shut("register")
         self._registry.register(name, connector)
 
     def unregister(self, name: str) -> Connector | None:
@@ -218,6 +232,8 @@ class MultiConnector:
             lock.acquire()
         try:
             for record in list(self._requests.values()):
+                if record.loader == name and record.state not in TERMINAL:
+                    record.loader_gone = True  # its load report can never be applied now
                 if name not in record.awaiting:
                     continue
                 dest = step(record, "connector_gone", name)
@@ -226,7 +242,7 @@ class MultiConnector:
                 record.awaiting = tuple([n for n in record.awaiting if n != name])
                 record.abandoned = (*record.abandoned, name)
                 self._transition(record, "connector_gone", dest, name)
-                self._count(hash(record.request_id) & self._mask, _APPLIED, name)
+                self._count(hash(record.request_id) & self._mask, _ABANDONED, name)
         finally:
             for lock in reversed(locks):
                 lock.release()
@@ -241,6 +257,8 @@ class MultiConnector:
         """
         if request_id.__class__ is not str or not request_id:
             request_id = check_request_id(request_id)
+        if self._closed:
+            self._shut("begin")
         record = RequestTransferState(request_id)
         if self._trace:
             record.history = []
@@ -266,13 +284,20 @@ class MultiConnector:
         and asks nobody. On a params clash the request is still updated from every answer (finishing
         and awaiting every saver: no save goes untracked, no block is freed early), its params
         stay ``None``, and :class:`KeyClashError` is raised (inside ``ConnectorFailures`` when a
-        connector also failed). Either error's ``result``/state is final: later events follow
-        the normal rules.
+        connector also failed); params that are not a mapping raise :class:`InvalidParamsError`
+        the same way. Each error's ``result`` is the ``(outcome, params)`` applied, and the state
+        is final: later events follow the normal rules.
+
+        The params returned are a new dict, the caller's to change: the record keeps its own.
         """
-        if request_id.__class__ is not str:
-            bad_request_id(request_id)
+        if request_id.__class__ is not str or not request_id:
+            request_id = check_request_id(request_id)
         if blocks.__class__ is not list and blocks.__class__ is not tuple:
             check_blocks(blocks)
+        elif blocks:
+            check_block_ids(blocks)
+        if self._closed:
+            self._shut("request_finished")
         # The hot path: decisions (machine.DECISIONS), the common merge and the counters inlined.
         # The request is claimed first (refused ones ask nobody), then updated from every answer
         # under its lock; no lock is held while connectors are asked.
@@ -402,13 +427,19 @@ class MultiConnector:
             finally:
                 del asking[record]  # our claim, released after the state was written
                 lock.release()
-            result = (outcome, merged if outcome is _APPLIED else None)
+            # A copy for the caller: the record keeps its own (no aliasing of the books).
+            result = (
+                outcome,
+                merged.copy() if merged is not None and outcome is _APPLIED else None,
+            )
             if failures is None:
                 if clash is not None:
+                    clash.result = result  # type: ignore[attr-defined]
                     raise clash  # a lone KeyClashError or InvalidParamsError
                 return result
             errors = [exc for _, exc in failures]
             if clash is not None:
+                clash.result = result  # type: ignore[attr-defined]
                 errors.append(clash)
             raise ConnectorFailures(
                 f"{len(errors)} failure(s) while finishing request {request_id!r}",
@@ -421,7 +452,9 @@ class MultiConnector:
                 del asking[record]
             raise
 
-    def request_finished_by(self, request_id: str, savers: Iterable[str]) -> Outcome:
+    def request_finished_by(
+        self, request_id: str, savers: Iterable[str], *, allow_unregistered: bool = False
+    ) -> Outcome:
         """The request finished generating, and the caller knows who saves it asynchronously.
 
         The same transition as :meth:`request_finished` — the same decision and bookkeeping —
@@ -434,14 +467,22 @@ class MultiConnector:
         :meth:`request_finished` for the same request is asking its connectors, this is a
         ``duplicate`` and changes nothing (those connectors' answers decide).
 
+        A name in ``savers`` that is not registered at all is far more often a typo than a saver
+        unregistered a moment ago, so it raises :class:`UnknownConnectorError` unless
+        ``allow_unregistered=True`` (then it is abandoned at once, as above).
+
         Returns the :class:`Outcome`. Raises :class:`InvalidArgumentError` for a bad
         ``request_id`` or ``savers`` (a ``str``, or not iterable) and :class:`InvalidNameError`
-        for a name that is not a non-empty ``str``; nothing changes then.
+        for an item that is not a connector name; nothing changes then.
 
         .. versionadded:: 0.1.0
         """
-        if request_id.__class__ is not str:
-            bad_request_id(request_id)
+        if request_id.__class__ is not str or not request_id:
+            request_id = check_request_id(request_id)
+        if allow_unregistered is not False:
+            check_bool(allow_unregistered, "allow_unregistered")
+        if self._closed:
+            self._shut("request_finished_by")
         names = savers
         if names.__class__ is not tuple:
             if isinstance(names, str | bytes) or not isinstance(names, Iterable):
@@ -449,9 +490,17 @@ class MultiConnector:
                     f"savers={shown(names)} must be an iterable of connector names (str)"
                 )
             names = tuple(names)
-        for name in names:
-            if name.__class__ is not str or not name:
-                check_name(name, "an item of savers")
+        entries = self._registry._entries
+        for given in names:
+            if given.__class__ is not str or given not in entries:  # registered: a valid name
+                name = check_name(given, "an item of savers")
+                if name not in entries and not allow_unregistered:
+                    raise UnknownConnectorError(
+                        f"an item of savers={name!r} is not registered (pass "
+                        "allow_unregistered=True if it may have been unregistered)"
+                    )
+        if any(name.__class__ is not str for name in names):
+            names = tuple([str(name) for name in names])
         index = hash(request_id) & self._mask
         # Claimed as request_finished claims (see there): while a request_finished asks the
         # connectors of this very record, this call is a duplicate and changes nothing.
@@ -575,15 +624,21 @@ class MultiConnector:
         any lock), and a request with nothing left to await becomes ``finished``. Any other
         report is ignored; the returned :class:`Outcome` says why.
 
-        Raises :class:`InvalidNameError` when ``name`` is not a ``str`` (an ``int`` index, say)
-        and :class:`InvalidArgumentError` for a bad ``request_id`` or ``blocks``.
+        Raises :class:`InvalidNameError` when ``name`` is not a connector name (an ``int`` index,
+        ``""``, say) and :class:`InvalidArgumentError` for a bad ``request_id`` or ``blocks``.
+        When ``on_finished`` raises, :class:`ConnectorFailures` carries the outcome applied as its
+        ``result``.
         """
         if name.__class__ is not str:
             name = check_name(name)  # raises unless a str subclass, which it makes a str
-        if request_id.__class__ is not str:
-            bad_request_id(request_id)
+        if request_id.__class__ is not str or not request_id:
+            request_id = check_request_id(request_id)
         if blocks.__class__ is not tuple and blocks.__class__ is not list:
             check_blocks(blocks)
+        elif blocks:
+            check_block_ids(blocks)
+        if self._closed:
+            self._shut("transfer_finished")
         index = hash(request_id) & self._mask
         lock = self._locks[index]
         lock.acquire()
@@ -626,7 +681,7 @@ class MultiConnector:
         # The registry's current entries, read as `entry(name)` does, without the call.
         entry = self._registry._entries.get(name)
         if entry is not None and entry.on_finished is not None:
-            self._call_back(entry, entry.on_finished, request_id, blocks)
+            self._call_back(outcome, entry, entry.on_finished, request_id, blocks)
         return outcome
 
     def transfer_finished_many(
@@ -657,10 +712,13 @@ class MultiConnector:
 
         .. versionadded:: 0.1.0
         """
-        if name.__class__ is not str:
-            name = check_name(name)
+        name = check_name(name)
         if blocks.__class__ is not tuple and blocks.__class__ is not list:
             check_blocks(blocks)
+        elif blocks:
+            check_block_ids(blocks)
+        if self._closed:
+            self._shut("transfer_finished_many")
         # Walked twice (reports, then callbacks): a tuple or frozenset as it is, anything else
         # copied once, so a callback or another thread changing the caller's list or set (vLLM's
         # get_finished gives sets) cannot change what the batch is.
@@ -675,8 +733,10 @@ class MultiConnector:
                 )
             ids = list(ids)
         for request_id in ids:
-            if request_id.__class__ is not str:
-                bad_request_id(request_id, "an item of request_ids")
+            if request_id.__class__ is not str or not request_id:
+                check_request_id(request_id, "an item of request_ids")
+                ids = [check_request_id(i, "an item of request_ids") for i in ids]
+                break
         outcomes: list[Outcome] = []
         append = outcomes.append
         requests, locks, mask, ignore = self._requests, self._locks, self._mask, self._ignored
@@ -774,6 +834,8 @@ class MultiConnector:
     def _ignored(self, record: RequestTransferState | None, name: str, index: int) -> Outcome:
         """Count and return why ``name``'s report for ``record`` (``None``: not held) is
         ignored, once the decision found no transition; the caller holds lock ``index``."""
+        if name not in self._registry._entries:  # a registered name is a valid one
+            check_name(name)  # before anything is counted
         outcome = _UNKNOWN_REQUEST if record is None else self._classify(record, name)
         self._count(index, outcome, name)
         return outcome
@@ -799,8 +861,8 @@ class MultiConnector:
         Cancelling is the caller's decision to stop waiting: a cancelled request is handed back
         by :meth:`take` at once, whatever it still awaited (kept in ``awaiting`` for the record).
         """
-        if type(request_id) is not str:
-            bad_request_id(request_id)
+        if request_id.__class__ is not str or not request_id:
+            request_id = check_request_id(request_id)
         index = hash(request_id) & self._mask
         lock = self._locks[index]
         lock.acquire()
@@ -851,17 +913,20 @@ class MultiConnector:
         """How many tokens can be loaded for a pending request, choosing the loader by name.
 
         Ready connectors that have ``get_num_new_matched_tokens`` are asked in registration
-        order. If any answers ``None`` ("not known yet") the answer is ``None`` and nothing is
-        remembered. Otherwise the first connector with more than 0 tokens is remembered as the
-        request's ``loader`` and its count returned; 0 means nothing to load. A connector that
-        raises counts as 0 and :class:`ConnectorFailures` is raised after the others were asked.
+        order. The first that answers ``None`` ("not known yet") ends the asking, as in vLLM:
+        the answer is ``None``, the rest are not asked, and nothing is remembered. Otherwise the
+        first connector with more than 0 tokens is remembered as the request's ``loader`` and its
+        count returned; 0 means nothing to load. A connector that raises counts as 0 and
+        :class:`ConnectorFailures` is raised after the others were asked.
 
         Raises :class:`UnknownRequestError` for a request that is not held; returns 0 for one
         that is no longer pending.
         """
-        if type(request_id) is not str:
-            bad_request_id(request_id)
-        check_int(num_computed_tokens, "num_computed_tokens")
+        if request_id.__class__ is not str or not request_id:
+            request_id = check_request_id(request_id)
+        num_computed_tokens = check_int(num_computed_tokens, "num_computed_tokens")
+        if self._closed:
+            self._shut("match_tokens")
         record = self._requests.get(request_id)
         if record is None:
             raise UnknownRequestError(f"request_id={request_id!r} is not held")
@@ -869,6 +934,7 @@ class MultiConnector:
             return 0
         unknown = False
         chosen: tuple[str, int] | None = None
+        chooser: Entry | None = None
         errors: list[Exception] = []
         failed: list[str] = []
         for entry in self._registry.ready_entries():
@@ -887,8 +953,9 @@ class MultiConnector:
                 continue
             if tokens is None:
                 unknown = True
-            elif tokens > 0 and chosen is None:
-                chosen = (entry.name, tokens)
+                break  # "not known yet": vLLM asks no further
+            if tokens > 0 and chosen is None:
+                chosen, chooser = (entry.name, tokens), entry
         result: int | None
         if unknown:
             result = None
@@ -898,6 +965,10 @@ class MultiConnector:
                 if record.state is _PENDING:
                     record.loader = chosen[0] if chosen else None
                     record.loaded = False
+                    # Unregistered while we asked: its load report can never be applied.
+                    record.loader_gone = (
+                        chosen is not None and self._registry.entry(chosen[0]) is not chooser
+                    )
             result = chosen[1] if chosen else 0
         if errors:
             raise ConnectorFailures(
@@ -913,12 +984,16 @@ class MultiConnector:
 
         Applied once, from the chosen loader, while the request is live; the connector's
         ``on_load_finished(request_id)`` is then called. A duplicate, late, or phantom load
-        report is ignored like any other.
+        report is ignored like any other: from the chosen loader unregistered since it was
+        chosen (even when a new connector took its name) it is ``unregistered``, from a
+        connector never chosen ``phantom``. When ``on_load_finished`` raises,
+        :class:`ConnectorFailures` carries the outcome applied as its ``result``.
         """
-        if name.__class__ is not str:
-            name = check_name(name)  # raises unless a str subclass, which it makes a str
-        if type(request_id) is not str:
-            bad_request_id(request_id)
+        name = check_name(name)
+        if request_id.__class__ is not str or not request_id:
+            request_id = check_request_id(request_id)
+        if self._closed:
+            self._shut("load_finished")
         index = hash(request_id) & self._mask
         lock = self._locks[index]
         lock.acquire()
@@ -929,10 +1004,19 @@ class MultiConnector:
             elif record.state in TERMINAL:
                 outcome = _TERMINAL
             elif record.loader == name:
-                outcome = _DUPLICATE if record.loaded else _APPLIED
-                record.loaded = True
+                if record.loader_gone:
+                    outcome = _UNREGISTERED
+                else:
+                    outcome = _DUPLICATE if record.loaded else _APPLIED
+                    record.loaded = True
             else:
-                outcome = self._classify(record, name)
+                entry = self._registry.entry(name)
+                if entry is None:
+                    outcome = _UNKNOWN_CONNECTOR
+                elif entry.connector is None:
+                    outcome = _NOT_READY
+                else:
+                    outcome = _PHANTOM
             self._count(index, outcome, name)
         finally:
             lock.release()
@@ -941,15 +1025,18 @@ class MultiConnector:
             return outcome
         entry = self._registry.entry(name)
         if entry is not None and entry.on_load_finished is not None:
-            self._call_back(entry, entry.on_load_finished, request_id)
+            self._call_back(outcome, entry, entry.on_load_finished, request_id)
         return outcome
 
     # -- inspection ----------------------------------------------------------------------------
 
     def get(self, request_id: str) -> RequestTransferState | None:
-        """A copy of the request's record, or ``None`` if it is not held."""
-        if request_id.__class__ is not str:
-            check_request_id(request_id)
+        """A copy of the request's record, or ``None`` if it is not held.
+
+        The copy's ``params`` and ``history`` are copies too: changing them changes nothing held.
+        """
+        if request_id.__class__ is not str or not request_id:
+            request_id = check_request_id(request_id)
         record = self._requests.get(request_id)
         if record is None:
             return None
@@ -957,6 +1044,8 @@ class MultiConnector:
             copy = attrs.evolve(record)
             if record.history is not None:
                 copy.history = list(record.history)
+            if record.params is not None:
+                copy.params = dict(record.params)
             return copy
 
     def peek(self, request_id: str) -> RequestTransferState | None:
@@ -970,8 +1059,8 @@ class MultiConnector:
 
         .. versionadded:: 0.1.0
         """
-        if request_id.__class__ is not str:
-            check_request_id(request_id)
+        if request_id.__class__ is not str or not request_id:
+            request_id = check_request_id(request_id)
         return self._requests.get(request_id)
 
     def __len__(self) -> int:
@@ -979,7 +1068,11 @@ class MultiConnector:
         return len(self._requests)
 
     def __contains__(self, request_id: object) -> bool:
-        return request_id in self._requests
+        """Whether ``request_id`` is held; ``False`` for anything that is not a ``str`` (an
+        unhashable ``[]`` included), as no such id can be held."""
+        if request_id.__class__ is str:
+            return request_id in self._requests
+        return isinstance(request_id, str) and str(request_id) in self._requests
 
     def request_ids(self) -> list[str]:
         """The ids of every held request."""
@@ -1022,7 +1115,10 @@ class MultiConnector:
 
         Two connectors of one class never collide: the key is the name. A connector that raises
         is left out and :class:`ConnectorFailures` (``result``: the others' stats) is raised.
+        Refused after :meth:`shutdown`.
         """
+        if self._closed:
+            self._shut("stats")
         stats: dict[str, Any] = {}
         errors: list[Exception] = []
         failed: list[str] = []
@@ -1045,8 +1141,15 @@ class MultiConnector:
         """Call ``shutdown()`` on every ready connector that has one; raise every failure.
 
         Every connector is attempted even when earlier ones raise; the failures are raised
-        together as :class:`ConnectorFailures`, in registration order.
+        together as :class:`ConnectorFailures`, in registration order. The aggregator is shut
+        down either way: from then on, every call that would do work (begin, finish, report or
+        load a request, ask connectors, register one) raises :class:`ShutDownError` and changes
+        nothing, while :meth:`cancel`, :meth:`take`, :meth:`unregister` and reading still work.
+        A second ``shutdown()`` does nothing: no connector is shut down twice.
         """
+        if self._closed:
+            return
+        self._closed = True  # first: a connector being shut down is never asked again
         errors: list[Exception] = []
         failed: list[str] = []
         for entry in self._registry.ready_entries():
@@ -1101,13 +1204,19 @@ class MultiConnector:
             )
 
     @staticmethod
-    def _call_back(entry: Entry, method: Any, *args: Any) -> None:
+    def _call_back(outcome: Outcome, entry: Entry, method: Any, *args: Any) -> None:
         try:
             method(*args)
         except Exception as exc:
             raise ConnectorFailures(
-                f"connector {entry.name!r} raised in its callback", [exc], failed=[entry.name]
+                f"connector {entry.name!r} raised in its callback",
+                [exc],
+                failed=[entry.name],
+                result=outcome,  # applied before the callback: the caller learns it
             ) from None
+
+    def _shut(self, call: str) -> NoReturn:
+        raise ShutDownError(f"{call}() refused: this MultiConnector was shut down")
 
     def __repr__(self) -> str:
         return f"MultiConnector({self._registry!r}, held={len(self._requests)})"

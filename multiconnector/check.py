@@ -46,8 +46,10 @@ Properties (each PASS or FAIL, with a shortest counterexample):
 ``load once`` (only with a load event in the alphabet)
     A ``load_finished`` is applied (its ``Outcome``, the connector's ``on_load_finished``)
     exactly when it is the first completion from the loader the latest decisive match chose,
-    while the request is live: at most once per match, never from another name, never after
-    terminal; and the chosen loader's completion is not lost.
+    while the request is live and that loader was not unregistered since it was chosen: at most
+    once per match, never from another name, never after terminal, never from an unregistered
+    loader or a new connector registered under its name (``unregistered``, no callback); and
+    the chosen loader's completion is not lost.
 ``no trap``
     From every reachable state, events other than ``cancel`` can bring every live request to a
     terminal state (``cancel`` would rescue any trap, so it does not count).
@@ -63,11 +65,11 @@ import itertools
 import json
 import sys
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 import attrs
 
+from ._args import Parser, name_list, output_file, split_list
 from ._explore import (
     FAIL,
     INCONCLUSIVE,
@@ -164,6 +166,7 @@ _NOTHING: Final[frozenset[str]] = frozenset()
 _CANCELLED: Final = State.cancelled
 _PENDING: Final = State.pending
 _APPLIED: Final = Outcome.applied
+_GONE: Final = Outcome.unregistered
 
 #: What the checker reads of a held record: state, awaiting, expected, abandoned.
 View = tuple[State, tuple[str, ...], tuple[str, ...], tuple[str, ...]]
@@ -243,12 +246,15 @@ class _Request:
     record: RequestTransferState | None = None
     #: ``record``'s (state, awaiting, expected, abandoned) while held, else ``None``.
     view: View | None = None
-    #: ``record``'s (loader, loaded) while held: not a property's input, but part of the state.
-    load_view: tuple[str | None, bool] = (None, False)
+    #: ``record``'s (loader, loaded, loader_gone) while held: not a property's input, but part
+    #: of the state.
+    load_view: tuple[str | None, bool, bool] = (None, False, False)
     #: The loader the latest decisive ``match_tokens`` chose, as the checker saw the answers.
     loader: str | None = None
     #: Whether that loader's completion was delivered while the request was live.
     loaded: bool = False
+    #: Whether that loader was unregistered since it was chosen: no completion of it is due.
+    loader_gone: bool = False
 
 
 @attrs.define(slots=True, eq=False)
@@ -275,6 +281,8 @@ class _Load:
     #: The checker's chosen loader and whether its completion was already delivered, before.
     loader: str | None
     loaded: bool
+    #: Whether the chosen loader was unregistered since it was chosen, before.
+    loader_gone: bool
     outcome: Outcome
     #: Whose ``on_load_finished`` the aggregator called.
     callbacks: tuple[str, ...]
@@ -365,10 +373,10 @@ class _World:
             if record is not None:
                 r.record = record
                 r.view = (record.state, record.awaiting, record.expected, record.abandoned)
-                r.load_view = (record.loader, record.loaded)
+                r.load_view = (record.loader, record.loaded, record.loader_gone)
             else:
                 r.view = None
-                r.load_view = (None, False)
+                r.load_view = (None, False, False)
         last = self.last
         if last is not None:
             for i, (r, n) in enumerate(zip(self.requests, last.lengths, strict=True)):
@@ -467,6 +475,8 @@ def _apply(world: _World, event: Event) -> None:
     elif kind == "unregister":
         for r in requests:
             r.owed -= {event[1]}
+            if r.loader == event[1]:
+                r.loader_gone = True
     elif kind == "cancel":
         assert request is not None
         if request.phase == _HELD:
@@ -511,17 +521,18 @@ def _apply_load(world: _World, request: _Request, event: Event) -> None:
         if state is _PENDING and all(tokens is not None for _, tokens in answers):
             request.loader = next((n for n, tokens in answers if tokens), None)
             request.loaded = False
+            request.loader_gone = False
         return
     name = event[2]
     pad.loads = []
     live = state is not None and state not in TERMINAL
-    loader, loaded = request.loader, request.loaded
+    loader, loaded, gone = request.loader, request.loaded, request.loader_gone
     outcome = mc.load_finished(request.request_id, name)
-    if live and name == loader:
+    if live and name == loader and not gone:
         request.loaded = True
     if world.last is not None:
         world.last.load = _Load(
-            request.request_id, name, live, loader, loaded, outcome, tuple(pad.loads)
+            request.request_id, name, live, loader, loaded, gone, outcome, tuple(pad.loads)
         )
 
 
@@ -605,8 +616,8 @@ def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
     if load is not None:
         seen, mine = load
         load = (
-            (rename.get(seen[0], seen[0]), seen[1]),
-            (rename.get(mine[0], mine[0]), mine[1]),
+            (rename.get(seen[0], seen[0]), *seen[1:]),
+            (rename.get(mine[0], mine[0]), *mine[1:]),
         )
     if view is not None:
         view = (
@@ -638,7 +649,7 @@ def _snapshot(world: _World) -> Hashable:
         load = (
             None
             if view is None or view[0] in TERMINAL or (not r.loader and not r.load_view[0])
-            else (r.load_view, (r.loader, r.loaded))
+            else (r.load_view, (r.loader, r.loaded, r.loader_gone))
         )
         if r.phase == _TAKEN or (view is not None and view[0] is _CANCELLED):
             # Nothing reads the promises of a request that is cancelled or handed back: a
@@ -781,7 +792,7 @@ def _load_once(world: _World) -> str | None:
         return None
     rid, name = load.request_id, load.name
     applied = load.outcome is _APPLIED
-    due = load.live and name == load.loader and not load.loaded
+    due = load.live and name == load.loader and not load.loaded and not load.loader_gone
     if applied and not due:
         if not load.live:
             why = "after it was terminal or handed back"
@@ -789,6 +800,8 @@ def _load_once(world: _World) -> str | None:
             why = "though no connector was chosen to load it"
         elif name != load.loader:
             why = f"from {name}, though {load.loader} was chosen to load it"
+        elif load.loader_gone:
+            why = f"from {name}, though it was unregistered after it was chosen to load it"
         else:
             why = f"twice from {name}, its chosen loader"
         return f"load_finished({rid}, {name}) was applied {why}"
@@ -796,6 +809,11 @@ def _load_once(world: _World) -> str | None:
         return f"load_finished({rid}, {name}) was {load.outcome.value}, yet on_load_finished ran"
     if len(load.callbacks) > 1 or set(load.callbacks) - {name}:
         return f"load_finished({rid}, {name}) called on_load_finished of {list(load.callbacks)}"
+    if load.live and name == load.loader and load.loader_gone and load.outcome is not _GONE:
+        return (
+            f"load_finished({rid}, {name}) from its chosen loader, unregistered since, was "
+            f"{load.outcome.value}, not unregistered"
+        )
     if due and not applied:
         return (
             f"load_finished({rid}, {name}) from its chosen loader was {load.outcome.value}, "
@@ -1124,21 +1142,31 @@ def reachable_in(
 
 def _parse_connectors(text: str) -> dict[str, str | None]:
     kinds: dict[str, str | None] = {}
-    for item in text.split(","):
-        name, _, kind = item.strip().partition("=")
-        kind = kind.strip().lower() or SAVER
-        if not name or kind not in (SAVER, RAISES, "none"):
+    for item in split_list(text, "NAME or NAME=saver|none|raises"):
+        name, equals, kind = (part.strip() for part in item.partition("="))
+        kind = kind.lower() if equals else SAVER
+        if kind not in (SAVER, RAISES, "none"):
             raise argparse.ArgumentTypeError(
                 f"{item!r}: expected NAME or NAME=saver|none|raises, comma-separated"
             )
+        (name,) = name_list(name)
         if name in kinds:
             raise argparse.ArgumentTypeError(f"{name!r} is given twice")
-        kinds[name.strip()] = None if kind == "none" else kind
+        kinds[name] = None if kind == "none" else kind
     return kinds
 
 
 def _parse_list(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
+    return split_list(text, "event kinds")
+
+
+def _default_unknown(connectors: Collection[str]) -> list[str]:
+    """``ghost``, or the first of ``ghost1``, ``ghost2``, ... that is not a connector's name."""
+    more = (f"{DEFAULT_UNKNOWN[0]}{i}" for i in itertools.count(1))
+    for name in itertools.chain(DEFAULT_UNKNOWN, more):
+        if name not in connectors:
+            return [name]
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _positive(text: str) -> int:
@@ -1162,7 +1190,7 @@ def _seconds(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="multiconnector check",
         description="Explore every reachable state of a bounded scenario on the real "
         "MultiConnector and check its properties. Exit status: 0 PASS (every property "
@@ -1182,12 +1210,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--unknown",
-        type=_parse_list,
-        default=list(DEFAULT_UNKNOWN),
+        type=name_list,
+        default=None,
         metavar="NAMES",
-        help="names never registered, comma-separated (default: ghost)",
+        help="names never registered, comma-separated (default: ghost, or the first of ghost1, "
+        "ghost2, ... that --connectors does not name)",
     )
-    parser.add_argument("--requests", type=_positive, default=2, help="request ids (default: 2)")
+    parser.add_argument(
+        "--requests", type=_positive, default=2, metavar="N", help="request ids (default: 2)"
+    )
     parser.add_argument(
         "--events",
         type=_parse_list,
@@ -1243,7 +1274,14 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not merge states that differ only by request ids or same-kind connector names",
     )
-    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the report")
+    parser.add_argument(
+        "--json",
+        type=output_file,
+        default=None,
+        metavar="FILE",
+        help="also write the report as JSON to FILE (checked before the search starts; its "
+        "folder must exist)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="never show progress")
     add_check_arguments(parser)
     return parser
@@ -1268,11 +1306,18 @@ def run_cli(argv: Sequence[str]) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     if args.machine is not None or args.model is not None or args.invariant or args.free_guards:
         return run_check_cli(args, parser)
+    unknown = args.unknown
+    if unknown is None:
+        unknown = _default_unknown(args.connectors)
+    elif clash := [n for n in unknown if n in args.connectors]:
+        names = ", ".join(clash)
+        print(f"{parser.prog}: error: --unknown {names}: also in --connectors", file=sys.stderr)
+        return 2
     try:
         report = check_aggregator(
             args.connectors,
             requests=args.requests,
-            unknown=args.unknown,
+            unknown=unknown,
             events=_alphabet(args.events, args.load),
             symmetry=not args.no_symmetry,
             max_states=args.max_states,
@@ -1288,7 +1333,6 @@ def run_cli(argv: Sequence[str]) -> int:
     print(report.to_text())
     if args.json is not None:
         try:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         except OSError as exc:
             print(f"multiconnector check: error: cannot write --json: {exc}", file=sys.stderr)

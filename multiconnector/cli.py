@@ -2,13 +2,20 @@
 
 Each command lives in its own module, which provides ``run_cli(argv) -> int``; this module only
 dispatches, so importing the library never imports a command's dependencies.
+
+A user mistake is one line on stderr and exit status 2, never a traceback. When the reader of
+stdout goes away (``multiconnector --help | head -1``) the command ends quietly: with its own
+status if it had finished, else 141 (the shell's status for a closed pipe).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+
+from . import __version__
 
 __all__ = ["COMMANDS", "main"]
 
@@ -24,22 +31,63 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def _usage() -> str:
     lines = ["usage: multiconnector COMMAND [options]", "", "commands:"]
     lines += [f"  {name:<10} {about}" for name, (_, about) in COMMANDS.items()]
+    lines += [
+        "",
+        "options:",
+        "  -h, --help  show this help and exit",
+        "  --version   show the version",
+    ]
     lines += ["", "Run 'multiconnector COMMAND --help' for a command's options."]
     return "\n".join(lines)
 
 
+#: The exit status of a command interrupted by a closed stdout (128 + SIGPIPE, as a shell says).
+CLOSED_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad arguments)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in {"-h", "--help"}:
+    status: int | None = None
+    try:
+        status = _dispatch(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # here, not at exit: a closed pipe is caught below
+    except BrokenPipeError:
+        # The reader went away: say nothing more, and let nothing flush into the closed pipe.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return CLOSED_PIPE if status is None else status
+    except KeyboardInterrupt:
+        print("multiconnector: interrupted", file=sys.stderr)
+        return 130
+    return status
+
+
+def _dispatch(args: list[str]) -> int:
+    if args and args[0] in {"-h", "--help"}:
         print(_usage())
-        return 0 if args else 2
+        return 0
+    if args and args[0] == "--version":
+        print(f"multiconnector {__version__}")
+        return 0
+    if not args or args[0].startswith("-"):
+        what = "a command is required" if not args else f"unknown option {args[0]!r}"
+        print(f"multiconnector: error: {what}; choose from {', '.join(COMMANDS)} (see --help)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     command = COMMANDS.get(args[0])
     if command is None:
-        print(f"multiconnector: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
+        print(
+            f"multiconnector: error: unknown command {args[0]!r}; choose from "
+            f"{', '.join(COMMANDS)} (see --help)",
+            file=sys.stderr,
+        )
         return 2
     module = importlib.import_module(command[0])
-    status: int = module.run_cli(args[1:])
+    try:
+        status: int = module.run_cli(args[1:])
+    except SystemExit as exc:  # argparse's own exit: 0 for --help, 2 for bad arguments
+        return exc.code if isinstance(exc.code, int) else 2
     return status
 
 

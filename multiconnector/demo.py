@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._args import Parser
 from .aggregator import MultiConnector
 from .errors import KeyClashError
 from .registry import ConnectorRegistry
@@ -28,9 +29,12 @@ class _DemoConnector:
         return self.hits
 
 
+def _parser() -> argparse.ArgumentParser:
+    return Parser(prog="multiconnector demo", description=__doc__)
+
+
 def run_cli(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="multiconnector demo", description=__doc__)
-    parser.parse_args(argv)
+    _parser().parse_args(argv)
     registry = ConnectorRegistry(
         {
             "cache": _DemoConnector("cached_blocks", hits=16),

@@ -35,6 +35,7 @@ from typing import Any, Final, cast
 from transitions.extensions import GraphMachine
 from transitions.extensions.diagrams_base import BaseGraph
 
+from ._args import Parser, output_dir, output_file
 from ._validate import shown
 from .errors import InvalidArgumentError
 from .machine import INITIAL, STATES, TERMINAL, RequestTransferState, State, Step, build_machine
@@ -559,18 +560,36 @@ def render(
 # -- command -------------------------------------------------------------------------------------
 
 
+def _all_dir(text: str) -> str:
+    return str(output_dir(text, GENERATED))
+
+
+def _output(text: str) -> str:
+    return str(output_file(text))
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="multiconnector diagram",
         description="Draw the request transfer state machine from its declaration.",
     )
-    parser.add_argument("--format", choices=FORMATS, default="mermaid", help="default: mermaid")
+    parser.add_argument(
+        "--format", choices=FORMATS, default="mermaid", help="the output format (default: mermaid)"
+    )
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("-o", "--output", metavar="FILE", help="write here, not to stdout")
+    where.add_argument(
+        "-o",
+        "--output",
+        type=_output,
+        metavar="FILE",
+        help="write here, not to stdout (its folder must exist)",
+    )
     where.add_argument(
         "--all",
+        type=_all_dir,
         metavar="DIR",
-        help=f"write every committed diagram ({', '.join(GENERATED)}) into DIR",
+        help=f"write every committed diagram ({', '.join(GENERATED)}) into DIR (created if its "
+        "parent folder exists)",
     )
     parser.add_argument(
         "--path",
@@ -620,12 +639,10 @@ def run_cli(argv: Sequence[str]) -> int:
         return 2
     narrowing = args.request is not None or args.property is not None
     if args.all is not None and (args.path is not None or narrowing):
-        parser.print_usage(sys.stderr)
-        print("multiconnector diagram: --all draws the machine only, not a path", file=sys.stderr)
+        print(f"{parser.prog}: error: --all draws the machine only, not a path", file=sys.stderr)
         return 2
     if narrowing and args.path is None:
-        parser.print_usage(sys.stderr)
-        print("multiconnector diagram: --request and --property need --path", file=sys.stderr)
+        print(f"{parser.prog}: error: --request and --property need --path", file=sys.stderr)
         return 2
     path: tuple[Step, ...] | None = None
     request = None
@@ -639,8 +656,7 @@ def run_cli(argv: Sequence[str]) -> int:
             print(f"multiconnector diagram: --path {args.path}: {exc}", file=sys.stderr)
             return 2
     try:
-        if args.all is not None:
-            os.makedirs(args.all, exist_ok=True)
+        if args.all is not None:  # the folder was made (not its parents) when it was checked
             for name, fmt in GENERATED.items():
                 _write(os.path.join(args.all, name), render(fmt, title=args.title))
             return 0
@@ -655,8 +671,15 @@ def run_cli(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 1
+    except OSError as exc:  # writable when checked, no longer
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
     if args.output is None:
         sys.stdout.write(text)
-    else:
+        return 0
+    try:
         _write(args.output, text)
+    except OSError as exc:
+        print(f"{parser.prog}: error: cannot write --output: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -5,7 +5,7 @@ caller would naturally catch, so ``except KeyError`` and ``except MultiConnector
 
     Exception
     └── MultiConnectorError
-        ├── InvalidNameError            (also TypeError)    a name that is not a non-empty str
+        ├── InvalidNameError            (also TypeError)    a str that is not a connector name
         ├── InvalidArgumentError        (also TypeError)    any other argument of the wrong type
         │   └── InvalidParamsError                          params that are not a Mapping or None
         ├── UnknownConnectorError       (also KeyError)     no connector registered under a name
@@ -14,11 +14,17 @@ caller would naturally catch, so ``except KeyError`` and ``except MultiConnector
         ├── DuplicateRequestError       (also ValueError)   a request id begun while still held
         ├── KeyClashError               (also ValueError)   a params key from two connectors
         ├── InvalidMachineError         (also ValueError)   a state machine that fails validation
+        ├── ShutDownError               (also RuntimeError) work asked of a shut-down aggregator
         └── ConnectorFailures           (also ExceptionGroup) connectors raised during a fan-out
 
 Events that arrive late, twice, for unknown requests or from unknown connectors are *not*
 errors: they are ignored and reported as an :class:`~multiconnector.Outcome`. Errors are kept
 for programming mistakes (a wrong argument type) and for failures the caller must see.
+
+An error raised *after* the bookkeeping was updated (a params clash, params that are not a
+mapping, a connector's callback that raised) carries ``result``: what the call would have
+returned, so the caller learns the outcome that was applied. An error raised before anything
+changed has ``result`` ``None``. docs/bad-input.md lists every call's bad inputs.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ __all__ = [
     "InvalidParamsError",
     "KeyClashError",
     "MultiConnectorError",
+    "ShutDownError",
     "UnknownConnectorError",
     "UnknownRequestError",
 ]
@@ -49,9 +56,11 @@ class MultiConnectorError(Exception):
 
 
 class InvalidNameError(MultiConnectorError, TypeError):
-    """A connector name that is not a non-empty ``str``.
+    """A connector name that breaks the name rule: not a ``str``, empty, longer than 128
+    characters, with whitespace or an unprintable character, or with ``,`` or ``=`` (the command
+    line's separators).
 
-    It is a :class:`TypeError` even for ``""``: a name is an identifier, and an empty one is as
+    It is a :class:`TypeError` even for ``""``: a name is an identifier, and an unusable one is as
     unusable as an ``int`` would be.
     """
 
@@ -61,7 +70,14 @@ class InvalidArgumentError(MultiConnectorError, TypeError):
 
 
 class InvalidParamsError(InvalidArgumentError):
-    """Transfer params that are neither a Mapping nor ``None``, or that have a non-``str`` key."""
+    """Transfer params that are neither a Mapping nor ``None``, or that have a non-``str`` key,
+    or (with ``allow_equal``) a key supplied twice with values that cannot be compared.
+
+    ``result`` is what :meth:`~multiconnector.MultiConnector.request_finished` applied (its
+    ``(outcome, None)``) when it raised this after updating the request; ``None`` otherwise.
+    """
+
+    result: Any = None
 
 
 class _PlainKeyError(KeyError):
@@ -97,10 +113,14 @@ class KeyClashError(MultiConnectorError, ValueError):
     ``clashes`` maps each clashing key to the names of the connectors that supplied it, in
     connector order. The message names all of them, in a deterministic order.
 
+    ``result`` is what :meth:`~multiconnector.MultiConnector.request_finished` applied (its
+    ``(outcome, None)``) when it raised this after updating the request; ``None`` otherwise.
+
     .. versionadded:: 0.1.0
     """
 
     clashes: Mapping[str, tuple[str, ...]]
+    result: Any = None
 
     def __init__(self, clashes: Mapping[str, tuple[str, ...]]) -> None:
         self.clashes = dict(clashes)
@@ -112,7 +132,16 @@ class KeyClashError(MultiConnectorError, ValueError):
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.clashes,))
+        return (type(self), (self.clashes,), {"result": self.result})
+
+
+class ShutDownError(MultiConnectorError, RuntimeError):
+    """The aggregator was shut down: it refuses further work, and nothing changes.
+
+    After :meth:`~multiconnector.MultiConnector.shutdown`, every call that would begin, finish,
+    report or load a request, ask a connector, or register one raises this. Cancelling, taking
+    and reading what is held still work, and a second ``shutdown()`` does nothing.
+    """
 
 
 class InvalidMachineError(MultiConnectorError, ValueError):

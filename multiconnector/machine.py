@@ -136,6 +136,9 @@ class RequestTransferState:
     loader: str | None = None
     #: Whether the chosen loader reported its load finished.
     loaded: bool = False
+    #: Whether the chosen loader was unregistered before it reported: its load report (even from
+    #: a new connector under its name) is then ignored as ``unregistered``.
+    loader_gone: bool = False
     #: The merged transfer params returned at request finished.
     params: dict[str, Any] | None = None
     #: Applied transitions, when the aggregator traces; ``None`` otherwise.

@@ -10,11 +10,11 @@ __all__ = ["Outcome"]
 class Outcome(enum.StrEnum):
     """The outcome of one event delivered to :class:`~multiconnector.MultiConnector`.
 
-    Only :attr:`applied` changed anything. Every other member names the rule under which the
-    event was ignored: no exception, no state change, one count under that member and the
-    connector's name, one debug log line. Events that arrive late, twice, or from nowhere are
-    normal in a distributed server, so ignoring them is not an error; a wrong argument *type* is,
-    and raises instead.
+    Only :attr:`applied` (and :attr:`abandoned`, which no call returns) changed anything. Every
+    other member names the rule under which the event was ignored: no exception, no state
+    change, one count under that member and the connector's name, one debug log line. Events
+    that arrive late, twice, or from nowhere are normal in a distributed server, so ignoring
+    them is not an error; a wrong argument is, and raises instead.
 
     .. versionadded:: 0.1.0
     """
@@ -34,9 +34,14 @@ class Outcome(enum.StrEnum):
     not_ready = "not_ready"
     """The name is registered with ``None``: a connector that is not ready."""
     unregistered = "unregistered"
-    """The request awaited this connector, but it was unregistered before it reported."""
+    """The request awaited this connector (or chose it to load), but it was unregistered before
+    it reported."""
+    abandoned = "abandoned"
+    """Counted, never returned: the connector was unregistered while the request awaited it, so
+    the request stopped awaiting it (the unregister rule). Counted under the connector's name
+    in :meth:`~multiconnector.MultiConnector.connector_counts`, apart from its reports."""
 
     @property
     def ignored(self) -> bool:
-        """Whether the event was ignored."""
-        return self is not Outcome.applied
+        """Whether the event was ignored (changed nothing)."""
+        return self is not Outcome.applied and self is not Outcome.abandoned

@@ -17,13 +17,16 @@ from .errors import DuplicateConnectorError, InvalidArgumentError, InvalidParams
 __all__ = ["merge_transfer_params"]
 
 
-def _equal(a: Any, b: Any) -> bool:
+def _equal(a: Any, b: Any, key: str, names: list[str]) -> bool:
     if a is b:
         return True
     try:
         return bool(a == b)
-    except Exception:  # values whose == is ambiguous (arrays, say) are not equal
-        return False
+    except Exception as exc:  # values whose == raises or is ambiguous (arrays, say)
+        raise InvalidParamsError(
+            f"params key={key!r} from {', '.join(names)}: allow_equal cannot compare its values "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 def merge_transfer_params(
@@ -41,7 +44,9 @@ def merge_transfer_params(
 
     A key supplied by two or more connectors raises :class:`KeyClashError` after every
     contribution was read, naming all clashing keys and their connectors. With
-    ``allow_equal=True``, a key supplied again with an equal value is not a clash.
+    ``allow_equal=True``, a key supplied again with an equal value is not a clash; values whose
+    ``==`` raises (or gives something with no truth value, as arrays do) raise
+    :class:`InvalidParamsError` naming the key and its connectors.
 
     >>> merge_transfer_params([("cache", {"hits": 3}), ("pd", {"remote": "h:1"}), ("x", None)])
     {'hits': 3, 'remote': 'h:1'}
@@ -91,7 +96,7 @@ def merge_transfer_params(
             if supplied is None:
                 suppliers[key] = supplied = [first]
             supplied.append(name)
-            if not (allow_equal and _equal(merged[key], value)):
+            if not (allow_equal and _equal(merged[key], value, key, supplied)):
                 differing.add(key)
     if differing:
         # In merged order, so the message is deterministic.

@@ -17,7 +17,7 @@ from typing import Any, Protocol, final, runtime_checkable
 
 import attrs
 
-from ._validate import check_name, shown
+from ._validate import check_connector, check_name, shown
 from .errors import (
     ConnectorFailures,
     DuplicateConnectorError,
@@ -153,12 +153,14 @@ class ConnectorRegistry:
     def register(self, name: str, connector: Connector | None) -> None:
         """Register ``connector`` under ``name``; ``None`` registers it as not ready.
 
-        Raises :class:`InvalidNameError` for a name that is not a non-empty ``str``,
+        Raises :class:`InvalidNameError` for a name that breaks the name rule (a printable
+        ``str`` of 1 to 128 characters, no whitespace, no ``,`` or ``=``),
         :class:`DuplicateConnectorError` if the name is taken, and
-        :class:`~multiconnector.errors.InvalidArgumentError` for an object with no callable
-        ``request_finished``. Nothing changes when it raises.
+        :class:`~multiconnector.errors.InvalidArgumentError` for a class instead of an instance
+        or an object with no callable ``request_finished``. Nothing changes when it raises.
         """
         name = check_name(name)
+        check_connector(connector)
         entry = Entry.of(name, connector)
         if connector is not None and entry.request_finished is None:
             raise InvalidArgumentError(
@@ -176,7 +178,9 @@ class ConnectorRegistry:
 
         Requests awaiting this name stop awaiting it (see :meth:`MultiConnector.unregister
         <multiconnector.MultiConnector.unregister>` for the rule); its later reports are ignored.
-        Raises :class:`UnknownConnectorError` if ``name`` is not registered.
+        Raises :class:`UnknownConnectorError` if ``name`` is not registered. When a listener
+        raises, :class:`ConnectorFailures` is raised after every listener ran, with the
+        unregistered connector as its ``result``.
         """
         name = check_name(name)
         with self._lock:
@@ -198,7 +202,9 @@ class ConnectorRegistry:
             self._listeners = tuple(ref for ref in self._listeners if ref() is not None)
         if errors:
             raise ConnectorFailures(
-                f"{len(errors)} listener(s) failed after unregistering {name!r}", errors
+                f"{len(errors)} listener(s) failed after unregistering {name!r}",
+                errors,
+                result=entry.connector,
             )
         return entry.connector
 
@@ -254,7 +260,8 @@ class ConnectorRegistry:
         return entry.connector
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        """Whether ``name`` is registered; ``False`` for anything that is not a ``str``."""
+        return isinstance(name, str) and name in self._entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(tuple(self._entries))

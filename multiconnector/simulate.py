@@ -15,9 +15,9 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, TextIO
 
+from ._args import Parser, output_file, split_list
 from ._workload import FAULT_KINDS, Simulation, SimulationConfig, SimulationResult
 from .errors import InvalidArgumentError
 
@@ -54,11 +54,13 @@ def _rows(result: SimulationResult) -> list[tuple[str, str]]:
     rows.append(("events", f"{result.events:,}"))
     rows.append(("  applied", f"{result.outcomes.get('applied', 0):,}"))
     for outcome, n in result.outcomes.items():
-        if outcome != "applied":
+        if outcome not in ("applied", "abandoned"):
             rows.append((f"  ignored: {outcome}", f"{n:,}"))
     for name, per in result.connector_outcomes.items():
         parts = ", ".join(f"{o} {n:,}" for o, n in per.items())
         rows.append((f"  reports from {name}", parts))
+    if result.outcomes.get("abandoned"):
+        rows.append(("saves abandoned by unregistering", f"{result.outcomes['abandoned']:,}"))
     stats = result.simulator
     rows.append(("params clashes (KeyClashError)", f"{stats['clashes']:,}"))
     rows.append(("fan-outs with a failure", f"{stats['connector_failures']:,}"))
@@ -188,11 +190,11 @@ def _progress(mode: str, total: int) -> Iterator[Callable[[int, int], None] | No
 
 
 def _faults(text: str) -> frozenset[str]:
-    if text in {"all", ""}:
-        return frozenset(FAULT_KINDS) if text == "all" else frozenset()
-    if text == "none":
+    if text.strip() == "all":
+        return frozenset(FAULT_KINDS)
+    if text.strip() == "none":
         return frozenset()
-    kinds = frozenset(k.strip() for k in text.split(",") if k.strip())
+    kinds = frozenset(split_list(text, "fault kinds (or all, or none)"))
     unknown = sorted(kinds - set(FAULT_KINDS))
     if unknown:
         raise argparse.ArgumentTypeError(
@@ -204,7 +206,7 @@ def _faults(text: str) -> frozenset[str]:
 def _parser() -> argparse.ArgumentParser:
     defaults = SimulationConfig()
     epilog = "fault kinds:\n" + "\n".join(f"  {k:<11} {v}" for k, v in FAULT_KINDS.items())
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="multiconnector simulate",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
         epilog=epilog,
@@ -225,7 +227,9 @@ def _parser() -> argparse.ArgumentParser:
     add("--blocks", type=int, default=defaults.blocks, help="KV blocks in the pool (%(default)s)")
     add("--stripes", type=int, default=defaults.stripes,
         help="the aggregator's lock stripes, a power of two (%(default)s)")  # fmt: skip
-    add("--json", type=Path, metavar="FILE", help="also write the results as JSON to FILE")
+    add("--json", type=output_file, metavar="FILE",
+        help="also write the results as JSON to FILE (checked before the run; its folder must "
+        "exist)")  # fmt: skip
     add("--progress", choices=("auto", "rich", "plain", "none"), default="auto",
         help="progress display; auto: a rich bar on a terminal, else plain lines")  # fmt: skip
     return parser
@@ -253,6 +257,9 @@ def run_cli(argv: Sequence[str]) -> int:
     _print_summary(result, sys.stdout, fancy=sys.stdout.isatty())
     if args.json is not None:
         data: dict[str, Any] = result.to_json()
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(data, indent=2) + "\n")
+        try:
+            args.json.write_text(json.dumps(data, indent=2) + "\n")
+        except OSError as exc:  # it could be written when checked; no longer
+            print(f"{parser.prog}: error: cannot write --json: {exc}", file=sys.stderr)
+            return 2
     return 0 if result.ok else 1

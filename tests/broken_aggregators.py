@@ -125,6 +125,20 @@ class UnchosenLoaderAccepted(MultiConnector):  # type: ignore[misc]
         return super().load_finished(request_id, name)
 
 
+class UnregisteredLoaderAccepted(MultiConnector):  # type: ignore[misc]
+    """Forgets that a request's chosen loader was unregistered: its completion is still applied.
+
+    A completion under that name (from the connector that is gone, or from a new one registered
+    under its name) is then applied, and the new connector gets ``on_load_finished`` for a
+    request it never matched.
+    """
+
+    def _connector_gone(self, entry: Any) -> None:
+        super()._connector_gone(entry)
+        for record in self._requests.values():
+            record.loader_gone = False  # the bug: the loader's unregistration is forgotten
+
+
 @contextmanager
 def patched_table(changes: Mapping[tuple[State, str], tuple[Compiled, ...]]) -> Iterator[None]:
     """Replace some (state, event) entries of the compiled table, and restore them after.
@@ -252,6 +266,14 @@ CATALOG: tuple[Broken, ...] = (
         shortest=3,
         why="begin, match_tokens with a answering 1 (a is chosen), load_finished b",
         factory=UnchosenLoaderAccepted,
+        events=ALPHABET + LOAD_EVENTS,
+    ),
+    Broken(
+        name="load completion from an unregistered loader accepted",
+        prop="load once",
+        shortest=4,
+        why="begin, match_tokens with a answering 1 (a is chosen), unregister a, load_finished a",
+        factory=UnregisteredLoaderAccepted,
         events=ALPHABET + LOAD_EVENTS,
     ),
 )

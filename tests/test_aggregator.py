@@ -74,7 +74,7 @@ def test_every_awaited_connector_finished_means_awaiting_empty() -> None:
     assert done.state is State.finished and done.awaiting == () and done.reported == ("a", "c")
 
 
-@pytest.mark.parametrize("reporter", ["a", "b", "dead", "ghost", "", "A"])
+@pytest.mark.parametrize("reporter", ["a", "b", "dead", "ghost", "A"])
 def test_duplicate_and_phantom_reports_never_finish_early(reporter: str) -> None:
     mc = make(a=Scripted(), b=Scripted(saves=False), c=Scripted(), dead=None)
     finishing(mc)
@@ -90,7 +90,6 @@ def test_duplicate_and_phantom_reports_never_finish_early(reporter: str) -> None
         "b": Outcome.phantom,
         "dead": Outcome.not_ready,
         "ghost": Outcome.unknown_connector,
-        "": Outcome.unknown_connector,
         "A": Outcome.unknown_connector,
     }[reporter]
     assert mc.connector_counts()[reporter][expected] == 5

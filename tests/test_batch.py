@@ -17,6 +17,7 @@ from multiconnector import (
     MultiConnector,
     Outcome,
     State,
+    UnknownConnectorError,
 )
 from tests.connectors import Scripted
 
@@ -291,7 +292,11 @@ def test_request_finished_by_matches_asking_the_connectors(savers: list[str], st
 def test_request_finished_by_abandons_names_that_cannot_report() -> None:
     mc = MultiConnector(ConnectorRegistry({"a": Scripted(), "dead": None, "b": Scripted()}))
     mc.begin("r")
-    assert mc.request_finished_by("r", ["ghost", "b", "dead", "a", "b"]) is Outcome.applied
+    saves = ["ghost", "b", "dead", "a", "b"]
+    with pytest.raises(UnknownConnectorError, match="savers='ghost' is not registered"):
+        mc.request_finished_by("r", saves)  # a typo, far more often than a saver just gone
+    assert mc.peek("r").state is State.pending and mc.counts() == {}  # type: ignore[union-attr]
+    assert mc.request_finished_by("r", saves, allow_unregistered=True) is Outcome.applied
     record = mc.peek("r")
     assert record is not None
     assert record.awaiting == ("a", "b")  # registration order

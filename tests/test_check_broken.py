@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from multiconnector import MultiConnector, State
+from multiconnector import check as check_module
 from multiconnector import machine as machine_module
 from multiconnector.check import ALPHABET, LOAD_EVENTS, check_aggregator, declared_transitions
 from multiconnector.diagram import find_path
@@ -41,6 +42,8 @@ KNOWN: dict[str, tuple[str, int]] = {
     "duplicate load completion accepted": ("load once", 4),
     # begin, match_tokens choosing a, b reports a load
     "load completion from an unchosen connector accepted": ("load once", 3),
+    # begin, match_tokens choosing a, unregister a, a reports its load
+    "load completion from an unregistered loader accepted": ("load once", 4),
 }
 
 
@@ -127,6 +130,7 @@ def test_the_load_bugs_pass_every_other_property_and_the_default_alphabet() -> N
     for name in (
         "duplicate load completion accepted",
         "load completion from an unchosen connector accepted",
+        "load completion from an unregistered loader accepted",
     ):
         bug = next(b for b in CATALOG if b.name == name)
         with bug.installed() as factory:
@@ -279,3 +283,26 @@ def test_partial_order_reduction_on_the_real_aggregator(bound: dict[str, Any]) -
     assert _outcome(reduced) == _outcome(full)
     assert reduced.verdict == "PASS" and reduced.pruned > 0 and full.pruned == 0
     assert reduced.states_generated + reduced.pruned == full.states_generated
+
+
+def test_the_cli_load_check_names_an_unregistered_loader(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``multiconnector check --load`` runs the property that catches the unregistered loader."""
+    bug = next(
+        b for b in CATALOG if b.name == "load completion from an unregistered loader accepted"
+    )
+    with bug.installed() as factory:
+        report = check_aggregator(**BOUND, events=bug.events, factory=factory)
+    (failure,) = report.failures
+    assert failure.message in {  # a and b are interchangeable (symmetry)
+        f"load_finished(r1, {n}) was applied from {n}, though it was unregistered after it was "
+        "chosen to load it"
+        for n in "ab"
+    }
+    assert [s.data[0] for s in failure.counterexample.steps] == [  # type: ignore[union-attr]
+        "begin", "match_tokens", "unregister", "load_finished"
+    ]  # fmt: skip
+    argv = ["--connectors", "a,b,none=none", "--requests", "1", "--load", "--no-progress"]
+    assert check_module.run_cli(argv) == 0  # the real aggregator passes it
+    assert "PASS  load once" in capsys.readouterr().out

@@ -24,6 +24,7 @@ PUBLIC = [
     "MultiConnectorError",
     "Outcome",
     "RequestTransferState",
+    "ShutDownError",
     "State",
     "Step",
     "UnknownConnectorError",

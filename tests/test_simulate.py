@@ -120,7 +120,7 @@ def test_a_run_does_not_depend_on_the_string_hash_seed(tmp_path: Path) -> None:
 
 
 def test_cli_writes_json_and_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "deep" / "simulate.json"
+    out = tmp_path / "simulate.json"
     argv = ["--requests", "500", "--seed", "2", "--progress", "plain", "--json", str(out)]
     assert run_cli(argv) == 0
     captured = capsys.readouterr()

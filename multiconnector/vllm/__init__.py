@@ -55,6 +55,16 @@ of the core, which never imports it.
 
 from __future__ import annotations
 
+try:  # the vllm extra: without it, say how to install it, not just which module is missing
+    import msgspec  # noqa: F401
+    import vllm  # noqa: F401
+except ModuleNotFoundError as _missing:
+    raise ModuleNotFoundError(
+        f"multiconnector.vllm needs the vllm extra ({_missing}): "
+        "install it with pip install 'multiconnector[vllm]'",
+        name=_missing.name,
+    ) from None
+
 from .config import CHILDREN_KEY, NAME_KEY, ChildSpec, child_specs, default_name
 from .connector import MultiConnector
 from .errors import ChildStartError, HMAUnsupportedError, MetadataMismatchError
