@@ -228,6 +228,7 @@ TWO_REQUESTS: dict[str, int | None] = {
     "last report does not finish": None,
     "duplicate load completion accepted": 4,
     "load completion from an unchosen connector accepted": 3,
+    "load completion from an unregistered loader accepted": 4,
 }
 
 
