@@ -10,9 +10,10 @@ __all__ = ["Outcome"]
 class Outcome(enum.StrEnum):
     """The outcome of one event delivered to :class:`~multiconnector.MultiConnector`.
 
-    Only :attr:`applied` changed anything. Every other member names the rule under which the
-    event was ignored: no exception, no state change, one count under that member and the
-    connector's name, one debug log line. Events that arrive late, twice, or from nowhere are
+    :attr:`applied` changed the request's state machine; :attr:`drained` and :attr:`overtaken`
+    changed only what a cancelled (or finished) request still awaits before it can be handed
+    back. Every other member names the rule under which the event was ignored: no exception, no
+    state change, one count under that member and the connector's name, one debug log line. Events that arrive late, twice, or from nowhere are
     normal in a distributed server, so ignoring them is not an error; a wrong argument *type* is,
     and raises instead.
 
@@ -36,7 +37,18 @@ class Outcome(enum.StrEnum):
     unregistered = "unregistered"
     """The request awaited this connector, but it was unregistered before it reported."""
 
+    drained = "drained"
+    """A report (or load report) from a connector a terminal request still awaited: applied to
+    its drain (it awaits one name less; its state is unchanged, no callback is made). The request
+    is handed back by ``take()`` once nothing is left in flight."""
+    overtaken = "overtaken"
+    """``request_finished`` was overtaken by a ``cancel`` while it asked the connectors: the
+    request stays ``cancelled`` and awaits every connector that promised a save (its drain)."""
+
     @property
     def ignored(self) -> bool:
-        """Whether the event was ignored."""
-        return self is not Outcome.applied
+        """Whether the event was ignored (neither applied, drained nor overtaken)."""
+        return self not in _RECORDED
+
+
+_RECORDED = frozenset({Outcome.applied, Outcome.drained, Outcome.overtaken})

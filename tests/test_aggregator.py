@@ -13,6 +13,8 @@ from multiconnector import (
     ConnectorFailures,
     ConnectorRegistry,
     DuplicateRequestError,
+    InvalidAnswerError,
+    InvalidArgumentError,
     KeyClashError,
     MultiConnector,
     Outcome,
@@ -40,22 +42,27 @@ def test_none_slot_never_raises() -> None:
     assert mc.transfer_finished("r", "a") is Outcome.applied
 
 
-def test_after_cancel_late_completions_are_ignored_and_change_nothing() -> None:
+def test_after_cancel_late_events_change_no_state_and_reports_only_drain() -> None:
     mc = make(a=Scripted(), b=Scripted())
     finishing(mc)
     assert mc.cancel("r") is Outcome.applied
     before = mc.get("r")
     for event in (
-        lambda: mc.transfer_finished("r", "a"),
-        lambda: mc.transfer_finished("r", "b", [9]),
         lambda: mc.load_finished("r", "a"),
         lambda: mc.cancel("r"),
         lambda: mc.request_finished("r")[0],
+        lambda: mc.transfer_finished("r", "ghost"),
     ):
-        assert event() is Outcome.terminal
+        assert event().ignored
     assert vars_equal(mc.get("r"), before)
+    assert mc.take() == []  # a and b may still be reading its blocks
+    assert mc.transfer_finished("r", "a") is Outcome.drained
+    assert mc.transfer_finished("r", "a") is Outcome.terminal  # no longer awaited
+    assert mc.take() == []
+    assert mc.transfer_finished("r", "b", [9]) is Outcome.drained
     (taken,) = mc.take()
-    assert taken.state is State.cancelled and taken.awaiting == ("a", "b")
+    assert taken.state is State.cancelled and taken.awaiting == ()
+    assert taken.expected == ("a", "b") and taken.reported == ("a", "b")
     assert mc.transfer_finished("r", "a") is Outcome.unknown_request
 
 
@@ -112,6 +119,9 @@ def test_begin_twice_is_an_error_and_changes_nothing() -> None:
         mc.begin("r")
     assert vars_equal(mc.get("r"), before)
     mc.cancel("r")
+    with pytest.raises(DuplicateRequestError):
+        mc.begin("r")  # terminal, draining: still held
+    assert mc.transfer_finished("r", "a") is Outcome.drained
     with pytest.raises(DuplicateRequestError):
         mc.begin("r")  # terminal but not yet taken: still held
     mc.take()
@@ -173,24 +183,70 @@ def test_raising_connector_does_not_stop_the_others() -> None:
     assert mc.transfer_finished("r", "bad") is Outcome.phantom
 
 
-def test_garbage_answers_are_connector_failures() -> None:
+@pytest.mark.parametrize(
+    "answer",
+    [
+        True,
+        None,
+        (True,),
+        (True, None, 1),
+        [True, None],
+        ("yes", None),
+        (1, None),
+        (False, 5),
+        (True, [1]),
+    ],
+    ids=repr,
+)
+def test_every_garbage_answer_is_awaited_its_params_dropped_and_reported(answer: Any) -> None:
     class Garbage:
         def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
-            return "yes", None
+            return answer
 
+    mc = make(g=Garbage(), a=Scripted(params={"k": 1}))  # type: ignore[arg-type]
+    mc.begin("r")
+    with pytest.raises(ConnectorFailures) as info:
+        mc.request_finished("r")
+    assert info.value.failed == ("g",)
+    (error,) = info.value.exceptions
+    assert isinstance(error, InvalidAnswerError) and isinstance(error, InvalidArgumentError)
+    assert error.connector == "g" and error.answer is answer
+    assert "'g'" in str(error) and repr(answer)[:8] in str(error)
+    # g may have started a save: it is awaited, its params dropped, a's kept.
+    assert info.value.result == (Outcome.applied, {"k": 1})
+    record = mc.get("r")
+    assert record is not None and record.awaiting == ("g", "a")
+    assert mc.transfer_finished("r", "a") is Outcome.applied
+    assert mc.take() == []  # not freed while g may be saving
+    assert mc.transfer_finished("r", "g") is Outcome.applied
+    assert [r.state for r in mc.take()] == [State.finished]
+
+
+def test_a_generator_answer_is_garbage_too() -> None:
+    class Lazy:
+        def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
+            yield True
+            yield None
+
+    mc = make(lazy=Lazy())  # type: ignore[arg-type]
+    mc.begin("r")
+    with pytest.raises(ConnectorFailures) as info:
+        mc.request_finished("r")
+    assert isinstance(info.value.exceptions[0], InvalidAnswerError)
+    assert mc.get("r").awaiting == ("lazy",)  # type: ignore[union-attr]
+
+
+def test_a_raising_connector_next_to_garbage_is_not_awaited() -> None:
     class NotATuple:
         def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
             return None
 
-    mc = make(g=Garbage(), n=NotATuple(), a=Scripted(params=[1]))  # type: ignore[arg-type]
+    mc = make(n=NotATuple(), bad=Scripted(raises=RuntimeError("x")))  # type: ignore[arg-type]
     mc.begin("r")
     with pytest.raises(ConnectorFailures) as info:
         mc.request_finished("r")
-    assert info.value.failed == ("g", "n")
-    assert len(info.value.exceptions) == 3  # g, n, and a's params (a list) rejected by the merge
-    assert "saves='yes'" in str(info.value.exceptions[0])
-    # g may have started a save: it is awaited; n raised, so it promised nothing.
-    assert mc.get("r").awaiting == ("g", "a")  # type: ignore[union-attr]
+    assert info.value.failed == ("n", "bad")
+    assert mc.get("r").awaiting == ("n",)  # type: ignore[union-attr]
 
 
 def test_unregister_releases_requests_awaiting_it() -> None:
@@ -274,7 +330,8 @@ def test_take_hands_each_terminal_request_back_once_in_order() -> None:
     for rid in ("r1", "r2", "r3"):
         finishing(mc, rid)
     mc.transfer_finished("r2", "a")
-    mc.cancel("r3")
+    mc.cancel("r3")  # draining: a may still read its blocks
+    mc.transfer_finished("r3", "a")  # drained: safe to free
     mc.transfer_finished("r1", "a")
     assert [(r.request_id, r.state) for r in mc.take()] == [
         ("r2", State.finished),
