@@ -753,7 +753,7 @@ def _terminal_absorbing(world: _World) -> str | None:
             return change
         # The drain: fewer awaited names, each reported or moved to abandoned.
         drained = (
-            set(now[1]) < set(before[1])
+            set(now[1]) <= set(before[1])
             and now[2] == before[2]
             and set(now[3]) >= set(before[3])
         )
