@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from time import monotonic as _monotonic
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Final, final
@@ -147,6 +146,7 @@ class MultiConnector:
         "_counts",
         "_done",
         "_finishes",
+        "_halves",
         "_interned",
         "_locks",
         "_mask",
@@ -190,6 +190,8 @@ class MultiConnector:
         self._asking: dict[RequestTransferState, object] = {}
         # Cancelled records kept from take() while a request_finished still asks (see _settle).
         self._parked: set[RequestTransferState] = set()
+        # Set only by _ask (the model check): request_finished then stops after asking.
+        self._halves: list[tuple[Any, ...]] | None = None
         self._locks = tuple(threading.Lock() for _ in range(stripes))
         self._mask = stripes - 1
         # One counter dict per stripe, only ever written under that stripe's lock.
@@ -274,7 +276,7 @@ class MultiConnector:
         """
         if request_id.__class__ is not str or not request_id:
             request_id = check_request_id(request_id)
-        record = RequestTransferState(request_id, begun_at=_monotonic())
+        record = RequestTransferState(request_id)
         if self._trace:
             record.history = []
         if self._requests.setdefault(request_id, record) is not record:
@@ -310,21 +312,9 @@ class MultiConnector:
         reported or were unregistered. Until the call has applied its answers, the cancelled
         request is not handed back.
         """
-        asked = self._ask(request_id, blocks)
-        if len(asked) == 2:
-            return asked  # refused: nobody was asked
-        try:
-            return self._answer(asked)
-        except BaseException:
-            self._release(asked[0], asked[1], asked[2])  # an interrupt before _answer's own try
-            raise
-
-    def _ask(self, request_id: str, blocks: Sequence[int]) -> tuple[Any, ...]:
-        """request_finished's first half: claim the request and ask every ready connector, with
-        no lock held. Returns ``(outcome, None)`` when refused (nobody asked), else the call's
-        answers for :meth:`_answer`: ``(record, claim, index, ready, savers, failures, merged,
-        clash)``. The claim is held until :meth:`_answer` (or :meth:`_release`) drops it; the
-        model check runs events between the two halves."""
+        # Two halves: this body claims the request and asks every ready connector, with no lock
+        # held; _answer applies the answers under the lock. The model check runs each half as
+        # an event of its own (see _ask), with any other event in between.
         if request_id.__class__ is not str:
             bad_request_id(request_id)
         if blocks.__class__ is not list and blocks.__class__ is not tuple:
@@ -379,16 +369,25 @@ class MultiConnector:
                     failures = [] if failures is None else failures
                     failures.append((entry.name, exc))
                     continue
-                if answer.__class__ is tuple and len(answer) == 2:
-                    saves, params = answer
-                    if (saves is True or saves is False) and (
-                        params is None or params.__class__ is dict or isinstance(params, Mapping)
+                if answer.__class__ is tuple:
+                    try:
+                        saves, params = answer
+                    except ValueError:  # not a pair: garbage, below
+                        saves = params = None
+                    if params is None:
+                        if saves is True:
+                            savers.append(entry)
+                            answers.append(None)
+                            continue
+                        if saves is False:
+                            answers.append(None)
+                            continue
+                    elif (saves is True or saves is False) and (
+                        params.__class__ is dict or isinstance(params, Mapping)
                     ):
                         if saves:
                             savers.append(entry)
                         answers.append(params)
-                        if params is None:
-                            continue
                         if params.__class__ is not dict:
                             plain = False
                         elif merged is None:
@@ -421,11 +420,30 @@ class MultiConnector:
                     )
                 except (KeyClashError, InvalidParamsError) as exc:
                     clash = exc
-            return record, claim, index, ready, savers, failures, merged, clash
+            asked = (record, claim, index, ready, savers, failures, merged, clash)
+            halves = self._halves
+            if halves is None:
+                return self._answer(asked)
+            halves.append(asked)  # _ask's caller applies it later
+            return _UNKNOWN_REQUEST, None  # not read
         except BaseException:
             if record is not None:
-                self._release(record, claim, index)
+                self._release(record, claim, index)  # unless _answer released it
             raise
+
+    def _ask(self, request_id: str, blocks: Sequence[int]) -> tuple[Any, ...]:
+        """request_finished's first half alone, for the model check (one thread): claim the
+        request and ask every ready connector. Returns ``(outcome, None)`` when refused (nobody
+        asked), else the answers for :meth:`_answer`, ``(record, claim, index, ready, savers,
+        failures, merged, clash)``, whose claim is held until :meth:`_answer` drops it.
+        ``request_finished`` is the two halves in sequence, in one call."""
+        halves: list[tuple[Any, ...]] = []
+        self._halves = halves
+        try:
+            refused = self.request_finished(request_id, blocks)
+        finally:
+            self._halves = None
+        return halves[0] if halves else refused
 
     def _answer(self, asked: tuple[Any, ...]) -> tuple[Outcome, dict[str, Any] | None]:
         """request_finished's second half: apply the answers :meth:`_ask` gathered, under the
@@ -467,11 +485,9 @@ class MultiConnector:
             if outcome is _UNKNOWN_REQUEST:
                 self._count(index, outcome, _NO_NAME)
         finally:
-            asking = self._asking
-            if asking.get(record) is claim:
-                del asking[record]  # our claim, released after the state was written
-                if self._parked:
-                    self._unpark(record)
+            del self._asking[record]  # our claim, released after the state was written
+            if self._parked:
+                self._unpark(record)
             lock.release()
         result = (outcome, merged if outcome is _APPLIED else None)
         if failures is None:
@@ -1157,32 +1173,31 @@ class MultiConnector:
                 draining += 1
         return {"live": live, "draining": draining, "queued": len(records) - live - draining}
 
-    def oldest(
-        self, count: int = 1, *, draining: bool = False
-    ) -> list[tuple[float, RequestTransferState]]:
-        """The ``count`` requests held longest, oldest first, as ``(age in seconds, copy)``.
+    def oldest(self, count: int = 1, *, draining: bool = False) -> list[RequestTransferState]:
+        """Copies of the ``count`` requests held longest, oldest first (in the order they were
+        begun); with ``draining=True``, only requests that are terminal but not yet safe to free.
 
-        Held requests are kept in the order they were begun, so this reads only the first ones
-        (all of them with ``draining=True``, which keeps only requests that are terminal but
-        not yet safe to free). A request held far longer than a transfer takes names, in its
-        ``awaiting`` (or its ``loader`` without ``loaded``), a connector that never reported:
-        unregister it once it no longer touches KV blocks, and the request is released.
+        Held requests are kept in begin order, so without ``draining`` this reads only the first
+        ones. A request that stays among the oldest for longer than a transfer takes names, in
+        its ``awaiting`` (or its ``loader`` without ``loaded``), a connector that never
+        reported: once that connector no longer touches KV blocks, unregister it and the request
+        is released. (Call it periodically and compare: records carry no timestamp, which would
+        cost every ``begin`` a clock read.)
 
         .. versionadded:: 0.1.0
         """
         check_int(count, "count", minimum=0)
         check_bool(draining, "draining")
-        now = _monotonic()
-        found: list[tuple[float, RequestTransferState]] = []
+        found: list[RequestTransferState] = []
         if count == 0:
             return found
         for request_id, record in list(self._requests.items()):
             if draining and not (record.state in TERMINAL and record.in_flight):
                 continue
             copy = self.get(request_id)
-            if copy is None or copy.begun_at != record.begun_at:
-                continue  # taken (and maybe begun again) meanwhile
-            found.append((now - copy.begun_at, copy))
+            if copy is None:
+                continue  # taken meanwhile
+            found.append(copy)
             if len(found) == count:
                 break
         return found

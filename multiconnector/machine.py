@@ -150,8 +150,6 @@ class RequestTransferState:
     params: dict[str, Any] | None = None
     #: Applied transitions, when the aggregator traces; ``None`` otherwise.
     history: list[Step] | None = None
-    #: ``time.monotonic()`` when the request was begun: see ``MultiConnector.oldest``.
-    begun_at: float = 0.0
 
     # Guards. They are read by name from TRANSITIONS, by the compiled table and by transitions.
     def has_savers(self, savers: tuple[str, ...]) -> bool:

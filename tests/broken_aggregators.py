@@ -79,10 +79,7 @@ class DrainingCancelHandedBack(MultiConnector):  # type: ignore[misc]
 class BareTrueNoPromise(MultiConnector):  # type: ignore[misc]
     """Treats a bare ``True`` answer to request_finished as a raise: "made no promise"."""
 
-    def _ask(self, request_id: str, blocks: Sequence[int]) -> tuple[Any, ...]:
-        asked = super()._ask(request_id, blocks)
-        if len(asked) == 2:
-            return asked
+    def _answer(self, asked: tuple[Any, ...]) -> tuple[Outcome, dict[str, Any] | None]:
         record, claim, index, ready, savers, failures, merged, clash = asked
         bare = {
             name
@@ -90,7 +87,7 @@ class BareTrueNoPromise(MultiConnector):  # type: ignore[misc]
             if isinstance(exc, InvalidAnswerError) and exc.answer is True
         }
         savers = [e for e in savers if e.name not in bare]  # the bug: not awaited
-        return record, claim, index, ready, savers, failures, merged, clash
+        return super()._answer((record, claim, index, ready, savers, failures, merged, clash))
 
 
 class NoneSlotDereferenced(MultiConnector):  # type: ignore[misc]
