@@ -448,7 +448,9 @@ class MultiConnector:
     def _answer(self, asked: tuple[Any, ...]) -> tuple[Outcome, dict[str, Any] | None]:
         """request_finished's second half: apply the answers :meth:`_ask` gathered, under the
         request's lock, release the claim, and return (or raise) the call's result."""
-        record, claim, index, ready, savers, failures, merged, clash = asked
+        record: RequestTransferState
+        savers: list[Entry]
+        record, _, index, ready, savers, failures, merged, clash = asked
         request_id = record.request_id
         registry = self._registry
         lock = self._locks[index]
@@ -768,10 +770,12 @@ class MultiConnector:
                 record.state = dest
                 if record.history is not None:
                     record.history.append(Step("transfer_finished", source, dest, name))
-                if dest is not source and dest in TERMINAL:
-                    if record.loader is None or record.loaded:
-                        self._done.append(record)  # last: take() may hand it over at once
-                    # else its load is in flight: load_finished or connector_gone settles it
+                if (
+                    dest is not source
+                    and dest in TERMINAL
+                    and (record.loader is None or record.loaded)
+                ):  # else its load is in flight: load_finished or connector_gone settles it
+                    self._done.append(record)  # last: take() may hand it over at once
                 applied = self._applied[index]
                 applied[name] = applied.get(name, 0) + 1
                 outcome = _APPLIED
@@ -886,9 +890,12 @@ class MultiConnector:
                     record.state = dest
                     if record.history is not None:
                         record.history.append(Step("transfer_finished", source, dest, name))
-                    if dest is not source and dest in TERMINAL:
-                        if record.loader is None or record.loaded:
-                            done.append(record)
+                    if (
+                        dest is not source
+                        and dest in TERMINAL
+                        and (record.loader is None or record.loaded)
+                    ):
+                        done.append(record)
                     if every:
                         applied_here += 1  # counted once, below, while every lock is held
                     else:

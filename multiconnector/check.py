@@ -634,9 +634,7 @@ def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
             rename.get(owing, owing),
         )
     if asking:
-        asking = tuple(
-            tuple((rename.get(n, n), current) for n, current in one) for one in asking
-        )
+        asking = tuple(tuple((rename.get(n, n), current) for n, current in one) for one in asking)
     if view is not None:
         view = (
             view[0],
@@ -679,9 +677,8 @@ def _snapshot(world: _World) -> Hashable:
         )
         # A call between its halves: the savers it asked, and whether each is still the
         # connector registered under its name (what its answers' application reads).
-        asking = tuple(
-            tuple((e.name, entry(e.name) is e) for e in asked[4]) for asked in r.asking
-        )
+        asking = tuple(tuple((e.name, entry(e.name) is e) for e in asked[4]) for asked in r.asking)
+        part: tuple[Any, ...]
         if r.phase == _TAKEN:
             # Nothing reads the promises of a request handed back: "no early free" judged them
             # when it was handed back.
@@ -754,9 +751,7 @@ def _terminal_absorbing(world: _World) -> str | None:
             return change
         # The drain: fewer awaited names, each reported or moved to abandoned.
         drained = (
-            set(now[1]) <= set(before[1])
-            and now[2] == before[2]
-            and set(now[3]) >= set(before[3])
+            set(now[1]) <= set(before[1]) and now[2] == before[2] and set(now[3]) >= set(before[3])
         )
         # A request_finished a cancel overtook records its savers, once, when it applies.
         overtaken = (
@@ -784,13 +779,13 @@ def _owes(r: _Request) -> list[str]:
 def _no_early_free(world: _World) -> str | None:
     """nothing is handed back (or queued for take) while a connector owes a report for it"""
     world.sync()
-    for i, r in enumerate(world.requests):
+    for k, r in enumerate(world.requests):
         if r.view is not None and r.view[0] is _FINISHED and r.owed:
             return (
                 f"{r.request_id} is finished while {_names(r.owed)} promised a save and has "
                 "not reported it"
             )
-        if r.view is not None and i in world.queue and _owes(r):
+        if r.view is not None and k in world.queue and _owes(r):
             return (
                 f"{r.request_id} is {r.view[0].value} and queued for take() (to be freed) "
                 f"while {', '.join(_owes(r))} may still touch its blocks"

@@ -13,9 +13,9 @@ class Outcome(enum.StrEnum):
     :attr:`applied` changed the request's state machine; :attr:`drained` and :attr:`overtaken`
     changed only what a cancelled (or finished) request still awaits before it can be handed
     back. Every other member names the rule under which the event was ignored: no exception, no
-    state change, one count under that member and the connector's name, one debug log line. Events that arrive late, twice, or from nowhere are
-    normal in a distributed server, so ignoring them is not an error; a wrong argument *type* is,
-    and raises instead.
+    state change, one count under that member and the connector's name, one debug log line.
+    Events that arrive late, twice, or from nowhere are normal in a distributed server, so
+    ignoring them is not an error; a wrong argument *type* is, and raises instead.
 
     .. versionadded:: 0.1.0
     """
