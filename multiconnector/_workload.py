@@ -83,8 +83,15 @@ _GENUINE_SAVE: Final = frozenset(
         Outcome.unregistered,
     }
 )
+#: A load report racing its connector's unregistering meets ``unregistered``.
 _GENUINE_LOAD: Final = frozenset(
-    {Outcome.applied, Outcome.drained, Outcome.terminal, Outcome.unknown_request}
+    {
+        Outcome.applied,
+        Outcome.drained,
+        Outcome.terminal,
+        Outcome.unknown_request,
+        Outcome.unregistered,
+    }
 )
 
 # Scheduler events (heap entries are (tick, sequence, kind, payload)).

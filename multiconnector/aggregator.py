@@ -1111,8 +1111,13 @@ class MultiConnector:
                 else:
                     outcome = _TERMINAL
             elif record.loader == name:
-                outcome = _DUPLICATE if record.loaded else _APPLIED
-                record.loaded = True
+                if not record.loaded:
+                    outcome = _APPLIED
+                    record.loaded = True
+                elif name in record.abandoned:  # its load ended when it was unregistered
+                    outcome = _UNREGISTERED
+                else:
+                    outcome = _DUPLICATE
             else:
                 outcome = self._classify(record, name)
             self._count(index, outcome, name)

@@ -262,7 +262,7 @@ CATALOG: tuple[Broken, ...] = (
         shortest=3,
         why="begin, request_finished asks (g answers True), applies: finished while g saves",
         factory=BareTrueNoPromise,
-        connectors={"a": "saver", "b": "saver", "none": None, "g": "garbage"},
+        connectors={"a": "saver", "g": "garbage"},
     ),
     Broken(
         name="None slot dereferenced",
@@ -274,8 +274,8 @@ CATALOG: tuple[Broken, ...] = (
     Broken(
         name="finished request never dropped",
         prop="no leak",
-        shortest=4,
-        why="begin, request_finished saving nothing, take: still held",
+        shortest=3,
+        why="begin, cancel (nothing in flight), take: still held",
         factory=FinishedNeverDropped,
     ),
     Broken(

@@ -447,3 +447,47 @@ def test_counts_per_kind_and_connector(caplog: pytest.LogCaptureFixture) -> None
     assert mc.connector_counts()["a"] == {Outcome.applied: 1, Outcome.terminal: 1}
     ignored = [r.getMessage() for r in caplog.records]
     assert len(ignored) == 2 and "unknown_connector" in ignored[0] and "'zz'" in ignored[0]
+
+
+def test_a_load_report_racing_its_loaders_unregistering_is_unregistered() -> None:
+    mc = make(a=Scripted(tokens=4))
+    mc.begin("r")
+    assert mc.match_tokens("r") == 4
+    mc.cancel("r")
+    assert mc.take() == []  # a's load may still write its blocks
+    mc.unregister("a")  # shut down: the load is over
+    (record,) = mc.take()
+    assert (record.state, record.loader, record.loaded) == (State.cancelled, "a", True)
+    assert record.abandoned == ("a",)
+
+
+def test_a_cancelled_request_drains_its_load() -> None:
+    mc = make(a=Scripted(tokens=4))
+    mc.begin("r")
+    assert mc.match_tokens("r") == 4
+    mc.cancel("r")
+    assert mc.take() == [] and mc.held() == {"live": 0, "draining": 1, "queued": 0}
+    assert [r.request_id for r in mc.oldest(draining=True)] == ["r"]
+    assert mc.load_finished("r", "a") is Outcome.drained
+    assert mc.load_finished("r", "a") is Outcome.terminal
+    (record,) = mc.take()
+    assert (record.state, record.loaded) == (State.cancelled, True)
+
+
+def test_a_pending_requests_loader_unregistered_then_its_late_load_report() -> None:
+    mc = make(a=Scripted(tokens=4))
+    mc.begin("r")
+    mc.match_tokens("r")
+    mc.unregister("a")
+    assert mc.load_finished("r", "a") is Outcome.unregistered
+
+
+def test_a_finished_request_with_its_load_in_flight_is_held() -> None:
+    mc = make(a=Scripted(saves=False, tokens=4))
+    mc.begin("r")
+    mc.match_tokens("r")
+    assert mc.request_finished("r") == (Outcome.applied, None)
+    assert mc.get("r").state is State.finished  # type: ignore[union-attr]
+    assert mc.take() == []
+    assert mc.load_finished("r", "a") is Outcome.drained
+    assert [r.state for r in mc.take()] == [State.finished]
