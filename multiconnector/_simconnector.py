@@ -56,6 +56,10 @@ class SimConnector:
     ) -> tuple[bool, Mapping[str, Any] | None]:
         req = self.live[request_id]
         name = self.name
+        overtake = req.overtake
+        if overtake is not None:  # a cancel lands while we are asked
+            req.overtake = None
+            overtake(req)
         if req.raiser == name:
             req.raised = name
             raise InjectedError(f"{name} failed while finishing {request_id}")

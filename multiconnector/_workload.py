@@ -12,12 +12,11 @@ real connector's messages about one request arrive in), except that a worker del
 saves as one batch per connector, as a vLLM worker's ``get_finished`` does. Runs are then no
 longer reproducible, but every invariant must still hold.
 
-The scheduler acts only on what a real caller knows: what the library returns, the reports it
-relays, and the connectors it shut down itself. In particular a request handed back as
-``cancelled`` may still have saves (its ``awaiting``) or a load (its ``loader`` without
-``loaded``) in flight; the scheduler frees its blocks only once those reports arrived or their
-connector was shut down. The block pool then checks that against the simulated connectors'
-own ledgers (see :mod:`multiconnector._pool`).
+The scheduler acts only on what a real caller knows: what the library returns. It frees
+exactly the blocks of the requests :meth:`~multiconnector.MultiConnector.take` hands back, at
+once, with no ledger of its own: a cancelled request, or one whose load is still in flight, is
+handed back only once no connector may touch its blocks. The block pool checks every free
+against the simulated connectors' own ledgers (see :mod:`multiconnector._pool`).
 """
 
 from __future__ import annotations
@@ -74,10 +73,26 @@ _GHOST: Final = "ghost"
 _APPLIED: Final = Outcome.applied
 #: What a report a connector really made may meet: applied, or refused because the request was
 #: cancelled (and maybe already handed back) or its connector unregistered meanwhile.
+#: A cancelled request awaiting it drains it (``drained``).
 _GENUINE_SAVE: Final = frozenset(
-    {Outcome.applied, Outcome.terminal, Outcome.unknown_request, Outcome.unregistered}
+    {
+        Outcome.applied,
+        Outcome.drained,
+        Outcome.terminal,
+        Outcome.unknown_request,
+        Outcome.unregistered,
+    }
 )
-_GENUINE_LOAD: Final = frozenset({Outcome.applied, Outcome.terminal, Outcome.unknown_request})
+#: A load report racing its connector's unregistering meets ``unregistered``.
+_GENUINE_LOAD: Final = frozenset(
+    {
+        Outcome.applied,
+        Outcome.drained,
+        Outcome.terminal,
+        Outcome.unknown_request,
+        Outcome.unregistered,
+    }
+)
 
 # Scheduler events (heap entries are (tick, sequence, kind, payload)).
 _SEND, _FINISH, _CANCEL, _UNREGISTER, _REGISTER = range(5)
@@ -167,14 +182,13 @@ class SimRequest:
         "cancel_applied",
         "clash",
         "committed",
-        "finish_epoch",
+        "finished_once",
         "handed_back",
         "hits",
         "index",
-        "load_epoch",
         "loading",
+        "overtake",
         "pd",
-        "pending",
         "raised",
         "raiser",
         "rid",
@@ -201,9 +215,10 @@ class SimRequest:
         self.seen: set[str] = set()
         self.cancel_applied = False
         self.handed_back = False
-        self.finish_epoch = -1
-        self.load_epoch = 0
-        self.pending: list[str] = []
+        self.finished_once = False
+        #: The scheduler's cancel, called by the first connector asked at request_finished, as
+        #: another thread's cancel would land while a slow connector answers.
+        self.overtake: Callable[[SimRequest], None] | None = None
 
 
 Tally = dict[tuple[str, str], int]
@@ -217,7 +232,6 @@ class SimulationResult:
     config: SimulationConfig
     finished: int
     cancelled: int
-    deferred_frees: int
     outcomes: dict[str, int]
     connector_outcomes: dict[str, dict[str, int]]
     reports: dict[str, dict[str, int]]
@@ -257,7 +271,6 @@ class SimulationResult:
                 "total": self.config.requests,
                 "finished": self.finished,
                 "cancelled": self.cancelled,
-                "deferred_frees": self.deferred_frees,
             },
             "events": {
                 "total": self.events,
@@ -323,8 +336,6 @@ class Simulation:
         self.handed_back = 0
         self.finished = 0
         self.cancelled = 0
-        self.deferred: list[SimRequest] = []
-        self.deferred_frees = 0
         #: Names in unregistration order, appended once each connector was shut down.
         self.unregistered: list[str] = []
         self.tally: Tally = {}
@@ -438,7 +449,6 @@ class Simulation:
             self.faults["clash"] += 1
         self.live[rid] = req
         mc.begin(rid)
-        req.load_epoch = len(self.unregistered)
         tokens = mc.match_tokens(rid)
         start = now
         if req.loading:
@@ -450,7 +460,10 @@ class Simulation:
         decode = rng.randint(*_DECODE)
         self._at(start + decode, _FINISH, req)
         if rng.random() < self.config.cancel_rate:
-            self._at(now + rng.randint(0, decode + 60), _CANCEL, req)
+            if rng.random() < 0.1:  # it lands while request_finished asks the connectors
+                req.overtake = self._cancel
+            else:
+                self._at(now + rng.randint(0, decode + 60), _CANCEL, req)
         if p["unknown"] and rng.random() < p["unknown"]:
             self.faults["unknown"] += 1
             which = rng.randrange(4)
@@ -480,7 +493,7 @@ class Simulation:
                 if late is _APPLIED:
                     self.violations.add("fault_applied", rid, "request_finished after cancel")
             return
-        req.finish_epoch = len(self.unregistered)
+        req.finished_once = True
         outcome: Outcome | None = None
         params: dict[str, Any] | None = None
         failed: tuple[str, ...] = ()
@@ -542,9 +555,11 @@ class Simulation:
                 add("fan_out", rid, f"clash {expected} reported as {clash!r}")
         elif clash is not None:
             add("fan_out", rid, f"clash reported where none was: {clash.clashes}")
-        elif outcome is not None and params != merged:
+        elif outcome is not None and outcome is not Outcome.overtaken and params != merged:
             add("fan_out", rid, f"params {params} merged from {req.answers}")
-        if outcome is not None and outcome is not _APPLIED:
+        # A cancel that landed while the connectors were asked overtakes the call (no params).
+        wanted = Outcome.overtaken if req.cancel_applied else _APPLIED
+        if outcome is not None and outcome is not wanted:
             add("fan_out", rid, f"request_finished of a live request was {outcome.value}")
 
     def _cancel(self, req: SimRequest) -> None:
@@ -660,14 +675,14 @@ class Simulation:
         except ConnectorFailures:
             outcome = _APPLIED
         _count(tally, category, outcome.value)
-        if outcome is _APPLIED:
+        if outcome is _APPLIED or outcome is Outcome.drained:
             what = "load report" if load else "report"
             self.violations.add("fault_applied", rid, f"{category} {what} from {name} applied")
 
     # -- handing back and freeing --------------------------------------------------------------
 
     def _collect(self) -> None:
-        """Take what the library hands back; free it, or defer it while transfers are owed."""
+        """Take what the library hands back and free exactly that."""
         live, add = self.live, self.violations.add
         for record in self.mc.take():
             rid = record.request_id
@@ -684,7 +699,7 @@ class Simulation:
                     add("cancel_lost", rid, "handed back finished after its cancel applied")
                 if record.awaiting:
                     add("finished_awaiting", rid, f"finished, still awaiting {record.awaiting}")
-                if req.finish_epoch < 0:
+                if not req.finished_once:
                     add("finished_early", rid, "finished before request_finished")
             elif state is State.cancelled:
                 self.cancelled += 1
@@ -692,38 +707,8 @@ class Simulation:
                     add("cancel_lost", rid, "handed back cancelled, never cancelled")
             else:
                 add("not_terminal", rid, f"handed back in state {state.value}")
-            pending = list(record.awaiting) if state is State.cancelled else []
-            if record.loader is not None and not record.loaded:
-                pending.append("load:" + record.loader)
-            if pending:
-                req.pending = pending
-                self.deferred.append(req)
-            else:
-                self.pool.free(req.index, rid, req.blocks)
-
-    def _resolve(self) -> None:
-        """Free deferred requests whose owed reports arrived or whose connector was shut down."""
-        still = []
-        log = self.unregistered
-        for req in self.deferred:
-            seen = req.seen
-            left = []
-            for what in req.pending:
-                if what in seen:
-                    continue
-                if what.startswith("load:"):
-                    if what[5:] in log[req.load_epoch :]:
-                        continue
-                elif req.finish_epoch >= 0 and what in log[req.finish_epoch :]:
-                    continue
-                left.append(what)
-            if left:
-                req.pending = left
-                still.append(req)
-            else:
-                self.deferred_frees += 1
-                self.pool.free(req.index, req.rid, req.blocks)
-        self.deferred = still
+            # take() hands back only what is safe to free: free it now, whatever it was.
+            self.pool.free(req.index, rid, req.blocks)
 
     # -- running -------------------------------------------------------------------------------
 
@@ -813,7 +798,6 @@ class Simulation:
             self._loop()
             self._drain()
             self._collect()
-            self._resolve()
         finally:
             for q in self.queues:
                 q.put(None)
@@ -837,7 +821,6 @@ class Simulation:
             if blocked and self.threaded:  # let the workers catch up rather than run ahead
                 self._drain()
                 self._collect()
-                self._resolve()
                 while self.admitted < total and self.clock <= now and self._admit():
                     pass
                 blocked = self.admitted < total and self.clock <= now
@@ -850,7 +833,6 @@ class Simulation:
                 before = (pool.frees, self.handed_back)
                 self._drain()
                 self._collect()
-                self._resolve()
                 if (pool.frees, self.handed_back) != before:
                     continue
                 return  # everything done, or stalled: the final checks tell which
@@ -874,8 +856,6 @@ class Simulation:
             if self.threaded:
                 self._flush()
             self._collect()
-            if self.deferred:
-                self._resolve()
             if self.on_progress is not None and self.handed_back - reported >= step:
                 reported = self.handed_back
                 self.on_progress(reported, total)
@@ -916,7 +896,6 @@ class Simulation:
             config=self.config,
             finished=self.finished,
             cancelled=self.cancelled,
-            deferred_frees=self.deferred_frees,
             outcomes={o.value: n for o, n in sorted(mc.counts().items())},
             connector_outcomes={
                 name: {o.value: n for o, n in sorted(per.items())}

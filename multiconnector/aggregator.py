@@ -44,6 +44,7 @@ from ._validate import (
 from .errors import (
     ConnectorFailures,
     DuplicateRequestError,
+    InvalidAnswerError,
     InvalidArgumentError,
     InvalidParamsError,
     KeyClashError,
@@ -80,7 +81,10 @@ _UNKNOWN_CONNECTOR: Final = Outcome.unknown_connector
 _NOT_READY: Final = Outcome.not_ready
 _UNREGISTERED: Final = Outcome.unregistered
 _ABANDONED: Final = Outcome.abandoned
+_DRAINED: Final = Outcome.drained
+_OVERTAKEN: Final = Outcome.overtaken
 _PENDING: Final = State.pending
+_CANCELLED: Final = State.cancelled
 #: Counter key for events that concern a request, not a connector.
 _NO_NAME: Final = None
 # The hot events' compiled decisions (see machine.DECISIONS): one dict lookup and one guard call.
@@ -96,6 +100,18 @@ _INTERN_LIMIT: Final = 4096
 _COUNTER_LIMIT: Final = 1024
 #: The name under which every name past the counter limit is counted (see connector_counts).
 OTHER_NAMES: Final = "<other names>"
+
+
+def _garbage(name: str, answer: Any) -> InvalidAnswerError:
+    """The error for a ``request_finished`` answer that is not a ``(bool, Mapping | None)``
+    pair; the connector is awaited anyway (it may have started a save)."""
+    return InvalidAnswerError(
+        f"connector {name!r} answered request_finished with {shown(answer)}; it must answer a "
+        "(saves: bool, params: Mapping | None) pair. It is awaited, in case it started a save, "
+        "and its params are dropped",
+        connector=name,
+        answer=answer,
+    )
 
 
 @final
@@ -142,9 +158,11 @@ class MultiConnector:
         "_counts",
         "_done",
         "_finishes",
+        "_halves",
         "_interned",
         "_locks",
         "_mask",
+        "_parked",
         "_ready_names",
         "_registry",
         "_requests",
@@ -181,6 +199,10 @@ class MultiConnector:
         # Records a request_finished (or request_finished_by) is applying, each with that
         # call's claim token; see request_finished.
         self._asking: dict[RequestTransferState, object] = {}
+        # Cancelled records kept from take() while a request_finished still asks (see _settle).
+        self._parked: set[RequestTransferState] = set()
+        # Set only by _ask (the model check): request_finished then stops after asking.
+        self._halves: list[tuple[Any, ...]] | None = None
         self._locks = tuple(threading.Lock() for _ in range(stripes))
         self._mask = stripes - 1
         # One counter dict per stripe, only ever written under that stripe's lock.
@@ -232,17 +254,27 @@ class MultiConnector:
             lock.acquire()
         try:
             for record in list(self._requests.values()):
-                if record.loader == name and record.state not in TERMINAL:
-                    record.loader_gone = True  # its load report can never be applied now
+                if record.loader == name:
+                    if record.state not in TERMINAL:
+                        record.loader_gone = True  # its load report can never be applied now
+                    if not record.loaded:
+                        # Its load is over: the connector that was loading is gone.
+                        record.loaded = True
+                        if name not in record.abandoned and name not in record.awaiting:
+                            record.abandoned = (*record.abandoned, name)
+                        if record.state in TERMINAL:
+                            self._settle(record)  # a drain: take() may hand it back now
                 if name not in record.awaiting:
                     continue
                 dest = step(record, "connector_gone", name)
-                if dest is None:  # cancelled: keep what it was awaiting, for the record
+                if dest is None:  # never: every state that awaits a name declares it
                     continue
                 record.awaiting = tuple([n for n in record.awaiting if n != name])
                 record.abandoned = (*record.abandoned, name)
                 self._transition(record, "connector_gone", dest, name)
                 self._count(hash(record.request_id) & self._mask, _ABANDONED, name)
+                if dest is _CANCELLED:
+                    self._settle(record)  # a drain: take() may hand it back now
         finally:
             for lock in reversed(locks):
                 lock.release()
@@ -271,25 +303,36 @@ class MultiConnector:
         """The request finished generating: ask every ready connector, then update it once.
 
         Each ready connector's ``request_finished(request_id, blocks)`` is called in registration
-        order and answers ``(saves_asynchronously, params)``. With no asynchronous saver the
-        request becomes ``finished``; otherwise ``finishing``, awaiting exactly those names.
-        Params are merged by :func:`merge_transfer_params`. Returns ``(outcome, merged params)``.
+        order and answers ``(saves_asynchronously, params)``: a ``bool`` and a ``Mapping`` or
+        ``None``. With no asynchronous saver the request becomes ``finished``; otherwise
+        ``finishing``, awaiting exactly those names. Params are merged by
+        :func:`merge_transfer_params`. Returns ``(outcome, merged params)``.
 
         All answers are gathered first and the state changes once, so a failure cannot leave a
         committed save untracked. When a connector raises it counts as not saving (it made no
-        promise); when it answers a ``saves`` that is not a bool it is awaited (it may have
-        started a save) and its params are dropped. Either way the others are still asked and
-        applied, and :class:`ConnectorFailures` is raised afterwards. A second
-        ``request_finished`` for a request, while the first is still asking, is a ``duplicate``
-        and asks nobody. On a params clash the request is still updated from every answer (finishing
-        and awaiting every saver: no save goes untracked, no block is freed early), its params
-        stay ``None``, and :class:`KeyClashError` is raised (inside ``ConnectorFailures`` when a
-        connector also failed); params that are not a mapping raise :class:`InvalidParamsError`
-        the same way. Each error's ``result`` is the ``(outcome, params)`` applied, and the state
-        is final: later events follow the normal rules.
+        promise). Any other answer that is not such a pair (``True``, ``None``, a 1- or 3-tuple,
+        a list, a non-bool ``saves``, params that are not a Mapping) is awaited (it may have
+        started a save), its params are dropped, and an :class:`InvalidAnswerError` naming the
+        connector and the answer is raised. Either way the others are still asked and applied,
+        and :class:`ConnectorFailures` is raised afterwards. A second ``request_finished`` for a
+        request, while the first is still asking, is a ``duplicate`` and asks nobody. On a
+        params clash the request is still updated from every answer (finishing and awaiting
+        every saver: no save goes untracked, no block is freed early), its params stay ``None``,
+        and :class:`KeyClashError` is raised (inside ``ConnectorFailures`` when a connector also
+        failed). Each error's ``result`` is the ``(outcome, params)`` applied, and the state is
+        final: later events follow the normal rules.
+
+        A ``cancel`` that overtakes the call while it asks wins: the outcome is
+        :attr:`Outcome.overtaken`, the request stays ``cancelled``, and it awaits every
+        connector that promised a save (its drain), so ``take()`` hands it back only once they
+        reported or were unregistered. Until the call has applied its answers, the cancelled
+        request is not handed back.
 
         The params returned are a new dict, the caller's to change: the record keeps its own.
         """
+        # Two halves: this body claims the request and asks every ready connector, with no lock
+        # held; _answer applies the answers under the lock. The model check runs each half as
+        # an event of its own (see _ask), with any other event in between.
         if request_id.__class__ is not str or not request_id:
             request_id = check_request_id(request_id)
         if blocks.__class__ is not list and blocks.__class__ is not tuple:
@@ -307,14 +350,14 @@ class MultiConnector:
         # request_finished finds the first one's claim, is a duplicate and asks nobody, so no
         # connector commits to a save that only one of two calls would track. A claim is
         # released only after its call wrote the new state, so the state is read again once
-        # claimed: a call that claims just after another one finished sees it finished. (A
-        # cancel may still overtake us while we ask: the update below decides under the lock.)
+        # claimed: a call that claims just after another one finished sees it finished. A cancel
+        # may still overtake us while we ask: it sees the claim and keeps the record from take()
+        # until _answer recorded our savers (see _settle).
         # Claims are keyed by the record, not the id: a request taken and begun again while an
         # old call still asks is a new record, free to claim.
         record = requests.get(request_id)
         claim = object()  # ours alone: only the call that set it removes it
         index = hash(request_id) & self._mask
-        lock = self._locks[index]
         try:
             refused: Outcome | None = None
             if record is None:
@@ -323,16 +366,15 @@ class MultiConnector:
                 refused = self._refuse_finish(record)
             elif asking.setdefault(record, claim) is not claim:
                 refused = _DUPLICATE
-            elif record.state in _NOT_FINISHABLE:  # finished by another call since our look
-                del asking[record]
+            elif record.state in _NOT_FINISHABLE:  # finished or cancelled since our look
+                self._release(record, claim, index)
                 refused = self._refuse_finish(record)
             if refused is not None:
                 self._refused(index, refused)
                 self._log_ignored("request_finished", request_id, None, refused)
                 return refused, None
             assert record is not None
-            registry = self._registry
-            ready = registry._ready  # what ready_entries() returns, without the call
+            ready = self._registry._ready  # what ready_entries() returns, without the call
             savers: list[Entry] = []
             answers: list[Any] = []  # the params of each connector that answered, in order
             failures: list[tuple[str, Exception]] | None = None  # made on the first failure
@@ -344,39 +386,44 @@ class MultiConnector:
             plain = True
             for entry in ready:
                 try:
-                    saves, params = entry.request_finished(request_id, blocks)  # type: ignore[misc]
+                    answer = entry.request_finished(request_id, blocks)  # type: ignore[misc]
                 except Exception as exc:
                     failures = [] if failures is None else failures
                     failures.append((entry.name, exc))
                     continue
-                if saves is True:
-                    savers.append(entry)
-                elif saves is not False:
-                    # It may have started a save: await it (conservative), drop its params, and
-                    # report the garbage.
-                    savers.append(entry)
-                    failures = [] if failures is None else failures
-                    failures.append(
-                        (
-                            entry.name,
-                            InvalidArgumentError(
-                                f"connector {entry.name!r} answered saves={shown(saves)}; "
-                                "must be a bool"
-                            ),
-                        )
-                    )
-                    continue
-                answers.append(params)
-                if params is None:
-                    continue
-                if params.__class__ is not dict:
-                    plain = False
-                elif merged is None:
-                    merged = params.copy()
-                    supplied = len(params)
-                else:
-                    merged |= params
-                    supplied += len(params)
+                if answer.__class__ is tuple:
+                    try:
+                        saves, params = answer
+                    except ValueError:  # not a pair: garbage, below
+                        saves = params = None
+                    if params is None:
+                        if saves is True:
+                            savers.append(entry)
+                            answers.append(None)
+                            continue
+                        if saves is False:
+                            answers.append(None)
+                            continue
+                    elif (saves is True or saves is False) and (
+                        params.__class__ is dict or isinstance(params, Mapping)
+                    ):
+                        if saves:
+                            savers.append(entry)
+                        answers.append(params)
+                        if params.__class__ is not dict:
+                            plain = False
+                        elif merged is None:
+                            merged = params.copy()
+                            supplied = len(params)
+                        else:
+                            merged |= params
+                            supplied += len(params)
+                        continue
+                # Garbage: it may have started a save, so it is awaited (conservative); its
+                # params are dropped and the answer is reported.
+                savers.append(entry)
+                failures = [] if failures is None else failures
+                failures.append((entry.name, _garbage(entry.name, answer)))
             if merged is not None and plain:
                 if len(merged) != supplied:
                     plain = False  # a key supplied twice
@@ -395,62 +442,156 @@ class MultiConnector:
                     )
                 except (KeyClashError, InvalidParamsError) as exc:
                     clash = exc
-            lock.acquire()
-            try:
-                if requests.get(request_id) is not record:
-                    outcome = _UNKNOWN_REQUEST  # cancelled and taken while we asked
-                else:
-                    # A saver unregistered while we asked it can never report: abandoned at once.
-                    # While the registry publishes the snapshot we asked (every change publishes a
-                    # new one), every saver is still registered.
-                    if registry._ready is not ready:
-                        awaited = self._intern(
-                            tuple([e.name for e in savers if registry.entry(e.name) is e])
-                        )
-                    elif len(savers) != len(ready):
-                        awaited = self._intern(tuple([e.name for e in savers]))
-                    else:
-                        cached = self._ready_names
-                        if cached[0] is ready:
-                            awaited = cached[1]
-                        else:
-                            awaited = self._intern(tuple([e.name for e in ready]))
-                            self._ready_names = (ready, awaited)
-                    expected = (
-                        awaited
-                        if len(awaited) == len(savers)
-                        else self._intern(tuple([e.name for e in savers]))
-                    )
-                    outcome = self._finish(record, awaited, expected, merged, index)
-                if outcome is _UNKNOWN_REQUEST:
-                    self._count(index, outcome, _NO_NAME)
-            finally:
-                del asking[record]  # our claim, released after the state was written
-                lock.release()
-            # A copy for the caller: the record keeps its own (no aliasing of the books).
-            result = (
-                outcome,
-                merged.copy() if merged is not None and outcome is _APPLIED else None,
-            )
-            if failures is None:
-                if clash is not None:
-                    clash.result = result  # type: ignore[attr-defined]
-                    raise clash  # a lone KeyClashError or InvalidParamsError
-                return result
-            errors = [exc for _, exc in failures]
-            if clash is not None:
-                clash.result = result  # type: ignore[attr-defined]
-                errors.append(clash)
-            raise ConnectorFailures(
-                f"{len(errors)} failure(s) while finishing request {request_id!r}",
-                errors,
-                failed=[name for name, _ in failures],
-                result=result,
-            )
+            asked = (record, claim, index, ready, savers, failures, merged, clash)
+            halves = self._halves
+            if halves is None:
+                return self._answer(asked)
+            halves.append(asked)  # _ask's caller applies it later
+            return _UNKNOWN_REQUEST, None  # not read
         except BaseException:
-            if record is not None and asking.get(record) is claim:  # ours, not yet released
-                del asking[record]
+            if record is not None:
+                self._release(record, claim, index)  # unless _answer released it
             raise
+
+    def _ask(self, request_id: str, blocks: Sequence[int]) -> tuple[Any, ...]:
+        """request_finished's first half alone, for the model check (one thread): claim the
+        request and ask every ready connector. Returns ``(outcome, None)`` when refused (nobody
+        asked), else the answers for :meth:`_answer`, ``(record, claim, index, ready, savers,
+        failures, merged, clash)``, whose claim is held until :meth:`_answer` drops it.
+        ``request_finished`` is the two halves in sequence, in one call."""
+        halves: list[tuple[Any, ...]] = []
+        self._halves = halves
+        try:
+            refused = self.request_finished(request_id, blocks)
+        finally:
+            self._halves = None
+        return halves[0] if halves else refused
+
+    def _answer(self, asked: tuple[Any, ...]) -> tuple[Outcome, dict[str, Any] | None]:
+        """request_finished's second half: apply the answers :meth:`_ask` gathered, under the
+        request's lock, release the claim, and return (or raise) the call's result."""
+        record: RequestTransferState
+        savers: list[Entry]
+        record, _, index, ready, savers, failures, merged, clash = asked
+        request_id = record.request_id
+        registry = self._registry
+        lock = self._locks[index]
+        lock.acquire()
+        try:
+            if self._requests.get(request_id) is not record:
+                outcome = _UNKNOWN_REQUEST  # never while we hold the claim: kept for safety
+            else:
+                # A saver unregistered while we asked it can never report: abandoned at once.
+                # While the registry publishes the snapshot we asked (every change publishes a
+                # new one), every saver is still registered.
+                if registry._ready is not ready:
+                    awaited = self._intern(
+                        tuple([e.name for e in savers if registry.entry(e.name) is e])
+                    )
+                elif len(savers) != len(ready):
+                    awaited = self._intern(tuple([e.name for e in savers]))
+                else:
+                    cached = self._ready_names
+                    if cached[0] is ready:
+                        awaited = cached[1]
+                    else:
+                        awaited = self._intern(tuple([e.name for e in ready]))
+                        self._ready_names = (ready, awaited)
+                expected = (
+                    awaited
+                    if len(awaited) == len(savers)
+                    else self._intern(tuple([e.name for e in savers]))
+                )
+                if record.state is _CANCELLED:  # a cancel overtook us while we asked
+                    outcome = self._overtaken(record, awaited, expected, index)
+                else:
+                    outcome = self._finish(record, awaited, expected, merged, index)
+            if outcome is _UNKNOWN_REQUEST:
+                self._count(index, outcome, _NO_NAME)
+        finally:
+            del self._asking[record]  # our claim, released after the state was written
+            if self._parked:
+                self._unpark(record)
+            lock.release()
+        # A copy for the caller: the record keeps its own (no aliasing of the books).
+        result = (outcome, merged.copy() if merged is not None and outcome is _APPLIED else None)
+        if failures is None:
+            if clash is not None:
+                clash.result = result
+                raise clash  # a lone KeyClashError or InvalidParamsError
+            return result
+        errors = [exc for _, exc in failures]
+        if clash is not None:
+            clash.result = result
+            errors.append(clash)
+        raise ConnectorFailures(
+            f"{len(errors)} failure(s) while finishing request {request_id!r}",
+            errors,
+            failed=[name for name, _ in failures],
+            result=result,
+        )
+
+    def _overtaken(
+        self,
+        record: RequestTransferState,
+        awaited: tuple[str, ...],
+        expected: tuple[str, ...],
+        index: int,
+    ) -> Outcome:
+        """A cancel overtook request_finished while it asked: the cancelled ``record`` awaits
+        every saver that can still report (its drain); the caller holds lock ``index``."""
+        record.awaiting = awaited
+        record.expected = expected
+        gone = [n for n in expected if n not in awaited and n not in record.abandoned]
+        if gone:
+            record.abandoned = (*record.abandoned, *gone)
+        self._count(index, _OVERTAKEN, _NO_NAME)
+        return _OVERTAKEN
+
+    def _release(self, record: RequestTransferState, claim: object, index: int) -> None:
+        """Drop ``claim`` on ``record`` if it is still held, under the request's lock, and hand a
+        record a cancel kept back meanwhile to take() (see :meth:`_settle`)."""
+        lock = self._locks[index]
+        lock.acquire()
+        try:
+            asking = self._asking
+            if asking.get(record) is claim:
+                del asking[record]
+                if self._parked:
+                    self._unpark(record)
+        finally:
+            lock.release()
+
+    def _unpark(self, record: RequestTransferState) -> None:
+        """``record``'s claim was just dropped: queue it if a cancel kept it back for that;
+        the caller holds its lock."""
+        parked = self._parked
+        if record in parked:
+            parked.discard(record)
+            self._settle(record)
+
+    def _settle(self, record: RequestTransferState) -> None:
+        """Queue terminal ``record`` for take() once it is safe to free; the caller holds its
+        lock. It is not while a connector may still touch its blocks (``in_flight``: a drain
+        event settles it again), nor while a request_finished that a cancel overtook is still
+        asking (its connectors may be promising saves): then it is parked, and the call's
+        release settles it."""
+        if record.awaiting or (record.loader is not None and not record.loaded):
+            return
+        if record.state is _CANCELLED and record in self._asking:
+            self._parked.add(record)
+            return
+        self._done.append(record)
+
+    def _drain(self, record: RequestTransferState, event: str, name: str, index: int) -> Outcome:
+        """A report from ``name``, which cancelled ``record`` awaits: it is released from it and
+        stays cancelled; counted as drained. The caller holds lock ``index``."""
+        record.awaiting = self._minus(record.awaiting, name)
+        if record.history is not None:
+            record.history.append(Step(event, _CANCELLED, _CANCELLED, name))
+        self._count(index, _DRAINED, name)
+        self._settle(record)
+        return _DRAINED
 
     def request_finished_by(
         self, request_id: str, savers: Iterable[str], *, allow_unregistered: bool = False
@@ -511,10 +652,10 @@ class MultiConnector:
             if record is not None and asking.setdefault(record, claim) is not claim:
                 outcome = self._refused(index, _DUPLICATE)
             else:
-                outcome = self._finish_by(request_id, record, names, index)
+                outcome = self._finish_by(request_id, record, names, index, claim)
         finally:
-            if record is not None and asking.get(record) is claim:  # after the state is written
-                del asking[record]
+            if record is not None and asking.get(record) is claim:  # interrupted: not released
+                self._release(record, claim, index)
         if outcome is not _APPLIED:
             self._log_ignored("request_finished", request_id, None, outcome)
         return outcome
@@ -535,8 +676,10 @@ class MultiConnector:
         claimed: RequestTransferState | None,
         names: tuple[str, ...],
         index: int,
+        claim: object,
     ) -> Outcome:
-        """request_finished_by's update, under the request's lock."""
+        """request_finished_by's update, under the request's lock; releases ``claim`` there,
+        after the state is written."""
         registry = self._registry
         lock = self._locks[index]
         lock.acquire()
@@ -560,6 +703,10 @@ class MultiConnector:
                     expected = self._intern((*awaited, *rest)) if rest else awaited
                 outcome = self._finish(record, awaited, expected, None, index)
         finally:
+            if claimed is not None and self._asking.get(claimed) is claim:
+                del self._asking[claimed]
+                if self._parked:
+                    self._unpark(claimed)
             lock.release()
         return outcome
 
@@ -589,7 +736,8 @@ class MultiConnector:
         record.awaiting = awaited
         record.expected = expected
         if expected is not awaited:
-            record.abandoned = tuple([n for n in expected if n not in awaited])
+            gone = [n for n in expected if n not in awaited and n not in record.abandoned]
+            record.abandoned = (*record.abandoned, *gone)
         record.params = params
         self._transition(record, "request_finished", dest, None)  # last: take() may see it
         self._finishes[index] += 1
@@ -658,6 +806,9 @@ class MultiConnector:
                     dest = yes if guard is None or guard(record, name) else no
             if dest is None:
                 outcome = self._ignored(record, name, index)
+            elif dest is _CANCELLED:  # the drain: it stays cancelled, awaiting one name less
+                assert record is not None
+                outcome = self._drain(record, "transfer_finished", name, index)
             else:
                 assert record is not None
                 awaiting = record.awaiting
@@ -668,7 +819,11 @@ class MultiConnector:
                 record.state = dest
                 if record.history is not None:
                     record.history.append(Step("transfer_finished", source, dest, name))
-                if dest is not source and dest in TERMINAL:
+                if (
+                    dest is not source
+                    and dest in TERMINAL
+                    and (record.loader is None or record.loaded)
+                ):  # else its load is in flight: load_finished or connector_gone settles it
                     self._done.append(record)  # last: take() may hand it over at once
                 applied = self._applied[index]
                 applied[name] = applied.get(name, 0) + 1
@@ -777,6 +932,10 @@ class MultiConnector:
                         ignored = True
                         continue
                     assert record is not None
+                    if dest is _CANCELLED:  # the drain, as in transfer_finished
+                        append(self._drain(record, "transfer_finished", name, index))
+                        ignored = True  # logged, not called back
+                        continue
                     awaiting = record.awaiting
                     following = without.get(awaiting)
                     rest = None if following is None else following.get(name)
@@ -785,7 +944,11 @@ class MultiConnector:
                     record.state = dest
                     if record.history is not None:
                         record.history.append(Step("transfer_finished", source, dest, name))
-                    if dest is not source and dest in TERMINAL:
+                    if (
+                        dest is not source
+                        and dest in TERMINAL
+                        and (record.loader is None or record.loaded)
+                    ):
                         done.append(record)
                     if every:
                         applied_here += 1  # counted once, below, while every lock is held
@@ -856,10 +1019,15 @@ class MultiConnector:
         return _PHANTOM
 
     def cancel(self, request_id: str) -> Outcome:
-        """Cancel a live request: it becomes ``cancelled`` and every later event is ignored.
+        """Cancel a live request: it becomes ``cancelled`` and never changes state again.
 
-        Cancelling is the caller's decision to stop waiting: a cancelled request is handed back
-        by :meth:`take` at once, whatever it still awaited (kept in ``awaiting`` for the record).
+        Cancelling is the caller's decision to stop the request, not to stop waiting for the
+        connectors that may still touch its blocks: a cancelled request is held, *draining*,
+        while it awaits a save or its chosen loader's load (``in_flight``). Reports from the
+        names it awaits are applied to the drain (:attr:`Outcome.drained`: it awaits one name
+        less, stays ``cancelled``, no callback); unregistering an awaited connector releases it
+        as for any request. :meth:`take` hands it back once nothing is in flight. Every other
+        later event is ignored, and no connector is asked again.
         """
         if request_id.__class__ is not str or not request_id:
             request_id = check_request_id(request_id)
@@ -883,12 +1051,15 @@ class MultiConnector:
         return outcome
 
     def take(self) -> list[RequestTransferState]:
-        """Hand back every request that reached a terminal state, and forget it.
+        """Hand back every terminal request that is safe to free, and forget it.
 
-        Free a request's KV blocks once it is taken: ``finished`` means every connector that
-        saved asynchronously reported (see ``abandoned`` for the exceptions), ``cancelled`` means
-        the caller cancelled it. Each terminal request is handed back exactly once, in the order
-        it became terminal.
+        A record handed back is safe to free: no connector that promised a save for it, or was
+        chosen to load it, still owes a report; each one reported or was unregistered (see
+        ``abandoned``). That holds for ``finished`` and for ``cancelled`` records: a cancelled
+        request is held while it drains (see :meth:`cancel`), and so is a finished one whose
+        load is still in flight. Each request is handed back exactly once, in the order it
+        became safe to free. :meth:`held` counts the draining ones; :meth:`oldest` finds those
+        held longer than expected (a connector that never reports).
         """
         done = self._done
         if not done:
@@ -1002,13 +1173,22 @@ class MultiConnector:
             if record is None:
                 outcome = _UNKNOWN_REQUEST
             elif record.state in TERMINAL:
-                outcome = _TERMINAL
+                if record.loader == name and not record.loaded:  # the drain of its load
+                    record.loaded = True
+                    outcome = _DRAINED
+                    self._settle(record)
+                else:
+                    outcome = _TERMINAL
             elif record.loader == name:
-                if record.loader_gone:
+                if record.loader_gone:  # unregistered while the match asked it
+                    outcome = _UNREGISTERED
+                elif not record.loaded:
+                    outcome = _APPLIED
+                    record.loaded = True
+                elif name in record.abandoned:  # its load ended when it was unregistered
                     outcome = _UNREGISTERED
                 else:
-                    outcome = _DUPLICATE if record.loaded else _APPLIED
-                    record.loaded = True
+                    outcome = _DUPLICATE
             else:
                 entry = self._registry.entry(name)
                 if entry is None:
@@ -1064,8 +1244,57 @@ class MultiConnector:
         return self._requests.get(request_id)
 
     def __len__(self) -> int:
-        """How many requests are held (live, or terminal and not yet taken)."""
+        """How many requests are held: live, draining (terminal, a transfer still in flight),
+        or terminal and queued for :meth:`take`. :meth:`held` tells them apart."""
         return len(self._requests)
+
+    def held(self) -> dict[str, int]:
+        """How many held requests are ``live`` (pending or finishing), ``draining`` (finished
+        or cancelled, with a save or a load still in flight: not yet safe to free) and
+        ``queued`` (safe to free, waiting for :meth:`take`). The three add up to ``len()``.
+
+        A scan of the held requests, without locks: under concurrent events, a count each
+        request had at some moment of the scan.
+
+        .. versionadded:: 0.1.0
+        """
+        live = draining = 0
+        records = list(self._requests.values())
+        for record in records:
+            if record.state not in TERMINAL:
+                live += 1
+            elif record.awaiting or (record.loader is not None and not record.loaded):
+                draining += 1
+        return {"live": live, "draining": draining, "queued": len(records) - live - draining}
+
+    def oldest(self, count: int = 1, *, draining: bool = False) -> list[RequestTransferState]:
+        """Copies of the ``count`` requests held longest, oldest first (in the order they were
+        begun); with ``draining=True``, only requests that are terminal but not yet safe to free.
+
+        Held requests are kept in begin order, so without ``draining`` this reads only the first
+        ones. A request that stays among the oldest for longer than a transfer takes names, in
+        its ``awaiting`` (or its ``loader`` without ``loaded``), a connector that never
+        reported: once that connector no longer touches KV blocks, unregister it and the request
+        is released. (Call it periodically and compare: records carry no timestamp, which would
+        cost every ``begin`` a clock read.)
+
+        .. versionadded:: 0.1.0
+        """
+        check_int(count, "count", minimum=0)
+        check_bool(draining, "draining")
+        found: list[RequestTransferState] = []
+        if count == 0:
+            return found
+        for request_id, record in list(self._requests.items()):
+            if draining and not (record.state in TERMINAL and record.in_flight):
+                continue
+            copy = self.get(request_id)
+            if copy is None:
+                continue  # taken meanwhile
+            found.append(copy)
+            if len(found) == count:
+                break
+        return found
 
     def __contains__(self, request_id: object) -> bool:
         """Whether ``request_id`` is held; ``False`` for anything that is not a ``str`` (an
@@ -1183,7 +1412,10 @@ class MultiConnector:
         if record.history is not None:
             record.history.append(Step(event, source, dest, name))
         if dest is not source and dest in TERMINAL:
-            self._done.append(record)
+            if record.awaiting or record.loader is not None or dest is _CANCELLED:
+                self._settle(record)  # maybe draining, or parked
+            else:
+                self._done.append(record)
 
     def _count(self, index: int, outcome: Outcome, name: str | None) -> None:
         counts = self._counts[index]

@@ -90,6 +90,7 @@ from ._validate import check_bool, check_name, shown
 from .aggregator import MultiConnector
 from .errors import (
     ConnectorFailures,
+    InvalidAnswerError,
     InvalidArgumentError,
     MultiConnectorError,
     UnknownRequestError,
@@ -138,10 +139,15 @@ LOAD_EVENTS: Final[tuple[str, ...]] = ("match_tokens", "load_finished")
 #: Connector kinds: a scripted saver, one whose calls raise, or ``None`` (a not-ready slot).
 SAVER: Final = "saver"
 RAISES: Final = "raises"
+#: A connector whose ``request_finished`` answers a bare ``True``: not a ``(bool, params)``
+#: pair, so it may have started a save (the aggregator must await it) and its answer is
+#: reported as an ``InvalidAnswerError``.
+GARBAGE: Final = "garbage"
 #: The default bound's connectors: two savers (two are needed for a request to wait for a second
-#: report) and a ``None`` slot. Adding a connector that raises (``"boom": "raises"``) makes the
-#: two-request search about four times larger; the tests check it with one request.
-DEFAULT_CONNECTORS: Final[Mapping[str, str | None]] = {"a": SAVER, "b": SAVER, "none": None}
+#: report). Since request_finished is explored in its two halves, a ``None`` slot (``"none":
+#: None``) makes the two-request search about four times larger, and a connector that raises
+#: more still; the tests check both with one request.
+DEFAULT_CONNECTORS: Final[Mapping[str, str | None]] = {"a": SAVER, "b": SAVER}
 DEFAULT_UNKNOWN: Final[tuple[str, ...]] = ("ghost",)
 
 TERMINAL_ABSORBING: Final = "terminal absorbing"
@@ -214,6 +220,20 @@ class _Scripted:
         return f"scripted {self.name}"
 
 
+class _Garbage:
+    """Answers ``request_finished`` with a bare ``True``: it may have started a save."""
+
+    def __init__(self, name: str, pad: _Pad) -> None:
+        self.name, self.pad = name, pad
+
+    def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
+        self.pad.asked.append((self.name, True))
+        return True
+
+    def __repr__(self) -> str:
+        return f"garbage {self.name}"
+
+
 class _Raising:
     """Raises whenever it is asked."""
 
@@ -255,6 +275,12 @@ class _Request:
     loaded: bool = False
     #: Whether that loader was unregistered since it was chosen: no completion of it is due.
     loader_gone: bool = False
+    #: The loader whose load is owed: chosen by the latest decisive match, neither delivered
+    #: (at any time) nor unregistered since. ``no early free``'s ledger of the load side.
+    load_owed: str | None = None
+    #: request_finished calls that asked and have not applied their answers yet (the first
+    #: half's result, see MultiConnector._ask), oldest first.
+    asking: tuple[tuple[Any, ...], ...] = ()
 
 
 @attrs.define(slots=True, eq=False)
@@ -301,6 +327,9 @@ class _Scenario:
     #: Renamings of request indices and connector names under which the scenario is unchanged.
     symmetries: tuple[tuple[tuple[int, ...], Mapping[str, str]], ...]
     interner: _Interner
+    #: Drive request_finished whole instead of in its two halves (a factory whose class
+    #: overrides request_finished itself: its halves may not be MultiConnector's).
+    atomic: bool = False
 
     def fresh(self) -> _World:
         registry = ConnectorRegistry({n: self.connectors[n] for n in self.names})
@@ -441,7 +470,16 @@ def _apply(world: _World, event: Event) -> None:
         elif kind == "request_finished":
             assert request is not None
             pad.savers = frozenset(event[2])
-            mc.request_finished(request.request_id, ())
+            if scenario.atomic:  # a subclass with its own request_finished: driven whole
+                mc.request_finished(request.request_id, ())
+            else:  # the first half: claim and ask; the answers are applied by a later event
+                asked = mc._ask(request.request_id, ())
+                if len(asked) != 2:
+                    request.asking = (*request.asking, asked)
+        elif kind == _APPLY_ANSWERS:
+            assert request is not None
+            asked, request.asking = request.asking[0], request.asking[1:]
+            mc._answer(asked)
         elif kind == "cancel":
             assert request is not None
             mc.cancel(request.request_id)
@@ -458,9 +496,11 @@ def _apply(world: _World, event: Event) -> None:
             raise AssertionError(f"unknown event {event!r}")
     except ConnectorFailures as exc:
         # Documented: a connector that raises counts as not saving; the others are applied.
-        expected = all(scenario.kinds.get(n) == RAISES for n in exc.failed) and all(
-            isinstance(e, ConnectorCrash) for e in exc.exceptions
-        )
+        expected = all(
+            (scenario.kinds.get(n) == RAISES and isinstance(e, ConnectorCrash))
+            or (scenario.kinds.get(n) == GARBAGE and isinstance(e, InvalidAnswerError))
+            for n, e in zip(exc.failed, exc.exceptions, strict=False)
+        ) and len(exc.failed) == len(exc.exceptions)
         if not expected:
             raise
     finally:
@@ -475,7 +515,10 @@ def _apply(world: _World, event: Event) -> None:
     elif kind == "unregister":
         for r in requests:
             r.owed -= {event[1]}
+            if r.load_owed == event[1]:
+                r.load_owed = None
             if r.loader == event[1]:
+                r.loaded = True  # its load is over: the connector is gone
                 r.loader_gone = True
     elif kind == "cancel":
         assert request is not None
@@ -522,6 +565,7 @@ def _apply_load(world: _World, request: _Request, event: Event) -> None:
             request.loader = next((n for n, tokens in answers if tokens), None)
             request.loaded = False
             request.loader_gone = False
+            request.load_owed = request.loader
         return
     name = event[2]
     pad.loads = []
@@ -530,14 +574,26 @@ def _apply_load(world: _World, request: _Request, event: Event) -> None:
     outcome = mc.load_finished(request.request_id, name)
     if live and name == loader and not gone:
         request.loaded = True
+    if request.load_owed == name:  # delivered: that connector is done with the blocks
+        request.load_owed = None
     if world.last is not None:
         world.last.load = _Load(
             request.request_id, name, live, loader, loaded, gone, outcome, tuple(pad.loads)
         )
 
 
+#: The second half of a request_finished: it applies the answers its first half gathered.
+_APPLY_ANSWERS: Final = "request_finished_apply"
 _PER_REQUEST: Final = frozenset(
-    {"begin", "request_finished", "transfer_finished", "cancel", "match_tokens", "load_finished"}
+    {
+        "begin",
+        "request_finished",
+        _APPLY_ANSWERS,
+        "transfer_finished",
+        "cancel",
+        "match_tokens",
+        "load_finished",
+    }
 )
 _LOADING: Final = frozenset(LOAD_EVENTS)
 _KINDS: Final = ALPHABET + LOAD_EVENTS
@@ -555,6 +611,7 @@ def _events(world: _World) -> list[Event]:
         savers = [n for n, ready in world.registry if ready and scenario.kinds.get(n) == SAVER]
         subsets = [c for k in range(len(savers) + 1) for c in itertools.combinations(savers, k)]
         out += [("request_finished", i, s) for i in ids for s in subsets]
+        out += [(_APPLY_ANSWERS, i) for i in ids if world.requests[i].asking]
     if "transfer_finished" in alphabet:
         names = scenario.names + scenario.unknown
         out += [("transfer_finished", i, n) for i in ids for n in names]
@@ -612,13 +669,16 @@ class _Interner:
 
 
 def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
-    kind, phase, view, owed, cancelled, load = part
+    kind, phase, view, owed, cancelled, load, asking = part
     if load is not None:
-        seen, mine = load
+        seen, mine, owing = load
         load = (
             (rename.get(seen[0], seen[0]), *seen[1:]),
             (rename.get(mine[0], mine[0]), *mine[1:]),
+            rename.get(owing, owing),
         )
+    if asking:
+        asking = tuple(tuple((rename.get(n, n), current) for n, current in one) for one in asking)
     if view is not None:
         view = (
             view[0],
@@ -626,7 +686,15 @@ def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
             tuple(rename.get(n, n) for n in view[2]),
             tuple(rename.get(n, n) for n in view[3]),
         )
-    return (kind, phase, view, frozenset(rename.get(n, n) for n in owed), cancelled, load)
+    return (
+        kind,
+        phase,
+        view,
+        frozenset(rename.get(n, n) for n in owed),
+        cancelled,
+        load,
+        asking,
+    )
 
 
 def _rename_registry(registry: Any, rename: Mapping[str, str]) -> Any:
@@ -643,20 +711,24 @@ def _snapshot(world: _World) -> Hashable:
     reg_id = numbers.number(registry)
     part_ids = []
     parts = []
+    entry = world.mc.registry.entry
     for r in requests:
         view = r.view
-        # Nothing reads the loader of a terminal request: a load is never due after terminal.
         load = (
             None
-            if view is None or view[0] in TERMINAL or (not r.loader and not r.load_view[0])
-            else (r.load_view, (r.loader, r.loaded, r.loader_gone))
+            if view is None or (not r.loader and not r.load_view[0] and not r.load_owed)
+            else (r.load_view, (r.loader, r.loaded, r.loader_gone), r.load_owed)
         )
-        if r.phase == _TAKEN or (view is not None and view[0] is _CANCELLED):
-            # Nothing reads the promises of a request that is cancelled or handed back: a
-            # cancelled one that changes again fails "terminal absorbing" there and then.
-            part = ("request", r.phase, view, _NOTHING, r.cancelled, load)
+        # A call between its halves: the savers it asked, and whether each is still the
+        # connector registered under its name (what its answers' application reads).
+        asking = tuple(tuple((e.name, entry(e.name) is e) for e in asked[4]) for asked in r.asking)
+        part: tuple[Any, ...]
+        if r.phase == _TAKEN:
+            # Nothing reads the promises of a request handed back: "no early free" judged them
+            # when it was handed back.
+            part = ("request", r.phase, view, _NOTHING, r.cancelled, None, asking)
         else:
-            part = ("request", r.phase, view, r.owed, r.cancelled, load)
+            part = ("request", r.phase, view, r.owed, r.cancelled, load, asking)
         parts.append(part)
         part_ids.append(numbers.number(part))
     # Which requests are held and queued for take() matters, not in what order: no property
@@ -713,33 +785,63 @@ def _symmetries(
 
 
 def _terminal_absorbing(world: _World) -> str | None:
-    """a finished or cancelled request never changes again"""
+    """a finished or cancelled request never changes state; it only drains"""
     world.sync()
     last = world.last
     if last is None:
         return None
     taken = {r.request_id: r for r in last.taken}
-    for r, before in zip(world.requests, last.before, strict=True):
+    event = last.event
+    for i, (r, before) in enumerate(zip(world.requests, last.before, strict=True)):
         if before is None or before[0] not in TERMINAL:
             continue
         record = taken.get(r.request_id)
         now = r.view if record is None else _view(record)
-        if now is not None and now != before:
-            return f"{r.request_id} was {_show_view(before)}, then became {_show_view(now)}"
-    for source, event, dest in last.fired:
-        if State(source) in TERMINAL:
-            return f"a request left {source}: {source} --{event}--> {dest}"
+        if now is None or now == before:
+            continue
+        change = f"{r.request_id} was {_show_view(before)}, then became {_show_view(now)}"
+        if now[0] is not before[0]:
+            return change
+        # The drain: fewer awaited names, each reported or moved to abandoned.
+        drained = (
+            set(now[1]) <= set(before[1]) and now[2] == before[2] and set(now[3]) >= set(before[3])
+        )
+        # A request_finished a cancel overtook records its savers, once, when it applies.
+        overtaken = (
+            event[0] == _APPLY_ANSWERS
+            and event[1] == i
+            and before[0] is _CANCELLED
+            and not before[2]
+        )
+        if not drained and not overtaken:
+            return change
+    for source, kind, dest in last.fired:
+        if State(source) in TERMINAL and dest != source:
+            return f"a request left {source}: {source} --{kind}--> {dest}"
     return None
 
 
+def _owes(r: _Request) -> list[str]:
+    """What the checker's ledger says connectors still owe for ``r``."""
+    owing = sorted(r.owed)
+    if r.load_owed is not None:
+        owing.append(f"{r.load_owed} (load)")
+    return owing
+
+
 def _no_early_free(world: _World) -> str | None:
-    """a request is handed back as finished only when every promised save was reported"""
+    """nothing is handed back (or queued for take) while a connector owes a report for it"""
     world.sync()
-    for r in world.requests:
+    for k, r in enumerate(world.requests):
         if r.view is not None and r.view[0] is _FINISHED and r.owed:
             return (
-                f"{r.request_id} is finished (take() hands it back to be freed) while "
-                f"{_names(r.owed)} promised a save and has not reported it"
+                f"{r.request_id} is finished while {_names(r.owed)} promised a save and has "
+                "not reported it"
+            )
+        if r.view is not None and k in world.queue and _owes(r):
+            return (
+                f"{r.request_id} is {r.view[0].value} and queued for take() (to be freed) "
+                f"while {', '.join(_owes(r))} may still touch its blocks"
             )
     last = world.last
     if last is None:
@@ -752,10 +854,10 @@ def _no_early_free(world: _World) -> str | None:
         r = world.requests[i]
         if record.state not in TERMINAL:
             return f"take() handed back {r.request_id} while it was {record.state.value}"
-        if record.state is _FINISHED and r.owed:
+        if _owes(r):
             return (
-                f"take() handed back {r.request_id} as finished while {_names(r.owed)} "
-                "had not reported its promised save"
+                f"take() handed back {r.request_id} ({record.state.value}) to be freed while "
+                f"{', '.join(_owes(r))} may still touch its blocks"
             )
         if record.state is _CANCELLED and not r.cancelled:
             return f"take() handed back {r.request_id} as cancelled; it was never cancelled"
@@ -771,8 +873,12 @@ def _no_leak(world: _World) -> str | None:
             return f"{r.request_id} was handed back by take() but is still held"
         if r.phase == _HELD and r.view is None:
             return f"{r.request_id} is no longer held but take() never handed it back"
-        if r.view is not None and r.view[0] in TERMINAL and i not in world.queue:
-            return f"{r.request_id} is {r.view[0].value} but take() will never hand it back"
+        view = r.view
+        if view is None or view[0] not in TERMINAL or i in world.queue or r.asking:
+            continue
+        loader, loaded, _ = r.load_view
+        if not view[1] and (loader is None or loaded):  # terminal, nothing in flight
+            return f"{r.request_id} is {view[0].value} but take() will never hand it back"
     if -1 in world.order:
         return f"the aggregator holds requests that were never begun: {mc.request_ids()}"
     begun = [r for r in world.requests if r.phase != _UNBORN]
@@ -868,8 +974,11 @@ def _describe(world: _World) -> str:
                 text += ", queued for take"
         else:
             text = {_UNBORN: "not begun", _HELD: "GONE", _TAKEN: "taken"}[r.phase]
-        if r.owed and (r.view is None or set(r.view[1]) != r.owed):
-            text += f" [owed: {_names(r.owed)}]"
+        if r.asking:
+            text += ", request_finished asking"
+        owing = _owes(r)
+        if owing and (r.view is None or set(r.view[1]) != r.owed or r.load_owed is not None):
+            text += f" [owed: {', '.join(owing)}]"
         parts.append(f"{r.request_id} {text}")
     registry = " ".join(n if ready else f"{n}(None)" for n, ready in world.registry)
     return f"{'; '.join(parts)} | registry: {registry or '-'}"
@@ -882,7 +991,9 @@ def _label(world: _World) -> Callable[[Event], str]:
         kind = event[0]
         if kind == "request_finished":
             savers = ", ".join(event[2]) or "none"
-            return f"request_finished({ids[event[1]]}) saving: {savers}"
+            return f"request_finished({ids[event[1]]}) asks; saving: {savers}"
+        if kind == _APPLY_ANSWERS:
+            return f"request_finished({ids[event[1]]}) applies its answers"
         if kind in ("transfer_finished", "load_finished"):
             return f"{kind}({ids[event[1]]}, {event[2]})"
         if kind == "match_tokens":
@@ -997,9 +1108,9 @@ def check_aggregator(
     kinds: dict[str, str | None] = {}
     for name, kind in connectors.items():
         check_name(name, "connectors key")
-        if kind not in (SAVER, RAISES, None):
+        if kind not in (SAVER, RAISES, GARBAGE, None):
             raise InvalidArgumentError(
-                f"connectors[{name!r}]={shown(kind)} must be 'saver', 'raises' or None"
+                f"connectors[{name!r}]={shown(kind)} must be 'saver', 'raises', 'garbage' or None"
             )
         kinds[name] = kind
     if isinstance(unknown, str) or not isinstance(unknown, Sequence):
@@ -1032,6 +1143,8 @@ def check_aggregator(
         made[name] = _Scripted(name, pad) if kind == SAVER else None
         if kind == RAISES:
             made[name] = _Raising(name, pad)
+        elif kind == GARBAGE:
+            made[name] = _Garbage(name, pad)
     symmetries = _symmetries(kinds, requests, symmetry)
     scenario = _Scenario(
         names=tuple(kinds),
@@ -1046,7 +1159,9 @@ def check_aggregator(
         interner=_Interner(symmetries),
     )
     probe = scenario.fresh()
-    shown_kinds = {SAVER: "saver", RAISES: "raises", None: "None slot"}
+    if type(probe.mc).request_finished is not MultiConnector.request_finished:
+        scenario = attrs.evolve(scenario, atomic=True)
+    shown_kinds = {SAVER: "saver", RAISES: "raises", GARBAGE: "garbage", None: "None slot"}
     bounds = {
         "connectors": [f"{n} ({shown_kinds[k]})" for n, k in kinds.items()],
         "unknown names": list(unknown),
@@ -1142,12 +1257,12 @@ def reachable_in(
 
 def _parse_connectors(text: str) -> dict[str, str | None]:
     kinds: dict[str, str | None] = {}
-    for item in split_list(text, "NAME or NAME=saver|none|raises"):
+    for item in split_list(text, "NAME or NAME=saver|none|raises|garbage"):
         name, equals, kind = (part.strip() for part in item.partition("="))
         kind = kind.lower() if equals else SAVER
-        if kind not in (SAVER, RAISES, "none"):
+        if kind not in (SAVER, RAISES, GARBAGE, "none"):
             raise argparse.ArgumentTypeError(
-                f"{item!r}: expected NAME or NAME=saver|none|raises, comma-separated"
+                f"{item!r}: expected NAME or NAME=saver|none|raises|garbage, comma-separated"
             )
         (name,) = name_list(name)
         if name in kinds:
@@ -1206,7 +1321,7 @@ def _parser() -> argparse.ArgumentParser:
         type=_parse_connectors,
         default=dict(DEFAULT_CONNECTORS),
         metavar="SPEC",
-        help=f"NAME[=saver|none|raises],... (default: {default})",
+        help=f"NAME[=saver|none|raises|garbage],... (default: {default})",
     )
     parser.add_argument(
         "--unknown",

@@ -471,9 +471,13 @@ def _markdown(
         out.append(
             f"| `{tran['source']}` | `{tran['trigger']}` | {_guard_text(tran)} | {shown_dest} |"
         )
+    sources = {t["source"] for t in rows}
     for state in STATES:
         if state in TERMINAL:
-            out.append(f"| `{state.value}` | any | — | terminal: the event is ignored |")
+            if state.value in sources:  # it drains: the events above keep it where it is
+                out.append(f"| `{state.value}` | any other | — | terminal: the event is ignored |")
+            else:
+                out.append(f"| `{state.value}` | any | — | terminal: the event is ignored |")
     guards = sorted({g for t in rows for g in [*t.get("conditions", []), *t.get("unless", [])]})
     if guards:
         out += [

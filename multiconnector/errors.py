@@ -36,6 +36,7 @@ __all__ = [
     "ConnectorFailures",
     "DuplicateConnectorError",
     "DuplicateRequestError",
+    "InvalidAnswerError",
     "InvalidArgumentError",
     "InvalidMachineError",
     "InvalidNameError",
@@ -67,6 +68,23 @@ class InvalidNameError(MultiConnectorError, TypeError):
 
 class InvalidArgumentError(MultiConnectorError, TypeError):
     """An argument of the wrong type (say an ``int`` index where a name is expected)."""
+
+
+class InvalidAnswerError(InvalidArgumentError):
+    """A connector's ``request_finished`` answered something that is not a
+    ``(saves: bool, params: Mapping | None)`` pair: ``True``, ``None``, a 1- or 3-tuple, a list,
+    a non-bool ``saves``, params that are not a Mapping.
+
+    The aggregator awaits that connector anyway (it may have started a save: no block is freed
+    early) and drops its params. ``connector`` is its name, ``answer`` what it answered.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(self, message: str, *, connector: str, answer: Any) -> None:
+        super().__init__(message)
+        self.connector = connector
+        self.answer = answer
 
 
 class InvalidParamsError(InvalidArgumentError):

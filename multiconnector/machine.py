@@ -6,6 +6,7 @@ moves through::
     pending ──request_finished──▶ finishing ──transfer_finished / connector_gone (last)──▶ finished
        │   └──request_finished (no async saver)──────────────────────────────────────▶ finished
        └──────────────cancel──────────────▶ cancelled ◀──────────cancel──────────────┘
+                                              ⟲ transfer_finished / connector_gone (the drain)
 
 :data:`TRANSITIONS` is the single declaration, in the format of the ``transitions`` package. It is
 read by three things that must never disagree:
@@ -17,7 +18,11 @@ read by three things that must never disagree:
 * the guards, which are methods of :class:`RequestTransferState` so that the compiled table and
   the ``transitions`` machine call the very same code.
 
-Terminal states (``finished``, ``cancelled``) have no outgoing transitions: they are absorbing.
+Terminal states (``finished``, ``cancelled``) are absorbing: no transition leaves them. A
+``cancelled`` request still *drains*: a report from a connector it awaits, or that connector's
+unregistering, is applied to it without leaving ``cancelled`` (the two self-loops declared
+below), so that :meth:`MultiConnector.take <multiconnector.MultiConnector.take>` hands it back
+only once no connector may still touch its blocks (see :attr:`RequestTransferState.in_flight`).
 """
 
 from __future__ import annotations
@@ -60,7 +65,8 @@ class State(enum.StrEnum):
     finished = "finished"
     """Every awaited connector reported (or was unregistered): its KV blocks may be freed."""
     cancelled = "cancelled"
-    """Cancelled by the caller: every later event for it is ignored."""
+    """Cancelled by the caller: it never changes state again, and it is held (draining) until
+    every save it awaits and its load in flight are reported or their connectors unregistered."""
 
 
 STATES: Final[tuple[State, ...]] = tuple(State)
@@ -83,6 +89,9 @@ TRANSITIONS: Final[tuple[Mapping[str, Any], ...]] = (
     {"trigger": "connector_gone", "source": "finishing", "dest": "=",
      "unless": "is_last"},
     {"trigger": "cancel", "source": ["pending", "finishing"], "dest": "cancelled"},
+    # The drain: a cancelled request awaiting a name is released from it, and stays cancelled.
+    {"trigger": "transfer_finished", "source": "cancelled", "dest": "="},
+    {"trigger": "connector_gone", "source": "cancelled", "dest": "="},
 )  # fmt: skip
 
 INITIAL: Final = State.pending
@@ -134,7 +143,8 @@ class RequestTransferState:
     abandoned: tuple[str, ...] = ()
     #: The connector chosen to load this request's KV, if any.
     loader: str | None = None
-    #: Whether the chosen loader reported its load finished.
+    #: Whether the chosen loader's load is over: it reported it finished, or its connector was
+    #: unregistered first (its name is then in ``abandoned``).
     loaded: bool = False
     #: Whether the chosen loader was unregistered before it reported: its load report (even from
     #: a new connector under its name) is then ignored as ``unregistered``.
@@ -157,6 +167,13 @@ class RequestTransferState:
     def reported(self) -> tuple[str, ...]:
         """Names that reported their transfer finished."""
         return tuple(n for n in self.expected if n not in self.awaiting and n not in self.abandoned)
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a connector may still touch the request's blocks: it awaits a save, or its
+        chosen loader has neither reported nor been unregistered. A terminal request is handed
+        back by ``take()`` only once this is false; until then it is *draining*."""
+        return bool(self.awaiting) or (self.loader is not None and not self.loaded)
 
     @property
     def terminal(self) -> bool:

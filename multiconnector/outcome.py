@@ -10,11 +10,13 @@ __all__ = ["Outcome"]
 class Outcome(enum.StrEnum):
     """The outcome of one event delivered to :class:`~multiconnector.MultiConnector`.
 
-    Only :attr:`applied` (and :attr:`abandoned`, which no call returns) changed anything. Every
-    other member names the rule under which the event was ignored: no exception, no state
-    change, one count under that member and the connector's name, one debug log line. Events
-    that arrive late, twice, or from nowhere are normal in a distributed server, so ignoring
-    them is not an error; a wrong argument is, and raises instead.
+    :attr:`applied` changed the request's state machine; :attr:`drained` and :attr:`overtaken`
+    changed only what a cancelled (or finished) request still awaits before it can be handed
+    back; :attr:`abandoned` (which no call returns) counts an unregistering. Every other member
+    names the rule under which the event was ignored: no exception, no state change, one count
+    under that member and the connector's name, one debug log line.
+    Events that arrive late, twice, or from nowhere are normal in a distributed server, so
+    ignoring them is not an error; a wrong argument *type* is, and raises instead.
 
     .. versionadded:: 0.1.0
     """
@@ -41,7 +43,18 @@ class Outcome(enum.StrEnum):
     the request stopped awaiting it (the unregister rule). Counted under the connector's name
     in :meth:`~multiconnector.MultiConnector.connector_counts`, apart from its reports."""
 
+    drained = "drained"
+    """A report (or load report) from a connector a terminal request still awaited: applied to
+    its drain (it awaits one name less; its state is unchanged, no callback is made). The request
+    is handed back by ``take()`` once nothing is left in flight."""
+    overtaken = "overtaken"
+    """``request_finished`` was overtaken by a ``cancel`` while it asked the connectors: the
+    request stays ``cancelled`` and awaits every connector that promised a save (its drain)."""
+
     @property
     def ignored(self) -> bool:
-        """Whether the event was ignored (changed nothing)."""
-        return self is not Outcome.applied and self is not Outcome.abandoned
+        """Whether the event was ignored (neither applied, drained, overtaken nor abandoned)."""
+        return self not in _RECORDED
+
+
+_RECORDED = frozenset({Outcome.applied, Outcome.drained, Outcome.overtaken, Outcome.abandoned})

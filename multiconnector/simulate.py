@@ -50,11 +50,12 @@ def _rows(result: SimulationResult) -> list[tuple[str, str]]:
     rows.append(("requests", f"{config.requests:,}"))
     rows.append(("  finished", f"{result.finished:,}"))
     rows.append(("  cancelled", f"{result.cancelled:,}"))
-    rows.append(("  freed after their last transfer", f"{result.deferred_frees:,}"))
     rows.append(("events", f"{result.events:,}"))
     rows.append(("  applied", f"{result.outcomes.get('applied', 0):,}"))
     for outcome, n in result.outcomes.items():
-        if outcome not in ("applied", "abandoned"):
+        if outcome in ("drained", "overtaken"):  # recorded on a cancelled request's drain
+            rows.append((f"  {outcome}", f"{n:,}"))
+        elif outcome not in ("applied", "abandoned"):
             rows.append((f"  ignored: {outcome}", f"{n:,}"))
     for name, per in result.connector_outcomes.items():
         parts = ", ".join(f"{o} {n:,}" for o, n in per.items())

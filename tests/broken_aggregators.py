@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from multiconnector import MultiConnector, Outcome, State
+from multiconnector import InvalidAnswerError, MultiConnector, Outcome, State
 from multiconnector import machine as machine_module
 from multiconnector.check import ALPHABET, LOAD_EVENTS
 from multiconnector.machine import Compiled, RequestTransferState
@@ -41,14 +41,53 @@ class CountBasedDraining(MultiConnector):  # type: ignore[misc]
 
 
 class LateCompletionAfterCancel(MultiConnector):  # type: ignore[misc]
-    """Applies a transfer report that arrives after the request was cancelled."""
+    """Applies a transfer report that arrives after the request was cancelled as if it were
+    still finishing: the last one resurrects it as ``finished``."""
 
     def transfer_finished(self, request_id: str, name: str, blocks: Sequence[int] = ()) -> Outcome:
         record = self._requests.get(request_id)
         if record is not None and record.state is State.cancelled and name in record.awaiting:
-            record.awaiting = tuple(n for n in record.awaiting if n != name)  # the bug
-            return Outcome.applied
+            record.state = State.finishing  # the bug: the report is applied as a live one
         return super().transfer_finished(request_id, name, blocks)
+
+
+class OvertakenSaversDropped(MultiConnector):  # type: ignore[misc]
+    """Drops the savers that answered a request_finished a cancel overtook: the cancelled
+    request is handed back at once, while they save from its blocks."""
+
+    def _overtaken(
+        self,
+        record: RequestTransferState,
+        awaited: tuple[str, ...],
+        expected: tuple[str, ...],
+        index: int,
+    ) -> Outcome:
+        return super()._overtaken(record, (), (), index)  # the bug: the promises are lost
+
+
+class DrainingCancelHandedBack(MultiConnector):  # type: ignore[misc]
+    """Hands a cancelled request back at once, while saves (or a load) are still in flight."""
+
+    def cancel(self, request_id: str) -> Outcome:
+        outcome = super().cancel(request_id)
+        record = self._requests.get(request_id)
+        if outcome is Outcome.applied and record is not None and record.in_flight:
+            self._done.append(record)  # the bug: take() hands it back before it drained
+        return outcome
+
+
+class BareTrueNoPromise(MultiConnector):  # type: ignore[misc]
+    """Treats a bare ``True`` answer to request_finished as a raise: "made no promise"."""
+
+    def _answer(self, asked: tuple[Any, ...]) -> tuple[Outcome, dict[str, Any] | None]:
+        record, claim, index, ready, savers, failures, merged, clash = asked
+        bare = {
+            name
+            for name, exc in failures or ()
+            if isinstance(exc, InvalidAnswerError) and exc.answer is True
+        }
+        savers = [e for e in savers if e.name not in bare]  # the bug: not awaited
+        return super()._answer((record, claim, index, ready, savers, failures, merged, clash))
 
 
 class NoneSlotDereferenced(MultiConnector):  # type: ignore[misc]
@@ -186,6 +225,8 @@ class Broken:
     factory: Callable[..., MultiConnector] = MultiConnector
     #: The alphabet to check it with (``None``: the default one).
     events: tuple[str, ...] | None = None
+    #: Connectors to check it with (``None``: the tests' bound).
+    connectors: Mapping[str, str | None] | None = None
     table: Mapping[tuple[State, str], tuple[Compiled, ...]] = attrs.field(factory=dict)
 
     @contextmanager
@@ -196,21 +237,46 @@ class Broken:
 
 
 #: The catalog. ``shortest`` is the length of the shortest event sequence that exposes the bug
-#: in the scenario the tests use (savers ``a`` and ``b``, a ``None`` slot, one request).
+#: in the scenario the tests use (savers ``a`` and ``b``, a ``None`` slot, one request; plus a
+#: connector answering garbage where ``connectors`` says so). ``request_finished`` is two events
+#: there: it asks, then applies its answers.
 CATALOG: tuple[Broken, ...] = (
     Broken(
         name="count-based draining",
         prop="no early free",
-        shortest=4,
+        shortest=5,
         why="begin, request_finished saving a and b, transfer_finished a twice: b is drained",
         factory=CountBasedDraining,
     ),
     Broken(
         name="late completion after cancel accepted",
         prop="terminal absorbing",
-        shortest=4,
-        why="begin, request_finished saving a, cancel, transfer_finished a",
+        shortest=5,
+        why="begin, request_finished saving a (asks, applies), cancel, transfer_finished a",
         factory=LateCompletionAfterCancel,
+    ),
+    Broken(
+        name="savers answering after a concurrent cancel dropped",
+        prop="no early free",
+        shortest=4,
+        why="begin, request_finished asks (a saves), cancel, request_finished applies: "
+        "queued for take while a saves",
+        factory=OvertakenSaversDropped,
+    ),
+    Broken(
+        name="draining cancelled request handed back",
+        prop="no early free",
+        shortest=4,
+        why="begin, request_finished saving a (asks, applies), cancel: queued while a saves",
+        factory=DrainingCancelHandedBack,
+    ),
+    Broken(
+        name="bare True treated as no promise",
+        prop="no early free",
+        shortest=3,
+        why="begin, request_finished asks (g answers True), applies: finished while g saves",
+        factory=BareTrueNoPromise,
+        connectors={"a": "saver", "g": "garbage"},
     ),
     Broken(
         name="None slot dereferenced",
@@ -223,27 +289,27 @@ CATALOG: tuple[Broken, ...] = (
         name="finished request never dropped",
         prop="no leak",
         shortest=3,
-        why="begin, request_finished saving nothing, take: still held",
+        why="begin, cancel (nothing in flight), take: still held",
         factory=FinishedNeverDropped,
     ),
     Broken(
         name="terminal state left again",
         prop="terminal absorbing",
-        shortest=3,
+        shortest=4,
         why="begin, request_finished saving nothing (finished), cancel: finished -> cancelled",
         table={(State.finished, "cancel"): ((None, True, State.cancelled),)},
     ),
     Broken(
         name="phantom report accepted",
         prop="no early free",
-        shortest=3,
+        shortest=4,
         why="begin, request_finished saving a, transfer_finished b (never promised)",
         factory=PhantomAccepted,
     ),
     Broken(
         name="last report does not finish",
         prop="no trap",
-        shortest=3,
+        shortest=4,
         why="begin, request_finished saving a, transfer_finished a: finishing, awaiting nothing",
         table={
             (State.finishing, "transfer_finished"): (

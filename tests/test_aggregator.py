@@ -13,6 +13,8 @@ from multiconnector import (
     ConnectorFailures,
     ConnectorRegistry,
     DuplicateRequestError,
+    InvalidAnswerError,
+    InvalidArgumentError,
     KeyClashError,
     MultiConnector,
     Outcome,
@@ -40,22 +42,27 @@ def test_none_slot_never_raises() -> None:
     assert mc.transfer_finished("r", "a") is Outcome.applied
 
 
-def test_after_cancel_late_completions_are_ignored_and_change_nothing() -> None:
+def test_after_cancel_late_events_change_no_state_and_reports_only_drain() -> None:
     mc = make(a=Scripted(), b=Scripted())
     finishing(mc)
     assert mc.cancel("r") is Outcome.applied
     before = mc.get("r")
     for event in (
-        lambda: mc.transfer_finished("r", "a"),
-        lambda: mc.transfer_finished("r", "b", [9]),
         lambda: mc.load_finished("r", "a"),
         lambda: mc.cancel("r"),
         lambda: mc.request_finished("r")[0],
+        lambda: mc.transfer_finished("r", "ghost"),
     ):
-        assert event() is Outcome.terminal
+        assert event().ignored
     assert vars_equal(mc.get("r"), before)
+    assert mc.take() == []  # a and b may still be reading its blocks
+    assert mc.transfer_finished("r", "a") is Outcome.drained
+    assert mc.transfer_finished("r", "a") is Outcome.terminal  # no longer awaited
+    assert mc.take() == []
+    assert mc.transfer_finished("r", "b", [9]) is Outcome.drained
     (taken,) = mc.take()
-    assert taken.state is State.cancelled and taken.awaiting == ("a", "b")
+    assert taken.state is State.cancelled and taken.awaiting == ()
+    assert taken.expected == ("a", "b") and taken.reported == ("a", "b")
     assert mc.transfer_finished("r", "a") is Outcome.unknown_request
 
 
@@ -111,6 +118,9 @@ def test_begin_twice_is_an_error_and_changes_nothing() -> None:
         mc.begin("r")
     assert vars_equal(mc.get("r"), before)
     mc.cancel("r")
+    with pytest.raises(DuplicateRequestError):
+        mc.begin("r")  # terminal, draining: still held
+    assert mc.transfer_finished("r", "a") is Outcome.drained
     with pytest.raises(DuplicateRequestError):
         mc.begin("r")  # terminal but not yet taken: still held
     mc.take()
@@ -172,24 +182,70 @@ def test_raising_connector_does_not_stop_the_others() -> None:
     assert mc.transfer_finished("r", "bad") is Outcome.phantom
 
 
-def test_garbage_answers_are_connector_failures() -> None:
+@pytest.mark.parametrize(
+    "answer",
+    [
+        True,
+        None,
+        (True,),
+        (True, None, 1),
+        [True, None],
+        ("yes", None),
+        (1, None),
+        (False, 5),
+        (True, [1]),
+    ],
+    ids=repr,
+)
+def test_every_garbage_answer_is_awaited_its_params_dropped_and_reported(answer: Any) -> None:
     class Garbage:
         def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
-            return "yes", None
+            return answer
 
+    mc = make(g=Garbage(), a=Scripted(params={"k": 1}))  # type: ignore[arg-type]
+    mc.begin("r")
+    with pytest.raises(ConnectorFailures) as info:
+        mc.request_finished("r")
+    assert info.value.failed == ("g",)
+    (error,) = info.value.exceptions
+    assert isinstance(error, InvalidAnswerError) and isinstance(error, InvalidArgumentError)
+    assert error.connector == "g" and error.answer is answer
+    assert "'g'" in str(error) and repr(answer)[:8] in str(error)
+    # g may have started a save: it is awaited, its params dropped, a's kept.
+    assert info.value.result == (Outcome.applied, {"k": 1})
+    record = mc.get("r")
+    assert record is not None and record.awaiting == ("g", "a")
+    assert mc.transfer_finished("r", "a") is Outcome.applied
+    assert mc.take() == []  # not freed while g may be saving
+    assert mc.transfer_finished("r", "g") is Outcome.applied
+    assert [r.state for r in mc.take()] == [State.finished]
+
+
+def test_a_generator_answer_is_garbage_too() -> None:
+    class Lazy:
+        def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
+            yield True
+            yield None
+
+    mc = make(lazy=Lazy())  # type: ignore[arg-type]
+    mc.begin("r")
+    with pytest.raises(ConnectorFailures) as info:
+        mc.request_finished("r")
+    assert isinstance(info.value.exceptions[0], InvalidAnswerError)
+    assert mc.get("r").awaiting == ("lazy",)  # type: ignore[union-attr]
+
+
+def test_a_raising_connector_next_to_garbage_is_not_awaited() -> None:
     class NotATuple:
         def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
             return None
 
-    mc = make(g=Garbage(), n=NotATuple(), a=Scripted(params=[1]))  # type: ignore[arg-type]
+    mc = make(n=NotATuple(), bad=Scripted(raises=RuntimeError("x")))  # type: ignore[arg-type]
     mc.begin("r")
     with pytest.raises(ConnectorFailures) as info:
         mc.request_finished("r")
-    assert info.value.failed == ("g", "n")
-    assert len(info.value.exceptions) == 3  # g, n, and a's params (a list) rejected by the merge
-    assert "saves='yes'" in str(info.value.exceptions[0])
-    # g may have started a save: it is awaited; n raised, so it promised nothing.
-    assert mc.get("r").awaiting == ("g", "a")  # type: ignore[union-attr]
+    assert info.value.failed == ("n", "bad")
+    assert mc.get("r").awaiting == ("n",)  # type: ignore[union-attr]
 
 
 def test_unregister_releases_requests_awaiting_it() -> None:
@@ -273,7 +329,8 @@ def test_take_hands_each_terminal_request_back_once_in_order() -> None:
     for rid in ("r1", "r2", "r3"):
         finishing(mc, rid)
     mc.transfer_finished("r2", "a")
-    mc.cancel("r3")
+    mc.cancel("r3")  # draining: a may still read its blocks
+    mc.transfer_finished("r3", "a")  # drained: safe to free
     mc.transfer_finished("r1", "a")
     assert [(r.request_id, r.state) for r in mc.take()] == [
         ("r2", State.finished),
@@ -389,3 +446,47 @@ def test_counts_per_kind_and_connector(caplog: pytest.LogCaptureFixture) -> None
     assert mc.connector_counts()["a"] == {Outcome.applied: 1, Outcome.terminal: 1}
     ignored = [r.getMessage() for r in caplog.records]
     assert len(ignored) == 2 and "unknown_connector" in ignored[0] and "'zz'" in ignored[0]
+
+
+def test_a_load_report_racing_its_loaders_unregistering_is_unregistered() -> None:
+    mc = make(a=Scripted(tokens=4))
+    mc.begin("r")
+    assert mc.match_tokens("r") == 4
+    mc.cancel("r")
+    assert mc.take() == []  # a's load may still write its blocks
+    mc.unregister("a")  # shut down: the load is over
+    (record,) = mc.take()
+    assert (record.state, record.loader, record.loaded) == (State.cancelled, "a", True)
+    assert record.abandoned == ("a",)
+
+
+def test_a_cancelled_request_drains_its_load() -> None:
+    mc = make(a=Scripted(tokens=4))
+    mc.begin("r")
+    assert mc.match_tokens("r") == 4
+    mc.cancel("r")
+    assert mc.take() == [] and mc.held() == {"live": 0, "draining": 1, "queued": 0}
+    assert [r.request_id for r in mc.oldest(draining=True)] == ["r"]
+    assert mc.load_finished("r", "a") is Outcome.drained
+    assert mc.load_finished("r", "a") is Outcome.terminal
+    (record,) = mc.take()
+    assert (record.state, record.loaded) == (State.cancelled, True)
+
+
+def test_a_pending_requests_loader_unregistered_then_its_late_load_report() -> None:
+    mc = make(a=Scripted(tokens=4))
+    mc.begin("r")
+    mc.match_tokens("r")
+    mc.unregister("a")
+    assert mc.load_finished("r", "a") is Outcome.unregistered
+
+
+def test_a_finished_request_with_its_load_in_flight_is_held() -> None:
+    mc = make(a=Scripted(saves=False, tokens=4))
+    mc.begin("r")
+    mc.match_tokens("r")
+    assert mc.request_finished("r") == (Outcome.applied, None)
+    assert mc.get("r").state is State.finished  # type: ignore[union-attr]
+    assert mc.take() == []
+    assert mc.load_finished("r", "a") is Outcome.drained
+    assert [r.state for r in mc.take()] == [State.finished]

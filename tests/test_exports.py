@@ -16,6 +16,7 @@ PUBLIC = [
     "ConnectorRegistry",
     "DuplicateConnectorError",
     "DuplicateRequestError",
+    "InvalidAnswerError",
     "InvalidArgumentError",
     "InvalidNameError",
     "InvalidParamsError",

@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from multiconnector import ConnectorRegistry, MultiConnector, Outcome, State
+from multiconnector import (
+    ConnectorRegistry,
+    DuplicateRequestError,
+    MultiConnector,
+    Outcome,
+    State,
+)
 from multiconnector.aggregator import OTHER_NAMES
 from tests.connectors import Scripted
 from tests.stripes import CHOSEN, STRIPE_COUNTS, ids_on, stripe_of
@@ -309,34 +315,56 @@ def test_counters_stay_bounded_under_made_up_names() -> None:
     assert mc.counts()[Outcome.unknown_connector] == 5_000
 
 
-@pytest.mark.parametrize(("stripes", "stripe"), CHOSEN, ids=CHOSEN_IDS)
-def test_a_request_begun_again_while_an_old_call_asks_can_be_finished(
-    stripes: int, stripe: int
-) -> None:
-    # Claims belong to records: the old call's claim on the cancelled, taken record does not
-    # make the new request's request_finished a duplicate.
+def test_a_cancel_while_request_finished_asks_keeps_every_promised_save() -> None:
+    # A slow connector answers after a cancel overtook the call: its promise is recorded and
+    # awaited, and take() hands nothing back before it reported.
     mc: MultiConnector
-    rid: str
     seen: dict[str, Any] = {}
 
-    class Recycler(Scripted):
+    class Canceller(Scripted):
         def request_finished(
             self, request_id: str, blocks: Sequence[int]
         ) -> tuple[bool, Mapping[str, Any] | None]:
-            if not seen:
-                mc.cancel(request_id)
-                seen["taken"] = [r.state for r in mc.take()]
-                mc.begin(request_id)  # the same id, a new request
-                seen["new"] = mc.request_finished(request_id)
+            seen["cancel"] = mc.cancel(request_id)
+            seen["taken"] = mc.take()  # the call still asks: not safe to free yet
+            with pytest.raises(DuplicateRequestError):
+                mc.begin(request_id)
             return super().request_finished(request_id, blocks)
 
-    mc, rid = striped({"a": Recycler()}, stripes, stripe)
-    mc.begin(rid)
-    assert mc.request_finished(rid) == (Outcome.unknown_request, None)  # its record is gone
-    assert seen == {"taken": [State.cancelled], "new": (Outcome.applied, None)}
-    record = mc.get(rid)
+    mc = MultiConnector(ConnectorRegistry({"a": Canceller(), "b": Scripted(saves=False)}))
+    mc.begin("r")
+    assert mc.request_finished("r") == (Outcome.overtaken, None)
+    assert seen == {"cancel": Outcome.applied, "taken": []}
+    record = mc.get("r")
     assert record is not None
-    assert (record.state, record.awaiting) == (State.finishing, ("a",))
+    assert (record.state, record.awaiting, record.expected) == (State.cancelled, ("a",), ("a",))
+    assert mc.take() == [] and mc.held() == {"live": 0, "draining": 1, "queued": 0}
+    assert mc.transfer_finished("r", "a") is Outcome.drained
+    (taken,) = mc.take()
+    assert (taken.state, taken.awaiting) == (State.cancelled, ())
+    assert mc.counts()[Outcome.overtaken] == 1
+
+
+def test_a_cancel_while_request_finished_asks_nobody_saving_frees_after_the_call() -> None:
+    mc: MultiConnector
+    taken_inside: list[Any] = []
+
+    class Canceller(Scripted):
+        def request_finished(
+            self, request_id: str, blocks: Sequence[int]
+        ) -> tuple[bool, Mapping[str, Any] | None]:
+            if not self.finished_calls:  # only the first call is overtaken
+                mc.cancel(request_id)
+                taken_inside.extend(mc.take())
+            return super().request_finished(request_id, blocks)
+
+    mc = MultiConnector(ConnectorRegistry({"a": Canceller(saves=False)}))
+    mc.begin("r")
+    assert mc.request_finished("r") == (Outcome.overtaken, None)
+    assert taken_inside == []
+    assert [r.state for r in mc.take()] == [State.cancelled]  # released by the call's end
+    mc.begin("r")  # the id may be used again
+    assert mc.request_finished("r") == (Outcome.applied, None)
 
 
 @pytest.mark.parametrize(("stripes", "stripe"), CHOSEN, ids=CHOSEN_IDS)

@@ -247,20 +247,24 @@ def test_count_based_draining_is_caught_with_threads(monkeypatch: pytest.MonkeyP
     assert result.early_frees > 0
 
 
-def test_a_cancel_that_forgets_inflight_saves_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Handing back a cancelled request as if nothing were in flight frees blocks under a save."""
+@pytest.mark.parametrize("threads", [1, 3])
+def test_handing_back_a_draining_cancelled_request_is_caught(
+    monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """The old take(): a cancelled request handed back at once, saves or a load in flight."""
     original = MultiConnector.take
 
-    def forgetful(self: MultiConnector) -> list[Any]:
+    def hasty(self: MultiConnector) -> list[Any]:
         taken = original(self)
-        for record in taken:
-            if record.state is State.cancelled:
-                record.awaiting = ()
-                record.loaded = True
+        for record in list(self._requests.values()):
+            if record.state is State.cancelled and record.in_flight:
+                del self._requests[record.request_id]
+                taken.append(record)
         return taken
 
-    monkeypatch.setattr(MultiConnector, "take", forgetful)
-    result = simulate(SimulationConfig(requests=SMALL, faults=frozenset(), cancel_rate=0.3))
+    monkeypatch.setattr(MultiConnector, "take", hasty)
+    config = SimulationConfig(requests=SMALL, faults=frozenset(), cancel_rate=0.3, threads=threads)
+    result = simulate(config)
     assert result.early_frees > 0
     assert result.violations["early_free"] == result.early_frees
 

@@ -55,6 +55,11 @@ class AggregatorMachine(RuleBasedStateMachine):
         ref = self.held.get(rid)
         if ref is None:
             return Outcome.unknown_request
+        if ref.state == "cancelled" and name in ref.awaiting:  # the drain
+            ref.awaiting.remove(name)
+            if not ref.awaiting:
+                self.done.append(rid)
+            return Outcome.drained
         if ref.state in ("finished", "cancelled"):
             return Outcome.terminal
         if name in ref.awaiting:
@@ -104,9 +109,16 @@ class AggregatorMachine(RuleBasedStateMachine):
             self.mc.begin(rid)
             self.held[rid] = Ref()
 
-    def some_request(self, data: st.DataObject, state: str | None = None) -> str:
-        """Mostly a held request (in ``state``, when given), sometimes any id at all."""
-        held = sorted(r for r, ref in self.held.items() if state is None or ref.state == state)
+    def some_request(
+        self, data: st.DataObject, state: str | None = None, *, awaiting: bool = False
+    ) -> str:
+        """Mostly a held request (in ``state``, or awaiting a name, when given), sometimes any
+        id at all."""
+        held = sorted(
+            r
+            for r, ref in self.held.items()
+            if (state is None or ref.state == state) and (not awaiting or ref.awaiting)
+        )
         if held and data.draw(st.integers(0, 7), label="aim") > 0:
             return data.draw(st.sampled_from(held), label="rid")
         return data.draw(st.sampled_from(REQUESTS), label="rid")
@@ -141,7 +153,7 @@ class AggregatorMachine(RuleBasedStateMachine):
 
     def report(self, data: st.DataObject) -> None:
         """Most interesting reports concern a request that awaits something: aim for them."""
-        rid = self.some_request(data, "finishing")
+        rid = self.some_request(data, awaiting=True)  # finishing, or cancelled and draining
         ref = self.held.get(rid)
         if ref is not None and ref.expected and data.draw(st.integers(0, 2), label="aim name"):
             name = data.draw(st.sampled_from(ref.expected), label="name")
@@ -159,7 +171,9 @@ class AggregatorMachine(RuleBasedStateMachine):
             assert outcome is Outcome.terminal
         else:
             assert outcome is Outcome.applied
-            self.finish(rid, "cancelled")
+            ref.state = "cancelled"
+            if not ref.awaiting:  # else it drains first
+                self.done.append(rid)
 
     def register(self, name: str, ready: bool) -> None:
         if name in self.connectors:
@@ -172,11 +186,14 @@ class AggregatorMachine(RuleBasedStateMachine):
         self.mc.unregister(name)
         del self.connectors[name]
         for rid, ref in self.held.items():
-            if ref.state == "finishing" and name in ref.awaiting:
+            if ref.state in ("finishing", "cancelled") and name in ref.awaiting:
                 ref.awaiting.remove(name)
                 ref.abandoned.append(name)
                 if not ref.awaiting:
-                    self.finish(rid, "finished")
+                    if ref.state == "cancelled":
+                        self.done.append(rid)
+                    else:
+                        self.finish(rid, "finished")
 
     def take(self) -> None:
         taken = self.mc.take()
@@ -206,7 +223,11 @@ class AggregatorMachine(RuleBasedStateMachine):
             record = self.mc.get(rid)
             assert record is not None
             history = record.history or []
-            assert all(s.source not in (State.finished, State.cancelled) for s in history)
+            # Nothing leaves a terminal state; a cancelled one only drains (and stays).
+            assert all(
+                s.source not in (State.finished, State.cancelled) or s.dest is s.source
+                for s in history
+            )
 
     @invariant()
     def nothing_left_once_everything_was_taken(self) -> None:
@@ -215,9 +236,9 @@ class AggregatorMachine(RuleBasedStateMachine):
 
 
 def check_complete(record: RequestTransferState) -> None:
-    """finished ⇒ every awaited name reported (or was unregistered)."""
+    """handed back ⇒ nothing awaited: every awaited name reported (or was unregistered)."""
+    assert record.awaiting == ()
     if record.state is State.finished:
-        assert record.awaiting == ()
         assert set(record.expected) == set(record.reported) | set(record.abandoned)
 
 
