@@ -262,6 +262,7 @@ def test_a_str_subclass_request_id_is_accepted_everywhere_as_a_plain_str() -> No
     assert mc.cancel(Id("s")) is Outcome.applied
     assert mc.get(Id("r")).state is State.finished  # type: ignore[union-attr]
     assert mc.peek(Id("r")) is not None
+    assert mc.transfer_finished(Id("s"), Id("a")) is Outcome.drained  # s drains: a was saving
     assert [type(r.request_id) for r in mc.take()] == [str, str]
 
 
