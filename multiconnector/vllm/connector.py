@@ -86,7 +86,9 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._new_loads: dict[str, str] = {}
         # The current call's context, read by the sides.
         self._lookup_pending = False  # a child answered None in this match: ask no more
-        self._all_groups = False  # request_finished passes every group's block ids
+        #: Every KV cache group's block ids while request_finished_all_groups asks the children
+        #: (the core takes a flat list of block ids, so they travel beside it); else None.
+        self._all_groups: tuple[list[int], ...] | None = None
         # Worker state.
         self._load_plan: dict[str, str] = {}
         self._finished_while_loading: set[str] = set()
@@ -749,10 +751,11 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self, request: Any, blocks: Any, *, all_groups: bool
     ) -> tuple[bool, dict[str, Any] | None]:
         request_id = self._ensure(request)
-        self._all_groups = all_groups
+        self._all_groups = blocks if all_groups else None
         try:
-            _, params = self._tracker.request_finished(request_id, blocks)
+            _, params = self._tracker.request_finished(request_id, () if all_groups else blocks)
         finally:
+            self._all_groups = None
             record = self._tracker.peek(request_id)
             savers = (
                 record.awaiting if record is not None and record.state is State.finishing else ()

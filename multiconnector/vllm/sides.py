@@ -59,11 +59,12 @@ class SchedulerSide(Side):
         return int(tokens)
 
     def request_finished(self, request_id: str, blocks: Sequence[Any]) -> tuple[bool, Any]:
-        """``blocks`` is one group's block ids, or every group's with ``owner._all_groups``."""
+        """``blocks`` is one group's block ids; every group's are ``owner._all_groups``, if set."""
         owner = self.owner
         request = owner._live[request_id]
-        if owner._all_groups:
-            saves, params = self.child.request_finished_all_groups(request, blocks)
+        groups = owner._all_groups
+        if groups is not None:
+            saves, params = self.child.request_finished_all_groups(request, groups)
         else:
             saves, params = self.child.request_finished(request, blocks)
         if saves is True:
