@@ -23,6 +23,7 @@ from multiconnector import (
     ConnectorRegistry,
     DuplicateConnectorError,
     DuplicateRequestError,
+    InvalidAnswerError,
     InvalidArgumentError,
     InvalidNameError,
     InvalidParamsError,
@@ -354,11 +355,22 @@ def test_a_lone_key_clash_carries_the_applied_result() -> None:
 
 
 def test_invalid_params_carry_the_applied_result() -> None:
-    mc = MultiConnector({"a": Scripted(params=5)})  # type: ignore[arg-type]
+    mc = MultiConnector({"a": Scripted(params={1: "x"})})  # type: ignore[dict-item]
     mc.begin("r")
     with pytest.raises(InvalidParamsError) as info:
         mc.request_finished("r")
     assert info.value.result == (Outcome.applied, None)
+
+
+def test_params_that_are_not_a_mapping_are_a_garbage_answer_with_the_applied_result() -> None:
+    mc = MultiConnector({"a": Scripted(params=5)})  # type: ignore[arg-type]
+    mc.begin("r")
+    with pytest.raises(ConnectorFailures) as info:
+        mc.request_finished("r")
+    assert info.value.result == (Outcome.applied, None)
+    (error,) = info.value.exceptions
+    assert isinstance(error, InvalidAnswerError) and "'a'" in str(error)
+    assert mc.get("r").awaiting == ("a",)  # type: ignore[union-attr]
 
 
 def test_allow_equal_with_a_raising_eq_is_invalid_params_not_a_clash() -> None:
