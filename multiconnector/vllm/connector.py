@@ -660,43 +660,44 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 "NamedMultiConnectorWorkerMetadata"
             )
 
-        failures: list[tuple[str, Exception]] | None = None
+        errors: list[Exception] = []
+        failed: list[str] = []
         try:
-            for name, child in self._items:  # every step: no helper
+            for name, child in self._children.items():
                 try:
                     if worker_meta is not None:
                         connector_output.kv_connector_worker_meta = worker_meta.children.get(name)
                     child.update_connector_output(connector_output)
                 except Exception as exc:
-                    failures = _failed(failures, name, exc)
+                    errors.append(exc)
+                    failed.append(name)
         finally:
             connector_output.kv_connector_worker_meta = worker_meta
-        if failures is not None:
-            self._raise("update_connector_output", failures)
-        # The workers report a request finished sending only once every saver confirmed: each
-        # name it awaits reports it. Grouped by the awaited tuple (interned: mostly one per step).
+        if errors:
+            raise ConnectorFailures(
+                f"{len(errors)} child connector(s) raised in update_connector_output: "
+                + ", ".join(failed),
+                errors,
+                failed=failed,
+                result={name: None for name in self._children if name not in failed},
+            )
+        # The workers report a request finished sending only once every saver confirmed.
         tracker = self._tracker
-        sending = connector_output.finished_sending
-        if sending:
-            peek = tracker.peek
-            confirmed: dict[tuple[str, ...], list[str]] = {}
-            for request_id in sending:
-                record = peek(request_id)
-                if record is not None and record.awaiting:
-                    group = confirmed.get(record.awaiting)
-                    if group is None:
-                        confirmed[record.awaiting] = [request_id]
+        confirmed: dict[str, list[str]] = {}
+        for request_id in connector_output.finished_sending or ():
+            record = tracker.peek(request_id)
+            if record is not None:
+                for name in record.awaiting:
+                    if name in confirmed:
+                        confirmed[name].append(request_id)
                     else:
-                        group.append(request_id)
-            for awaiting, request_ids in confirmed.items():
-                for name in awaiting:
-                    tracker.transfer_finished_many(name, request_ids)
-        recving = connector_output.finished_recving
-        if recving:
-            for request_id in recving:
-                loader = self._loader(request_id)
-                if loader is not None:
-                    tracker.load_finished(request_id, loader)
+                        confirmed[name] = [request_id]
+        for name, request_ids in confirmed.items():
+            tracker.transfer_finished_many(name, request_ids)
+        for request_id in connector_output.finished_recving or ():
+            loader = self._loader(request_id)
+            if loader is not None:
+                tracker.load_finished(request_id, loader)
         tracker.take()
 
     def register_finished_partial_tail(

@@ -55,11 +55,7 @@ class SchedulerSide(Side):
         if tokens is None:
             owner._lookup_pending = True
             return None
-        # Kept only when true (read with a False default): most requests leave it empty.
-        if load_async:
-            self.load_async[request_id] = True
-        elif self.load_async:
-            self.load_async.pop(request_id, None)
+        self.load_async[request_id] = bool(load_async)
         return int(tokens)
 
     def request_finished(self, request_id: str, blocks: Sequence[Any]) -> tuple[bool, Any]:
