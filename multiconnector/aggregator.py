@@ -632,6 +632,7 @@ class MultiConnector:
                 )
             names = tuple(names)
         entries = self._registry._entries
+        plain = True
         for given in names:
             if given.__class__ is not str or given not in entries:  # registered: a valid name
                 name = check_name(given, "an item of savers")
@@ -640,7 +641,9 @@ class MultiConnector:
                         f"an item of savers={name!r} is not registered (pass "
                         "allow_unregistered=True if it may have been unregistered)"
                     )
-        if any(name.__class__ is not str for name in names):
+                if given.__class__ is not str:
+                    plain = False
+        if not plain:
             names = tuple([str(name) for name in names])
         index = hash(request_id) & self._mask
         # Claimed as request_finished claims (see there): while a request_finished asks the
@@ -867,7 +870,8 @@ class MultiConnector:
 
         .. versionadded:: 0.1.0
         """
-        name = check_name(name)
+        if name.__class__ is not str or name not in self._registry._entries:
+            name = check_name(name)  # a registered plain str is a valid name: no scan
         if blocks.__class__ is not tuple and blocks.__class__ is not list:
             check_blocks(blocks)
         elif blocks:
@@ -1095,7 +1099,8 @@ class MultiConnector:
         """
         if request_id.__class__ is not str or not request_id:
             request_id = check_request_id(request_id)
-        num_computed_tokens = check_int(num_computed_tokens, "num_computed_tokens")
+        if num_computed_tokens.__class__ is not int or num_computed_tokens < 0:
+            num_computed_tokens = check_int(num_computed_tokens, "num_computed_tokens")
         if self._closed:
             self._shut("match_tokens")
         record = self._requests.get(request_id)
@@ -1108,7 +1113,7 @@ class MultiConnector:
         chooser: Entry | None = None
         errors: list[Exception] = []
         failed: list[str] = []
-        for entry in self._registry.ready_entries():
+        for entry in self._registry._ready:  # what ready_entries() returns, without the call
             if entry.get_num_new_matched_tokens is None:
                 continue
             try:

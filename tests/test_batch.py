@@ -333,3 +333,27 @@ def test_request_finished_by_bad_arguments_change_nothing(
     record = mc.peek("r")
     assert record is not None and record.state is State.pending
     assert mc.counts() == {}
+
+
+class _Name(str):
+    """A str subclass: a valid connector name, but not a plain str."""
+
+
+def test_str_subclass_names_are_plain_str_in_the_books() -> None:
+    # The hot paths skip the name check for a registered plain str only: a subclass equal to a
+    # registered name is still checked and made a plain str, in the records and the counters.
+    m = MultiConnector({"a": Scripted(saves=True), "b": Scripted(saves=True)})
+    m.begin("r")
+    assert m.request_finished_by("r", (_Name("a"), "b")) is Outcome.applied
+    record = m.peek("r")
+    assert record is not None
+    assert record.awaiting == ("a", "b")
+    assert all(name.__class__ is str for name in record.awaiting)
+    assert m.transfer_finished_many(_Name("a"), ["r"]) == [Outcome.applied]
+    assert m.transfer_finished_many(_Name("a"), ["r"]) == [Outcome.duplicate]
+    assert m.transfer_finished_many("b", ["r"]) == [Outcome.applied]
+    counts = m.connector_counts()
+    assert all(name.__class__ is str for name in counts)
+    assert counts["a"][Outcome.applied] == 1
+    assert counts["a"][Outcome.duplicate] == 1
+    assert [taken.request_id for taken in m.take()] == ["r"]
