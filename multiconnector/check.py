@@ -767,7 +767,11 @@ def _snapshot(world: _World) -> Hashable:
     # Which requests are held and queued for take() matters, not in what order: no property
     # reads the order (take()'s list is judged record by record), and requests are assumed
     # not to interact except through the registry and take() (docs/check.md, "Reductions").
-    order, queue = tuple(sorted(world.order)), tuple(sorted(world.queue))
+    # Queued as a set: a request queued twice fails "no early free" on the event that queued
+    # it again (take() would hand it back twice), and beyond that the copies differ in no
+    # verdict. Without this a bug that re-queues a record on every event (a drain applied
+    # again) has no end of states.
+    order, queue = tuple(sorted(world.order)), tuple(sorted(set(world.queue)))
     raw = (reg_id, tuple(part_ids), order, queue)
     known = numbers.canonical.get(raw)
     if known is not None:
@@ -865,6 +869,9 @@ def _owes(r: _Request) -> list[str]:
 def _no_early_free(world: _World) -> str | None:
     """nothing is handed back (or queued for take) while a connector owes a report for it"""
     world.sync()
+    if len(set(world.queue)) != len(world.queue):
+        twice = sorted({world.requests[i].request_id for i in world.queue if i >= 0})
+        return f"{', '.join(twice)} queued for take() more than once: handed back twice"
     for k, r in enumerate(world.requests):
         if r.view is not None and r.view[0] is _FINISHED and r.owed:
             return (
@@ -879,6 +886,8 @@ def _no_early_free(world: _World) -> str | None:
     last = world.last
     if last is None:
         return None
+    if len({id(record) for record in last.taken}) != len(last.taken):
+        return "take() handed back a request twice"
     for record in last.taken:
         i = world.index.get(record.request_id)
         if i is None or last.phases[i] != _HELD:
