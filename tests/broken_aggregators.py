@@ -173,9 +173,7 @@ class UnregisteredLoaderAccepted(MultiConnector):  # type: ignore[misc]
     """
 
     def _connector_gone(self, entry: Any) -> None:
-        loading = {
-            id(r): r.loaded for r in self._requests.values() if r.loader == entry.name
-        }
+        loading = {id(r): r.loaded for r in self._requests.values() if r.loader == entry.name}
         super()._connector_gone(entry)
         for record in self._requests.values():
             if id(record) in loading:
