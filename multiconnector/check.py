@@ -64,7 +64,7 @@ import argparse
 import itertools
 import json
 import sys
-from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
@@ -670,21 +670,18 @@ class _Interner:
 
 def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
     kind, phase, view, owed, cancelled, load, asking = part
-    if load is not None:
-        seen, mine, owing = load
-        load = (
-            (rename.get(seen[0], seen[0]), *seen[1:]),
-            (rename.get(mine[0], mine[0]), *mine[1:]),
-            rename.get(owing, owing),
-        )
+    if load is not None:  # (tag, names and flags): rename the names, keep the flags
+        load = tuple(rename.get(x, x) if isinstance(x, str) else x for x in load)
     if asking:
-        asking = tuple(tuple((rename.get(n, n), current) for n, current in one) for one in asking)
+        asking = tuple(
+            tuple(sorted((rename.get(n, n), current) for n, current in one)) for one in asking
+        )
     if view is not None:
         view = (
             view[0],
-            tuple(rename.get(n, n) for n in view[1]),
-            tuple(rename.get(n, n) for n in view[2]),
-            tuple(rename.get(n, n) for n in view[3]),
+            _names_key(rename.get(n, n) for n in view[1]),
+            _names_key(rename.get(n, n) for n in view[2]),
+            _names_key(rename.get(n, n) for n in view[3]),
         )
     return (
         kind,
@@ -695,6 +692,57 @@ def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
         load,
         asking,
     )
+
+
+def _names_key(names: Iterable[str]) -> tuple[str, ...]:
+    """A set of names as a key: sorted, each once (see :func:`_part`)."""
+    return tuple(sorted(set(names)))
+
+
+def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
+    """One request's part of the state: exactly what its future and the properties read.
+
+    Soundness (two states with equal parts have the same futures and the same verdicts):
+
+    * ``awaiting``, ``expected`` and ``abandoned`` are kept as sets (sorted, each name once).
+      The aggregator reads them only by membership and emptiness (``name in``, ``is_last`` is
+      ``awaiting == (name,)``) and writes them by removing or appending names; ``terminal
+      absorbing`` compares a record with itself one event earlier, and its drain rule as
+      sets. Their order and repeats are history: ``abandoned`` lists a loader unregistered
+      while pending and later the same name unregistered as an awaited saver twice, and
+      ``expected`` keeps the registry order of the ask, which the registry part holds anyway.
+    * The load side of a live request: the aggregator's (loader, loaded, loader_gone) and the
+      checker's own (loader, loaded, loader_gone, load_owed), which ``load once`` compares.
+    * The load side of a terminal request: only the loader whose load it drains (the
+      aggregator's loader while not ``loaded``: ``load_finished`` and ``take()`` read nothing
+      else of a terminal record; ``loader_gone`` is set only while live) and the checker's
+      ``load_owed`` (what ``no early free`` reads). ``load once`` reads the checker's loader,
+      ``loaded`` and ``loader_gone`` only for a live request (``due`` and the unregistered
+      loader's rule), and a terminal request never becomes live again without failing
+      ``terminal absorbing`` on that very event.
+    * A request handed back keeps no promises: ``no early free`` judged them when ``take()``
+      handed it back.
+    """
+    view = r.view
+    load: tuple[Any, ...] | None = None
+    if view is not None:
+        loader, loaded, gone = r.load_view
+        if view[0] in TERMINAL:
+            draining = loader if loader is not None and not loaded else None
+            if draining is not None or r.load_owed is not None:
+                load = ("drain", draining, r.load_owed)
+        elif loader is not None or r.loader is not None or r.load_owed is not None:
+            load = ("live", loader, loaded, gone, r.loader, r.loaded, r.loader_gone, r.load_owed)
+        view = (view[0], _names_key(view[1]), _names_key(view[2]), _names_key(view[3]))
+    # A call between its halves: the savers it asked, and whether each is still the
+    # connector registered under its name (what its answers' application reads), as a set:
+    # the order asked only orders the names it will write to the sets above.
+    asking = tuple(
+        tuple(sorted((e.name, entry(e.name) is e) for e in asked[4])) for asked in r.asking
+    )
+    if r.phase == _TAKEN:
+        return ("request", r.phase, view, _NOTHING, r.cancelled, None, asking)
+    return ("request", r.phase, view, r.owed, r.cancelled, load, asking)
 
 
 def _rename_registry(registry: Any, rename: Mapping[str, str]) -> Any:
@@ -713,28 +761,17 @@ def _snapshot(world: _World) -> Hashable:
     parts = []
     entry = world.mc.registry.entry
     for r in requests:
-        view = r.view
-        load = (
-            None
-            if view is None or (not r.loader and not r.load_view[0] and not r.load_owed)
-            else (r.load_view, (r.loader, r.loaded, r.loader_gone), r.load_owed)
-        )
-        # A call between its halves: the savers it asked, and whether each is still the
-        # connector registered under its name (what its answers' application reads).
-        asking = tuple(tuple((e.name, entry(e.name) is e) for e in asked[4]) for asked in r.asking)
-        part: tuple[Any, ...]
-        if r.phase == _TAKEN:
-            # Nothing reads the promises of a request handed back: "no early free" judged them
-            # when it was handed back.
-            part = ("request", r.phase, view, _NOTHING, r.cancelled, None, asking)
-        else:
-            part = ("request", r.phase, view, r.owed, r.cancelled, load, asking)
+        part = _part(r, entry)
         parts.append(part)
         part_ids.append(numbers.number(part))
     # Which requests are held and queued for take() matters, not in what order: no property
     # reads the order (take()'s list is judged record by record), and requests are assumed
     # not to interact except through the registry and take() (docs/check.md, "Reductions").
-    order, queue = tuple(sorted(world.order)), tuple(sorted(world.queue))
+    # Queued as a set: a request queued twice fails "no early free" on the event that queued
+    # it again (take() would hand it back twice), and beyond that the copies differ in no
+    # verdict. Without this a bug that re-queues a record on every event (a drain applied
+    # again) has no end of states.
+    order, queue = tuple(sorted(world.order)), tuple(sorted(set(world.queue)))
     raw = (reg_id, tuple(part_ids), order, queue)
     known = numbers.canonical.get(raw)
     if known is not None:
@@ -832,6 +869,9 @@ def _owes(r: _Request) -> list[str]:
 def _no_early_free(world: _World) -> str | None:
     """nothing is handed back (or queued for take) while a connector owes a report for it"""
     world.sync()
+    if len(set(world.queue)) != len(world.queue):
+        twice = sorted({world.requests[i].request_id for i in world.queue if i >= 0})
+        return f"{', '.join(twice)} queued for take() more than once: handed back twice"
     for k, r in enumerate(world.requests):
         if r.view is not None and r.view[0] is _FINISHED and r.owed:
             return (
@@ -846,6 +886,8 @@ def _no_early_free(world: _World) -> str | None:
     last = world.last
     if last is None:
         return None
+    if len({id(record) for record in last.taken}) != len(last.taken):
+        return "take() handed back a request twice"
     for record in last.taken:
         i = world.index.get(record.request_id)
         if i is None or last.phases[i] != _HELD:

@@ -173,9 +173,14 @@ class UnregisteredLoaderAccepted(MultiConnector):  # type: ignore[misc]
     """
 
     def _connector_gone(self, entry: Any) -> None:
+        loading = {id(r): r.loaded for r in self._requests.values() if r.loader == entry.name}
         super()._connector_gone(entry)
         for record in self._requests.values():
-            record.loader_gone = False  # the bug: the loader's unregistration is forgotten
+            if id(record) in loading:
+                # the bug: the loader's unregistration is forgotten, both that it is gone and
+                # that its load ended with it (either alone still ignores its completion)
+                record.loader_gone = False
+                record.loaded = loading[id(record)]
 
 
 @contextmanager
