@@ -1272,14 +1272,17 @@ def reachable_in(
     Every transition needs ``begin``; its own event kind (``connector_gone`` is fired by
     ``unregister``); one touching ``finishing`` needs a saver and ``request_finished`` (the way
     into ``finishing``); one staying in ``finishing`` needs two savers (a request awaits a
-    second report, or a second connector's unregistering). A transition of an event the
-    scenario does not know is assumed reachable.
+    second report, or a second connector's unregistering). One touching ``cancelled`` needs
+    ``cancel``; a drain (``cancelled`` to itself) also needs a saver and ``request_finished``,
+    so that a cancelled request awaits a report. A transition of an event the scenario does not
+    know is assumed reachable.
 
     .. versionadded:: 0.1.0
     """
     savers = sum(1 for kind in connectors.values() if kind == SAVER)
     alphabet = frozenset(events)
     finishing = State.finishing.value
+    cancelled = State.cancelled.value
 
     def reachable(triple: tuple[str, str, str]) -> bool:
         source, event, dest = triple
@@ -1289,6 +1292,11 @@ def reachable_in(
         if finishing in (source, dest):
             needs.add("request_finished")
             least = 2 if source == dest else 1
+        if cancelled in (source, dest):
+            needs.add("cancel")
+            if source == dest:
+                needs.add("request_finished")
+                least = max(least, 1)
         return needs <= alphabet and savers >= least
 
     return reachable
