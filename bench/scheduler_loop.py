@@ -54,7 +54,7 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
 from vllm_harness import (
     BLOCK,
@@ -62,6 +62,7 @@ from vllm_harness import (
     TINY_OPT,
     make_kv_cache_config,
     make_scheduler,
+    runner_output,
     write_model,
 )
 
@@ -143,14 +144,7 @@ class Loop:
                 kv_connector_worker_meta=worker.build_connector_worker_meta(),
             )
             worker.clear_connector_metadata()
-            ids = list(output.num_scheduled_tokens)
-            runner_output = ModelRunnerOutput(
-                req_ids=ids,
-                req_id_to_index={rid: i for i, rid in enumerate(ids)},
-                sampled_token_ids=[[7] for _ in ids],
-                kv_connector_output=kv_output,
-            )
-            scheduler.update_from_output(output, runner_output)
+            scheduler.update_from_output(output, runner_output(output, kv_output))
             self.finished += len(results.finished_sending)
             self.steps += 1
 

@@ -34,7 +34,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (  # no
     MultiConnector as VllmMultiConnector,
 )
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm_harness import (  # noqa: E402
     BLOCK,
@@ -43,6 +43,7 @@ from vllm_harness import (  # noqa: E402
     make_connector,
     make_hybrid_kv_cache_config,
     make_scheduler,
+    runner_output,
     sha256,
 )
 
@@ -158,14 +159,7 @@ def drive(
                 kv_connector_worker_meta=on_worker.build_connector_worker_meta(),
             )
             on_worker.clear_connector_metadata()
-        ids = list(output.num_scheduled_tokens)
-        runner = ModelRunnerOutput(
-            req_ids=ids,
-            req_id_to_index={rid: i for i, rid in enumerate(ids)},
-            sampled_token_ids=[[7] for _ in ids],
-            kv_connector_output=kv_output,
-        )
-        engine_outputs = scheduler.update_from_output(output, runner)
+        engine_outputs = scheduler.update_from_output(output, runner_output(output, kv_output))
         trace.scheduled.append(dict(output.num_scheduled_tokens))
         trace.finished.append(
             {

@@ -122,6 +122,19 @@ def make_connector(config: VllmConfig, role: KVConnectorRole) -> Any:
     return KVConnectorFactory.create_connector(config, role, make_kv_cache_config())
 
 
+def runner_output(
+    scheduler_output: Any, kv_output: KVConnectorOutput | None, token: int = 7
+) -> ModelRunnerOutput:
+    """What the model runner returns for a step: ``token`` sampled for every scheduled request."""
+    ids = list(scheduler_output.num_scheduled_tokens)
+    return ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={rid: i for i, rid in enumerate(ids)},
+        sampled_token_ids=[[token] for _ in ids],
+        kv_connector_output=kv_output,
+    )
+
+
 def make_request(request_id: str, num_tokens: int = 40, max_tokens: int = 1) -> Request:
     params = SamplingParams(max_tokens=max_tokens)
     params.update_from_generation_config({}, EOS)
@@ -170,14 +183,9 @@ class Engine:
                 kv_connector_worker_meta=worker.build_connector_worker_meta(),
             )
             worker.clear_connector_metadata()
-        ids = list(scheduler_output.num_scheduled_tokens)
-        runner_output = ModelRunnerOutput(
-            req_ids=ids,
-            req_id_to_index={rid: i for i, rid in enumerate(ids)},
-            sampled_token_ids=[[token] for _ in ids],
-            kv_connector_output=kv_output,
+        engine_outputs = self.scheduler.update_from_output(
+            scheduler_output, runner_output(scheduler_output, kv_output, token)
         )
-        engine_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         for outputs in engine_outputs.values():
             for output in outputs.outputs:
                 if output.finish_reason is not None:
