@@ -22,7 +22,7 @@ __all__ = ["COMMANDS", "main"]
 #: command name -> (module, one-line description)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("multiconnector.demo", "a short tour: three connectors, faults, a clean finish"),
-    "check": ("multiconnector.check", "exhaustively model-check the transfer state machine"),
+    "check": ("multiconnector.check.cli", "exhaustively model-check the transfer state machine"),
     "diagram": ("multiconnector.diagram", "draw the state machine (mermaid, dot, svg, md)"),
     "simulate": ("multiconnector.simulate", "a serving workload with fault injection"),
 }

@@ -702,7 +702,7 @@ def test_docs_quote_the_real_text_of_a_counterexample() -> None:
 def test_independence_is_by_request_and_generic_over_per_request_kinds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from multiconnector import check as check_module  # noqa: PLC0415 - patched below
+    from multiconnector.check import scenario as check_module  # noqa: PLC0415 - patched below
 
     assert independent(("transfer_finished", 0, "a"), ("cancel", 1))
     assert independent(("begin", 1), ("request_finished", 0, ("a",)))

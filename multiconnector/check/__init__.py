@@ -1,0 +1,101 @@
+"""``multiconnector check``: an exhaustive model check of the transfer machine, on the real code.
+
+Hypothesis samples interleavings; this explores *every* state of a bounded scenario, the way TLC
+does for a TLA+ specification, but it drives the real :class:`~multiconnector.MultiConnector`
+rather than a second model that could drift from it. The scenario:
+
+* connector names, each a scripted saver (its ``request_finished`` answer is chosen by the
+  event: "request finished with every subset of savers"), a ``None`` slot, or one whose calls
+  raise; plus names never registered;
+* request ids, each begun at most once;
+* the default event alphabet (:data:`ALPHABET`): ``begin``; ``request_finished`` with every subset
+  of the registered savers; ``transfer_finished`` for every (request, name), which covers
+  duplicates, phantoms, ``None`` slots and unknown names; ``cancel``; ``unregister`` and
+  ``register`` of every name; ``take``;
+* opt-in, the load side (:data:`LOAD_EVENTS`): ``match_tokens`` for every held request with
+  every combination of the ready savers' token answers (0, 1 or ``None``), and
+  ``load_finished`` for every (request, name).
+
+A state is the canonical snapshot of what the aggregator shows: the registry's (name, ready)
+list, each held request's record (state, awaiting, expected, abandoned), the order requests are
+held in, and what :meth:`~multiconnector.MultiConnector.take` would hand back. Each request also
+carries what the checker observed on its own, independently of the aggregator's bookkeeping:
+which connectors promised an asynchronous save (they answered ``True`` when asked) and have not
+yet reported or been unregistered, whether the caller cancelled it, and (load side) which
+loader the token answers it scripted chose and whether that loader's completion was delivered
+while the request was live. Request ids are
+interchangeable, so snapshots are canonicalized over their permutations (symmetry reduction;
+``symmetry=False`` turns it off). States, events and the declared transitions come from
+:mod:`multiconnector.machine`.
+
+The modules: :mod:`.scenario` (the connectors, the world, the events), :mod:`.snapshot` (the
+canonical state), :mod:`.properties` (what is judged), :mod:`.trace` (how it is shown),
+:mod:`.run` (:func:`check_aggregator`) and :mod:`.cli` (the command).
+
+Properties (each PASS or FAIL, with a shortest counterexample):
+
+``no exception``
+    No event raises, except the :class:`~multiconnector.ConnectorFailures` a raising connector
+    documents.
+``terminal absorbing``
+    A finished or cancelled request never changes again: not its state, not its bookkeeping.
+``no early free``
+    A request is ``finished`` (and handed back by ``take()`` as finished) only when every
+    connector that promised a save reported it or was unregistered (the unregister rule);
+    ``take()`` hands back only terminal requests, each once, as cancelled only if cancelled.
+``no leak``
+    A request handed back is no longer held; a terminal request is queued for ``take()``; no
+    request vanishes without being handed back; once every begun request was handed back the
+    aggregator holds nothing.
+``load once`` (only with a load event in the alphabet)
+    A ``load_finished`` is applied (its ``Outcome``, the connector's ``on_load_finished``)
+    exactly when it is the first completion from the loader the latest decisive match chose,
+    while the request is live and that loader was not unregistered since it was chosen: at most
+    once per match, never from another name, never after terminal, never from an unregistered
+    loader or a new connector registered under its name (``unregistered``, no callback); and
+    the chosen loader's completion is not lost.
+``no trap``
+    From every reachable state, events other than ``cancel`` can bring every live request to a
+    terminal state (``cancel`` would rescue any trap, so it does not count).
+``states reached`` / ``transitions fired``
+    Every declared state is entered, every declared (source, event, dest) transition fires, and
+    no undeclared one does.
+"""
+
+from __future__ import annotations
+
+from .._explore import (
+    CheckReport,
+    Counterexample,
+    PropertyResult,
+    TraceStep,
+    TransitionCoverage,
+    declared_transitions,
+    explore,
+)
+from ..usermachine import validate
+from .cli import EXIT_STATUS, run_cli
+from .properties import LOAD_ONCE, PROPERTIES, reachable_in
+from .run import check_aggregator
+from .scenario import ALPHABET, DEFAULT_CONNECTORS, LOAD_EVENTS, independent
+
+__all__ = [
+    "ALPHABET",
+    "DEFAULT_CONNECTORS",
+    "EXIT_STATUS",
+    "LOAD_EVENTS",
+    "LOAD_ONCE",
+    "PROPERTIES",
+    "CheckReport",
+    "Counterexample",
+    "PropertyResult",
+    "TraceStep",
+    "TransitionCoverage",
+    "check_aggregator",
+    "declared_transitions",
+    "explore",
+    "independent",
+    "reachable_in",
+    "run_cli",
+    "validate",
+]

@@ -1,0 +1,232 @@
+"""``multiconnector check``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from collections.abc import Collection, Mapping, Sequence
+from typing import Final
+
+from .._args import Parser, name_list, output_file, split_list
+from .._explore import (
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+)
+from ..errors import (
+    MultiConnectorError,
+)
+from ..usermachine.command import add_check_arguments, run_check_cli
+from .run import check_aggregator
+from .scenario import (
+    ALPHABET,
+    DEFAULT_CONNECTORS,
+    DEFAULT_UNKNOWN,
+    GARBAGE,
+    LOAD_EVENTS,
+    RAISES,
+    SAVER,
+)
+
+
+def _parse_connectors(text: str) -> dict[str, str | None]:
+    kinds: dict[str, str | None] = {}
+    for item in split_list(text, "NAME or NAME=saver|none|raises|garbage"):
+        name, equals, kind = (part.strip() for part in item.partition("="))
+        kind = kind.lower() if equals else SAVER
+        if kind not in (SAVER, RAISES, GARBAGE, "none"):
+            raise argparse.ArgumentTypeError(
+                f"{item!r}: expected NAME or NAME=saver|none|raises|garbage, comma-separated"
+            )
+        (name,) = name_list(name)
+        if name in kinds:
+            raise argparse.ArgumentTypeError(f"{name!r} is given twice")
+        kinds[name] = None if kind == "none" else kind
+    return kinds
+
+
+def _parse_list(text: str) -> list[str]:
+    return split_list(text, "event kinds")
+
+
+def _default_unknown(connectors: Collection[str]) -> list[str]:
+    """``ghost``, or the first of ``ghost1``, ``ghost2``, ... that is not a connector's name."""
+    more = (f"{DEFAULT_UNKNOWN[0]}{i}" for i in itertools.count(1))
+    for name in itertools.chain(DEFAULT_UNKNOWN, more):
+        if name not in connectors:
+            return [name]
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds above 0")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="multiconnector check",
+        description="Explore every reachable state of a bounded scenario on the real "
+        "MultiConnector and check its properties. Exit status: 0 PASS (every property "
+        "holds; with --max-depth, within that depth), 1 FAIL (a property fails), 2 bad "
+        "arguments, 3 INCONCLUSIVE (--max-states or --max-seconds cut the search short "
+        "before any violation was found).",
+    )
+    default = ",".join(
+        n if k == SAVER else f"{n}={k or 'none'}" for n, k in DEFAULT_CONNECTORS.items()
+    )
+    parser.add_argument(
+        "--connectors",
+        type=_parse_connectors,
+        default=dict(DEFAULT_CONNECTORS),
+        metavar="SPEC",
+        help=f"NAME[=saver|none|raises|garbage],... (default: {default})",
+    )
+    parser.add_argument(
+        "--unknown",
+        type=name_list,
+        default=None,
+        metavar="NAMES",
+        help="names never registered, comma-separated (default: ghost, or the first of ghost1, "
+        "ghost2, ... that --connectors does not name)",
+    )
+    parser.add_argument(
+        "--requests", type=_positive, default=2, metavar="N", help="request ids (default: 2)"
+    )
+    parser.add_argument(
+        "--events",
+        type=_parse_list,
+        default=None,
+        metavar="KINDS",
+        help=f"choose the alphabet among: {', '.join(ALPHABET + LOAD_EVENTS)} "
+        "(default: all but the load events)",
+    )
+    parser.add_argument(
+        "--load",
+        action="store_true",
+        help="add the load side (match_tokens, load_finished) to the alphabet and check "
+        "that a load is applied at most once, only from the chosen loader",
+    )
+    parser.add_argument(
+        "--max-states",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="stop after N distinct states: the result is INCONCLUSIVE (exit 3) unless a "
+        "property fails",
+    )
+    parser.add_argument(
+        "--max-depth",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="explore event sequences of up to N events only: an accepted bound, so the "
+        "result PASSes (bounded) when no property fails within it",
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=_seconds,
+        default=None,
+        metavar="N",
+        help="a time budget for CI: stop cleanly after N seconds; the result is INCONCLUSIVE "
+        "(exit 3) unless a property fails, and says up to which depth the search is complete",
+    )
+    parser.add_argument(
+        "--no-reduction",
+        action="store_true",
+        help="apply every interleaving of different requests' events (no partial-order "
+        "reduction): the same verdicts, more time",
+    )
+    parser.add_argument(
+        "--strict-coverage",
+        action="store_true",
+        help="fail when any declared state or transition is not reached, even one this "
+        "configuration cannot reach (default: only the reachable ones)",
+    )
+    parser.add_argument(
+        "--no-symmetry",
+        action="store_true",
+        help="do not merge states that differ only by request ids or same-kind connector names",
+    )
+    parser.add_argument(
+        "--json",
+        type=output_file,
+        default=None,
+        metavar="FILE",
+        help="also write the report as JSON to FILE (checked before the search starts; its "
+        "folder must exist)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="never show progress")
+    add_check_arguments(parser)
+    return parser
+
+
+def _alphabet(events: list[str] | None, load: bool) -> list[str] | None:
+    if not load:
+        return events
+    return [*(ALPHABET if events is None else events), *LOAD_EVENTS]
+
+
+#: The command's exit status for each verdict (2 is for bad arguments).
+EXIT_STATUS: Final[Mapping[str, int]] = {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}
+
+
+def run_cli(argv: Sequence[str]) -> int:
+    """``multiconnector check``: 0 PASS, 1 FAIL, 2 bad input, 3 INCONCLUSIVE (cut short)."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as exc:  # argparse exits 2 on errors, 0 for --help
+        return exc.code if isinstance(exc.code, int) else 2
+    if args.machine is not None or args.model is not None or args.invariant or args.free_guards:
+        return run_check_cli(args, parser)
+    unknown = args.unknown
+    if unknown is None:
+        unknown = _default_unknown(args.connectors)
+    elif clash := [n for n in unknown if n in args.connectors]:
+        names = ", ".join(clash)
+        print(f"{parser.prog}: error: --unknown {names}: also in --connectors", file=sys.stderr)
+        return 2
+    try:
+        report = check_aggregator(
+            args.connectors,
+            requests=args.requests,
+            unknown=unknown,
+            events=_alphabet(args.events, args.load),
+            symmetry=not args.no_symmetry,
+            max_states=args.max_states,
+            max_depth=args.max_depth,
+            max_seconds=args.max_seconds,
+            strict_coverage=args.strict_coverage,
+            reduction=not args.no_reduction,
+            progress=not args.no_progress,
+        )
+    except MultiConnectorError as exc:
+        print(f"multiconnector check: error: {exc}", file=sys.stderr)
+        return 2
+    print(report.to_text())
+    if args.json is not None:
+        try:
+            args.json.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        except OSError as exc:
+            print(f"multiconnector check: error: cannot write --json: {exc}", file=sys.stderr)
+            return 2
+        print(f"report written to {args.json}")
+    return EXIT_STATUS[report.verdict]

@@ -1,0 +1,210 @@
+"""The public entry point: :func:`check_aggregator` builds the scenario and explores it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from .._explore import (
+    CheckReport,
+    explore,
+)
+from .._validate import check_bool, check_name, shown
+from ..aggregator import MultiConnector
+from ..errors import (
+    InvalidArgumentError,
+)
+from ..machine import build_machine
+from .properties import (
+    LOAD_ONCE,
+    NO_EARLY_FREE,
+    NO_LEAK,
+    TERMINAL_ABSORBING,
+    _fired,
+    _load_once,
+    _no_early_free,
+    _no_leak,
+    _no_live_request,
+    _not_cancel,
+    _terminal_absorbing,
+    reachable_in,
+)
+from .scenario import (
+    _KINDS,
+    _LOADING,
+    ALPHABET,
+    DEFAULT_CONNECTORS,
+    DEFAULT_UNKNOWN,
+    GARBAGE,
+    RAISES,
+    SAVER,
+    _apply,
+    _events,
+    _Garbage,
+    _Pad,
+    _Raising,
+    _Scenario,
+    _Scripted,
+    _World,
+    independent,
+)
+from .snapshot import _Interner, _snapshot, _symmetries
+from .trace import _annotate, _data, _describe, _label
+
+# -- the public entry point ---------------------------------------------------------------------
+
+
+def check_aggregator(
+    connectors: Mapping[str, str | None] | None = None,
+    *,
+    requests: int = 2,
+    unknown: Sequence[str] = DEFAULT_UNKNOWN,
+    events: Collection[str] | None = None,
+    factory: Callable[..., MultiConnector] = MultiConnector,
+    symmetry: bool = True,
+    max_states: int | None = None,
+    max_depth: int | None = None,
+    progress: bool = False,
+    max_seconds: float | None = None,
+    strict_coverage: bool = False,
+    reduction: bool = True,
+) -> CheckReport:
+    """Model-check the real aggregator on a bounded scenario: every reachable state, every event.
+
+    ``connectors`` maps each name to its kind: ``"saver"`` (a scripted connector; every subset
+    of the registered savers is tried at ``request_finished``), ``"raises"`` (its calls raise)
+    or ``None`` (a slot that is not ready). Use your own names: ranks of one connector are
+    names such as ``"pd@0"``, ``"pd@1"``. Default: :data:`DEFAULT_CONNECTORS`. ``unknown``
+    names are never registered; reports under them are events too. ``requests`` is how many
+    request ids take part. ``events`` chooses the alphabet among :data:`ALPHABET` (the default)
+    and :data:`LOAD_EVENTS`; with a load event, scripted savers also answer ``match_tokens``
+    (0, 1 or ``None`` each, every combination tried) and the report adds :data:`LOAD_ONCE`.
+    ``factory(registry, trace=True, stripes=1)`` builds the aggregator: pass a subclass, or a
+    ``functools.partial`` with your options. ``max_states``/``max_depth``/``max_seconds`` bound
+    the search (default: none, so it finishes); see :func:`explore` for the rest.
+
+    Coverage (``states reached``, ``transitions fired``) fails only for what the configuration
+    can reach (:func:`reachable_in`: e.g. a request waits for a second report only with two
+    savers); ``strict_coverage=True`` requires every declared state and transition.
+    ``reduction`` (default on) is partial-order reduction: events of different requests
+    commute (:func:`independent`), so their interleavings are not all applied; the verdicts,
+    the states found and the counterexamples' lengths are the same without it.
+
+    Returns a :class:`CheckReport` with one result per name in :data:`PROPERTIES` (and
+    :data:`LOAD_ONCE` after ``no leak`` when the alphabet has a load event).
+
+    .. versionadded:: 0.1.0
+    .. versionchanged:: 0.1.0
+       ``events`` may include the load side, :data:`LOAD_EVENTS`; ``max_seconds`` and
+       ``strict_coverage``.
+    """
+    if connectors is None:
+        connectors = DEFAULT_CONNECTORS
+    if not isinstance(connectors, Mapping) or not connectors:
+        raise InvalidArgumentError(
+            f"connectors={shown(connectors)} must be a non-empty Mapping of name to kind"
+        )
+    kinds: dict[str, str | None] = {}
+    for name, kind in connectors.items():
+        check_name(name, "connectors key")
+        if kind not in (SAVER, RAISES, GARBAGE, None):
+            raise InvalidArgumentError(
+                f"connectors[{name!r}]={shown(kind)} must be 'saver', 'raises', 'garbage' or None"
+            )
+        kinds[name] = kind
+    if isinstance(unknown, str) or not isinstance(unknown, Sequence):
+        raise InvalidArgumentError(f"unknown={shown(unknown)} must be a sequence of names")
+    for name in unknown:
+        check_name(name, "unknown item")
+        if name in kinds:
+            raise InvalidArgumentError(f"unknown={shown(unknown)} names a connector: {name!r}")
+    if type(requests) is not int or not 1 <= requests <= 6:
+        raise InvalidArgumentError(f"requests={shown(requests)} must be an int from 1 to 6")
+    if events is None:
+        alphabet = frozenset(ALPHABET)
+    else:
+        if isinstance(events, str) or not isinstance(events, Collection):
+            raise InvalidArgumentError(f"events={shown(events)} must be a collection of str")
+        alphabet = frozenset(events)
+        bad = sorted(str(e) for e in alphabet if e not in _KINDS)
+        if bad:
+            raise InvalidArgumentError(
+                f"events={shown(events)} has unknown kinds {bad}; choose from {list(_KINDS)}"
+            )
+    if not callable(factory):
+        raise InvalidArgumentError(f"factory={shown(factory)} must be callable")
+    check_bool(symmetry, "symmetry")
+    check_bool(strict_coverage, "strict_coverage")
+    check_bool(reduction, "reduction")
+    pad = _Pad()
+    made: dict[str, Any] = {}
+    for name, kind in kinds.items():
+        made[name] = _Scripted(name, pad) if kind == SAVER else None
+        if kind == RAISES:
+            made[name] = _Raising(name, pad)
+        elif kind == GARBAGE:
+            made[name] = _Garbage(name, pad)
+    symmetries = _symmetries(kinds, requests, symmetry)
+    scenario = _Scenario(
+        names=tuple(kinds),
+        kinds=kinds,
+        unknown=tuple(unknown),
+        ids=tuple(f"r{i}" for i in range(1, requests + 1)),
+        alphabet=alphabet,
+        factory=factory,
+        pad=pad,
+        connectors=made,
+        symmetries=symmetries,
+        interner=_Interner(symmetries),
+    )
+    probe = scenario.fresh()
+    if type(probe.mc).request_finished is not MultiConnector.request_finished:
+        scenario = attrs.evolve(scenario, atomic=True)
+    shown_kinds = {SAVER: "saver", RAISES: "raises", GARBAGE: "garbage", None: "None slot"}
+    bounds = {
+        "connectors": [f"{n} ({shown_kinds[k]})" for n, k in kinds.items()],
+        "unknown names": list(unknown),
+        "requests": requests,
+        "events": [e for e in _KINDS if e in alphabet],
+        "symmetry": f"{len(scenario.symmetries)} renamings of request ids and same-kind names"
+        if len(scenario.symmetries) > 1
+        else "off",
+        "max states": max_states if max_states is not None else "unbounded",
+        "max depth": max_depth if max_depth is not None else "unbounded",
+        "reduction": "sleep sets (events of different requests commute)" if reduction else "off",
+    }
+    if max_seconds is not None:
+        bounds["max seconds"] = max_seconds
+    factory_name = getattr(factory, "__qualname__", type(probe).__qualname__)
+    invariants: dict[str, Callable[[_World], object]] = {
+        TERMINAL_ABSORBING: _terminal_absorbing,
+        NO_EARLY_FREE: _no_early_free,
+        NO_LEAK: _no_leak,
+    }
+    if alphabet & _LOADING:
+        invariants[LOAD_ONCE] = _load_once
+    return explore(
+        scenario.fresh,
+        _events,
+        _apply,
+        _snapshot,
+        invariants,
+        goal=_no_live_request,
+        ways_out=_not_cancel,
+        machine=build_machine(),
+        fired=_fired,
+        describe=_describe,
+        label=_label(probe),
+        data=_data(scenario.ids),
+        annotate=_annotate,
+        max_states=max_states,
+        max_depth=max_depth,
+        max_seconds=max_seconds,
+        expected=None if strict_coverage else reachable_in(kinds, alphabet),
+        independent=independent if reduction else None,
+        progress=progress,
+        bounds=bounds,
+        title=f"multiconnector check: the transfer machine, on the real {factory_name}",
+    )

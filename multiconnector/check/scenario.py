@@ -1,0 +1,563 @@
+"""The scenario the aggregator check drives: scripted connectors, the world, the events.
+
+A :class:`_World` is the real :class:`~multiconnector.MultiConnector` under check plus what the
+checker observed on its own (:class:`_Request`); :func:`_apply` applies one event of the
+alphabet (:func:`_events`) to it. The other modules read a world: :mod:`.snapshot` keys it,
+:mod:`.properties` judges it, :mod:`.trace` describes it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from .._validate import shown
+from ..aggregator import MultiConnector
+from ..errors import (
+    ConnectorFailures,
+    InvalidAnswerError,
+    InvalidArgumentError,
+    UnknownRequestError,
+)
+from ..machine import TERMINAL, RequestTransferState, State
+from ..outcome import Outcome
+from ..registry import ConnectorRegistry
+
+if TYPE_CHECKING:
+    from .snapshot import _Interner
+
+#: The kinds of events the aggregator scenario applies.
+ALPHABET: Final[tuple[str, ...]] = (
+    "begin",
+    "request_finished",
+    "transfer_finished",
+    "cancel",
+    "unregister",
+    "register",
+    "take",
+)
+#: The load side, opt-in (``events=ALPHABET + LOAD_EVENTS``, or ``--load``): ``match_tokens`` with
+#: every answer (0, 1 or ``None``) from each ready saver, and ``load_finished`` for every
+#: (request, name). Off by default: it multiplies the default bound's states.
+LOAD_EVENTS: Final[tuple[str, ...]] = ("match_tokens", "load_finished")
+#: Connector kinds: a scripted saver, one whose calls raise, or ``None`` (a not-ready slot).
+SAVER: Final = "saver"
+RAISES: Final = "raises"
+#: A connector whose ``request_finished`` answers a bare ``True``: not a ``(bool, params)``
+#: pair, so it may have started a save (the aggregator must await it) and its answer is
+#: reported as an ``InvalidAnswerError``.
+GARBAGE: Final = "garbage"
+#: The default bound's connectors: two savers (two are needed for a request to wait for a second
+#: report). Since request_finished is explored in its two halves, a ``None`` slot (``"none":
+#: None``) makes the two-request search about four times larger, and a connector that raises
+#: more still; the tests check both with one request.
+DEFAULT_CONNECTORS: Final[Mapping[str, str | None]] = {"a": SAVER, "b": SAVER}
+DEFAULT_UNKNOWN: Final[tuple[str, ...]] = ("ghost",)
+
+
+_UNBORN, _HELD, _TAKEN = 0, 1, 2
+_FINISHED: Final = State.finished
+_NOTHING: Final[frozenset[str]] = frozenset()
+_CANCELLED: Final = State.cancelled
+_PENDING: Final = State.pending
+_APPLIED: Final = Outcome.applied
+_GONE: Final = Outcome.unregistered
+
+#: What the checker reads of a held record: state, awaiting, expected, abandoned.
+View = tuple[State, tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+Event = tuple[Any, ...]
+
+
+class ConnectorCrash(RuntimeError):
+    """What a connector of kind ``"raises"`` raises when asked anything."""
+
+
+@attrs.define(slots=True, eq=False)
+class _Pad:
+    """Shared by a scenario's connectors: the answer the current event chose, and who was asked."""
+
+    savers: frozenset[str] = frozenset()
+    asked: list[tuple[str, bool]] = attrs.field(factory=list)
+    #: The token answers the current ``match_tokens`` event chose, by name (absent: 0).
+    tokens: Mapping[str, int | None] = attrs.field(factory=dict)
+    #: Who was asked for tokens, and what each answered, in the order asked.
+    matched: list[tuple[str, int | None]] = attrs.field(factory=list)
+    #: Whose ``on_load_finished`` was called (an applied load's callback).
+    loads: list[str] = attrs.field(factory=list)
+
+
+class _Scripted:
+    """Saves asynchronously exactly when the current event says so."""
+
+    def __init__(self, name: str, pad: _Pad) -> None:
+        self.name, self.pad = name, pad
+
+    def request_finished(self, request_id: str, blocks: Sequence[int]) -> tuple[bool, None]:
+        saves = self.name in self.pad.savers
+        self.pad.asked.append((self.name, saves))
+        return saves, None
+
+    def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
+        tokens = self.pad.tokens.get(self.name, 0)
+        self.pad.matched.append((self.name, tokens))
+        return tokens
+
+    def on_load_finished(self, request_id: str) -> None:
+        self.pad.loads.append(self.name)
+
+    def __repr__(self) -> str:
+        return f"scripted {self.name}"
+
+
+class _Garbage:
+    """Answers ``request_finished`` with a bare ``True``: it may have started a save."""
+
+    def __init__(self, name: str, pad: _Pad) -> None:
+        self.name, self.pad = name, pad
+
+    def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
+        self.pad.asked.append((self.name, True))
+        return True
+
+    def __repr__(self) -> str:
+        return f"garbage {self.name}"
+
+
+class _Raising:
+    """Raises whenever it is asked."""
+
+    def __init__(self, name: str, pad: _Pad) -> None:
+        self.name, self.pad = name, pad
+
+    def request_finished(self, request_id: str, blocks: Sequence[int]) -> tuple[bool, None]:
+        self.pad.asked.append((self.name, False))
+        raise ConnectorCrash(f"connector {self.name!r} failed")
+
+    def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
+        self.pad.matched.append((self.name, 0))  # a connector that raises counts as 0
+        raise ConnectorCrash(f"connector {self.name!r} failed")
+
+    def __repr__(self) -> str:
+        return f"raising {self.name}"
+
+
+@attrs.define(slots=True, eq=False)
+class _Request:
+    """One request id: what the checker saw happen to it, and the aggregator's record of it."""
+
+    request_id: str
+    phase: int = _UNBORN
+    #: Names that promised a save (answered True) and neither reported nor were unregistered.
+    owed: frozenset[str] = frozenset()
+    #: Whether ``cancel`` was called while it was held.
+    cancelled: bool = False
+    #: The aggregator's record while it holds one; the record take() handed back once taken.
+    record: RequestTransferState | None = None
+    #: ``record``'s (state, awaiting, expected, abandoned) while held, else ``None``.
+    view: View | None = None
+    #: ``record``'s (loader, loaded, loader_gone) while held: not a property's input, but part
+    #: of the state.
+    load_view: tuple[str | None, bool, bool] = (None, False, False)
+    #: The loader the latest decisive ``match_tokens`` chose, as the checker saw the answers.
+    loader: str | None = None
+    #: Whether that loader's completion was delivered while the request was live.
+    loaded: bool = False
+    #: Whether that loader was unregistered since it was chosen: no completion of it is due.
+    loader_gone: bool = False
+    #: The loader whose load is owed: chosen by the latest decisive match, neither delivered
+    #: (at any time) nor unregistered since. ``no early free``'s ledger of the load side.
+    load_owed: str | None = None
+    #: request_finished calls that asked and have not applied their answers yet (the first
+    #: half's result, see MultiConnector._ask), oldest first.
+    asking: tuple[tuple[Any, ...], ...] = ()
+
+
+@attrs.define(slots=True, eq=False)
+class _Last:
+    """What the latest event did, for the properties that concern a transition."""
+
+    event: Event
+    before: tuple[View | None, ...]
+    phases: tuple[int, ...]
+    lengths: tuple[int, ...]
+    taken: list[RequestTransferState]
+    fired: list[tuple[str, str, str]] = attrs.field(factory=list)
+    load: _Load | None = None
+
+
+@attrs.frozen(slots=True)
+class _Load:
+    """One ``load_finished`` as the checker saw it: what was due, and what the aggregator did."""
+
+    request_id: str
+    name: str
+    #: The request was held and not terminal when the completion arrived.
+    live: bool
+    #: The checker's chosen loader and whether its completion was already delivered, before.
+    loader: str | None
+    loaded: bool
+    #: Whether the chosen loader was unregistered since it was chosen, before.
+    loader_gone: bool
+    outcome: Outcome
+    #: Whose ``on_load_finished`` the aggregator called.
+    callbacks: tuple[str, ...]
+
+
+@attrs.frozen(kw_only=True)
+class _Scenario:
+    names: tuple[str, ...]
+    kinds: Mapping[str, str | None]
+    unknown: tuple[str, ...]
+    ids: tuple[str, ...]
+    alphabet: frozenset[str]
+    factory: Callable[..., MultiConnector]
+    pad: _Pad
+    connectors: Mapping[str, Any]
+    #: Renamings of request indices and connector names under which the scenario is unchanged.
+    symmetries: tuple[tuple[tuple[int, ...], Mapping[str, str]], ...]
+    interner: _Interner
+    #: Drive request_finished whole instead of in its two halves (a factory whose class
+    #: overrides request_finished itself: its halves may not be MultiConnector's).
+    atomic: bool = False
+
+    def fresh(self) -> _World:
+        registry = ConnectorRegistry({n: self.connectors[n] for n in self.names})
+        mc = self.factory(registry, trace=True, stripes=1)
+        if not isinstance(mc, MultiConnector):
+            raise InvalidArgumentError(
+                f"factory returned {shown(mc)}; it must return a MultiConnector"
+            )
+        return _World(self, mc)
+
+
+class _World:
+    """The aggregator under check, plus the checker's own observations.
+
+    What the aggregator shows is read lazily (:meth:`sync`), so replaying a path to a state
+    costs only the events themselves.
+    """
+
+    __slots__ = (
+        "applied",
+        "dirty",
+        "entries",
+        "index",
+        "last",
+        "log",
+        "mc",
+        "order",
+        "queue",
+        "registry",
+        "requests",
+        "scenario",
+    )
+
+    def __init__(self, scenario: _Scenario, mc: MultiConnector) -> None:
+        self.scenario = scenario
+        self.mc = mc
+        self.requests = [_Request(i) for i in scenario.ids]
+        self.index = {r: i for i, r in enumerate(scenario.ids)}
+        self.last: _Last | None = None
+        self.registry: tuple[tuple[str, bool], ...] = ()
+        self.order: tuple[int, ...] = ()
+        self.queue: tuple[int, ...] = ()
+        #: Events applied, and what each fired per request as the checker applied it: (step
+        #: number, request index, event, the new steps of that request's history). Complete
+        #: when every event was applied with a :meth:`sync` in between (as a trace is replayed).
+        self.applied = 0
+        self.log: list[tuple[int, int, Event, list[Any]]] = []
+        #: The registry's published entries ``registry`` was read from (it publishes a new
+        #: mapping on every change), so that an unchanged registry is not read again.
+        self.entries: object = None
+        # Read lazily: a model being replayed is read only once its path is applied.
+        self.dirty = True
+
+    def sync(self) -> None:
+        """Read what the aggregator shows, if an event ran since the last read."""
+        if not self.dirty:
+            return
+        self.dirty = False
+        mc = self.mc
+        index = self.index
+        held = _held(mc)
+        entries = _entries(mc)
+        if entries is not self.entries or entries is None:
+            self.entries = entries
+            self.registry = tuple((n, c is not None) for n, c in mc.registry.items())
+        self.order = tuple(index.get(r, -1) for r in held)
+        self.queue = tuple(index.get(r.request_id, -1) for r in _take_queue(mc))
+        for r in self.requests:
+            record = held.get(r.request_id)
+            if record is not None:
+                r.record = record
+                r.view = (record.state, record.awaiting, record.expected, record.abandoned)
+                r.load_view = (record.loader, record.loaded, record.loader_gone)
+            else:
+                r.view = None
+                r.load_view = (None, False, False)
+        last = self.last
+        if last is not None:
+            for i, (r, n) in enumerate(zip(self.requests, last.lengths, strict=True)):
+                history = r.record.history if r.record is not None else None
+                if history and len(history) > n:
+                    new = history[n:]
+                    last.fired += [(s.source.value, s.event, s.dest.value) for s in new]
+                    self.log.append((self.applied, i, last.event, new))
+
+
+def _entries(mc: MultiConnector) -> object:
+    """The registry's current entries mapping (replaced, never changed, on every change)."""
+    return getattr(mc.registry, "_entries", None)
+
+
+def _held(mc: MultiConnector) -> Mapping[str, RequestTransferState]:
+    """The records the aggregator holds, by request id (read, never written)."""
+    return mc._requests
+
+
+def _take_queue(mc: MultiConnector) -> Sequence[RequestTransferState]:
+    """What ``take()`` would hand back now, without taking it.
+
+    Read from the aggregator's queue of terminal records, which ``take()`` empties in order:
+    taking would be an event, not an observation.
+    """
+    return mc._done
+
+
+def _apply(world: _World, event: Event) -> None:
+    """no event raises, except the ConnectorFailures a raising connector documents"""
+    scenario = world.scenario
+    mc = world.mc
+    requests = world.requests
+    kind = event[0]
+    world.applied += 1
+    if world.dirty:  # replaying a path: nothing reads what happened in between
+        world.last = None
+    else:
+        world.last = _Last(
+            event=event,
+            before=tuple(r.view for r in requests),
+            phases=tuple(r.phase for r in requests),
+            lengths=tuple(
+                len(r.record.history or ()) if r.record is not None else 0 for r in requests
+            ),
+            taken=[],
+        )
+    world.dirty = True
+    pad = scenario.pad
+    pad.asked = []
+    request = requests[event[1]] if kind in _PER_REQUEST else None
+    taken: list[RequestTransferState] = []
+    if kind in _LOADING:
+        assert request is not None
+        _apply_load(world, request, event)
+        return
+    try:
+        if kind == "transfer_finished":
+            assert request is not None
+            mc.transfer_finished(request.request_id, event[2])
+        elif kind == "request_finished":
+            assert request is not None
+            pad.savers = frozenset(event[2])
+            if scenario.atomic:  # a subclass with its own request_finished: driven whole
+                mc.request_finished(request.request_id, ())
+            else:  # the first half: claim and ask; the answers are applied by a later event
+                asked = mc._ask(request.request_id, ())
+                if len(asked) != 2:
+                    request.asking = (*request.asking, asked)
+        elif kind == _APPLY_ANSWERS:
+            assert request is not None
+            asked, request.asking = request.asking[0], request.asking[1:]
+            mc._answer(asked)
+        elif kind == "cancel":
+            assert request is not None
+            mc.cancel(request.request_id)
+        elif kind == "begin":
+            assert request is not None
+            mc.begin(request.request_id)
+        elif kind == "take":
+            taken = mc.take()
+        elif kind == "unregister":
+            mc.unregister(event[1])
+        elif kind == "register":
+            mc.register(event[1], scenario.connectors[event[1]])
+        else:  # pragma: no cover - events come from _events
+            raise AssertionError(f"unknown event {event!r}")
+    except ConnectorFailures as exc:
+        # Documented: a connector that raises counts as not saving; the others are applied.
+        expected = all(
+            (scenario.kinds.get(n) == RAISES and isinstance(e, ConnectorCrash))
+            or (scenario.kinds.get(n) == GARBAGE and isinstance(e, InvalidAnswerError))
+            for n, e in zip(exc.failed, exc.exceptions, strict=False)
+        ) and len(exc.failed) == len(exc.exceptions)
+        if not expected:
+            raise
+    finally:
+        pad.savers = frozenset()
+    # What the checker saw, independently of the aggregator's bookkeeping.
+    if kind == "request_finished":
+        assert request is not None
+        request.owed |= {name for name, saves in pad.asked if saves}
+    elif kind == "transfer_finished":
+        assert request is not None
+        request.owed -= {event[2]}
+    elif kind == "unregister":
+        for r in requests:
+            r.owed -= {event[1]}
+            if r.load_owed == event[1]:
+                r.load_owed = None
+            if r.loader == event[1]:
+                r.loaded = True  # its load is over: the connector is gone
+                r.loader_gone = True
+    elif kind == "cancel":
+        assert request is not None
+        if request.phase == _HELD:
+            request.cancelled = True
+    elif kind == "begin":
+        assert request is not None
+        request.phase = _HELD
+    for record in taken:
+        i = world.index.get(record.request_id)
+        if i is not None:
+            requests[i].phase = _TAKEN
+            requests[i].record = record
+    if world.last is not None:
+        world.last.taken = taken
+
+
+def _apply_load(world: _World, request: _Request, event: Event) -> None:
+    """A load event; the checker's own record of the chosen loader follows what it saw."""
+    scenario = world.scenario
+    mc = world.mc
+    pad = scenario.pad
+    # Only the machine state is read from the aggregator (never its loader bookkeeping): it
+    # decides whether the request is pending (a match counts) or live (a load is due).
+    before = mc.peek(request.request_id)
+    state = before.state if before is not None else None
+    if event[0] == "match_tokens":
+        pad.tokens = dict(event[2])
+        pad.matched = []
+        try:
+            mc.match_tokens(request.request_id)
+        except UnknownRequestError:
+            if before is not None:
+                raise
+        except ConnectorFailures as exc:  # documented: a raising connector counts as 0
+            if not all(scenario.kinds.get(n) == RAISES for n in exc.failed) or not all(
+                isinstance(e, ConnectorCrash) for e in exc.exceptions
+            ):
+                raise
+        finally:
+            pad.tokens = {}
+        answers = pad.matched
+        if state is _PENDING and all(tokens is not None for _, tokens in answers):
+            request.loader = next((n for n, tokens in answers if tokens), None)
+            request.loaded = False
+            request.loader_gone = False
+            request.load_owed = request.loader
+        return
+    name = event[2]
+    pad.loads = []
+    live = state is not None and state not in TERMINAL
+    loader, loaded, gone = request.loader, request.loaded, request.loader_gone
+    outcome = mc.load_finished(request.request_id, name)
+    if live and name == loader and not gone:
+        request.loaded = True
+    if request.load_owed == name:  # delivered: that connector is done with the blocks
+        request.load_owed = None
+    if world.last is not None:
+        world.last.load = _Load(
+            request.request_id, name, live, loader, loaded, gone, outcome, tuple(pad.loads)
+        )
+
+
+#: The second half of a request_finished: it applies the answers its first half gathered.
+_APPLY_ANSWERS: Final = "request_finished_apply"
+_PER_REQUEST: Final = frozenset(
+    {
+        "begin",
+        "request_finished",
+        _APPLY_ANSWERS,
+        "transfer_finished",
+        "cancel",
+        "match_tokens",
+        "load_finished",
+    }
+)
+_LOADING: Final = frozenset(LOAD_EVENTS)
+_KINDS: Final = ALPHABET + LOAD_EVENTS
+
+
+def _events(world: _World) -> list[Event]:
+    world.sync()
+    scenario = world.scenario
+    alphabet = scenario.alphabet
+    ids = range(len(world.requests))
+    out: list[Event] = []
+    if "begin" in alphabet:
+        out += [("begin", i) for i in ids if world.requests[i].phase == _UNBORN]
+    if "request_finished" in alphabet:
+        savers = [n for n, ready in world.registry if ready and scenario.kinds.get(n) == SAVER]
+        subsets = [c for k in range(len(savers) + 1) for c in itertools.combinations(savers, k)]
+        out += [("request_finished", i, s) for i in ids for s in subsets]
+        out += [(_APPLY_ANSWERS, i) for i in ids if world.requests[i].asking]
+    if "transfer_finished" in alphabet:
+        names = scenario.names + scenario.unknown
+        out += [("transfer_finished", i, n) for i in ids for n in names]
+    if "cancel" in alphabet:
+        out += [("cancel", i) for i in ids]
+    if "match_tokens" in alphabet:
+        savers = [n for n, ready in world.registry if ready and scenario.kinds.get(n) == SAVER]
+        answers = [
+            tuple(zip(savers, choice, strict=True))
+            for choice in itertools.product((0, 1, None), repeat=len(savers))
+        ]
+        held = [i for i in ids if world.requests[i].phase == _HELD]
+        out += [("match_tokens", i, a) for i in held for a in answers]
+    if "load_finished" in alphabet:
+        names = scenario.names + scenario.unknown
+        out += [("load_finished", i, n) for i in ids for n in names]
+    registered = {n for n, _ in world.registry}
+    if "unregister" in alphabet:
+        out += [("unregister", n) for n in scenario.names if n in registered]
+    if "register" in alphabet:
+        out += [("register", n) for n in scenario.names if n not in registered]
+    if "take" in alphabet:
+        out.append(("take",))
+    return out
+
+
+def _view(record: RequestTransferState) -> View:
+    return (record.state, record.awaiting, record.expected, record.abandoned)
+
+
+def _names(names: Collection[str]) -> str:
+    return ", ".join(sorted(names))
+
+
+def _show_view(view: View) -> str:
+    state, awaiting, expected, abandoned = view
+    text = state.value
+    if awaiting:
+        text += f" awaiting {', '.join(awaiting)}"
+    elif expected:
+        text += f" (saved by {', '.join(expected)})"
+    if abandoned:
+        text += f" (abandoned {', '.join(abandoned)})"
+    return text
+
+
+def independent(a: Event, b: Event) -> bool:
+    """Whether two events of the scenario commute: per-request events of different requests.
+
+    Every kind in ``_PER_REQUEST`` names its request at ``event[1]``; registry events
+    (``register``, ``unregister``) and ``take`` touch every request, so they are independent
+    of nothing. This is the assumption partial-order reduction rests on: the aggregator lets
+    requests interact only through the registry and ``take()`` (docs/check.md, "Reductions").
+
+    .. versionadded:: 0.1.0
+    """
+    return a[0] in _PER_REQUEST and b[0] in _PER_REQUEST and a[1] != b[1]

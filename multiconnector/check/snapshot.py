@@ -1,0 +1,190 @@
+"""The canonical state of a world: its parts numbered once, the least renaming under symmetry."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ..machine import TERMINAL
+from .scenario import _NOTHING, _TAKEN, _Request, _World
+
+
+class _Interner:
+    """Numbers the distinct request parts and registries, and their renamings, once each.
+
+    Snapshots are then tuples of small ints: cheap to hash, compare and keep.
+    """
+
+    def __init__(self, symmetries: Sequence[tuple[tuple[int, ...], Mapping[str, str]]]) -> None:
+        self.renamings = [rename for _, rename in symmetries]
+        self.ids: dict[Any, int] = {}
+        #: renamed[k][id]: the id of the thing numbered ``id``, renamed by renaming ``k``.
+        self.renamed: list[dict[int, int]] = [{} for _ in self.renamings]
+        #: The canonical key of each raw key (registry, parts, order, queue) met so far: most
+        #: events lead to a state already seen, whose canonical form is then a dict look-up.
+        self.canonical: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+    def number(self, thing: Any) -> int:
+        found = self.ids.get(thing)
+        if found is None:
+            found = self.ids[thing] = len(self.ids)
+        return found
+
+    def rename(self, k: int, thing: Any, number: int, how: Callable[..., Any]) -> int:
+        table = self.renamed[k]
+        found = table.get(number)
+        if found is None:
+            rename = self.renamings[k]
+            found = table[number] = self.number(how(thing, rename) if rename else thing)
+        return found
+
+
+def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
+    kind, phase, view, owed, cancelled, load, asking = part
+    if load is not None:  # (tag, names and flags): rename the names, keep the flags
+        load = tuple(rename.get(x, x) if isinstance(x, str) else x for x in load)
+    if asking:
+        asking = tuple(
+            tuple(sorted((rename.get(n, n), current) for n, current in one)) for one in asking
+        )
+    if view is not None:
+        view = (
+            view[0],
+            _names_key(rename.get(n, n) for n in view[1]),
+            _names_key(rename.get(n, n) for n in view[2]),
+            _names_key(rename.get(n, n) for n in view[3]),
+        )
+    return (
+        kind,
+        phase,
+        view,
+        frozenset(rename.get(n, n) for n in owed),
+        cancelled,
+        load,
+        asking,
+    )
+
+
+def _names_key(names: Iterable[str]) -> tuple[str, ...]:
+    """A set of names as a key: sorted, each once (see :func:`_part`)."""
+    return tuple(sorted(set(names)))
+
+
+def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
+    """One request's part of the state: exactly what its future and the properties read.
+
+    Soundness (two states with equal parts have the same futures and the same verdicts):
+
+    * ``awaiting``, ``expected`` and ``abandoned`` are kept as sets (sorted, each name once).
+      The aggregator reads them only by membership and emptiness (``name in``, ``is_last`` is
+      ``awaiting == (name,)``) and writes them by removing or appending names; ``terminal
+      absorbing`` compares a record with itself one event earlier, and its drain rule as
+      sets. Their order and repeats are history: ``abandoned`` lists a loader unregistered
+      while pending and later the same name unregistered as an awaited saver twice, and
+      ``expected`` keeps the registry order of the ask, which the registry part holds anyway.
+    * The load side of a live request: the aggregator's (loader, loaded, loader_gone) and the
+      checker's own (loader, loaded, loader_gone, load_owed), which ``load once`` compares.
+    * The load side of a terminal request: only the loader whose load it drains (the
+      aggregator's loader while not ``loaded``: ``load_finished`` and ``take()`` read nothing
+      else of a terminal record; ``loader_gone`` is set only while live) and the checker's
+      ``load_owed`` (what ``no early free`` reads). ``load once`` reads the checker's loader,
+      ``loaded`` and ``loader_gone`` only for a live request (``due`` and the unregistered
+      loader's rule), and a terminal request never becomes live again without failing
+      ``terminal absorbing`` on that very event.
+    * A request handed back keeps no promises: ``no early free`` judged them when ``take()``
+      handed it back.
+    """
+    view = r.view
+    load: tuple[Any, ...] | None = None
+    if view is not None:
+        loader, loaded, gone = r.load_view
+        if view[0] in TERMINAL:
+            draining = loader if loader is not None and not loaded else None
+            if draining is not None or r.load_owed is not None:
+                load = ("drain", draining, r.load_owed)
+        elif loader is not None or r.loader is not None or r.load_owed is not None:
+            load = ("live", loader, loaded, gone, r.loader, r.loaded, r.loader_gone, r.load_owed)
+        view = (view[0], _names_key(view[1]), _names_key(view[2]), _names_key(view[3]))
+    # A call between its halves: the savers it asked, and whether each is still the
+    # connector registered under its name (what its answers' application reads), as a set:
+    # the order asked only orders the names it will write to the sets above.
+    asking = tuple(
+        tuple(sorted((e.name, entry(e.name) is e) for e in asked[4])) for asked in r.asking
+    )
+    if r.phase == _TAKEN:
+        return ("request", r.phase, view, _NOTHING, r.cancelled, None, asking)
+    return ("request", r.phase, view, r.owed, r.cancelled, load, asking)
+
+
+def _rename_registry(registry: Any, rename: Mapping[str, str]) -> Any:
+    return (registry[0], tuple((rename.get(n, n), ready) for n, ready in registry[1]))
+
+
+def _snapshot(world: _World) -> Hashable:
+    """The canonical state: the least renaming of the observed state under the symmetries."""
+    world.sync()
+    scenario = world.scenario
+    numbers = scenario.interner
+    requests = world.requests
+    registry = ("registry", world.registry)
+    reg_id = numbers.number(registry)
+    part_ids = []
+    parts = []
+    entry = world.mc.registry.entry
+    for r in requests:
+        part = _part(r, entry)
+        parts.append(part)
+        part_ids.append(numbers.number(part))
+    # Which requests are held and queued for take() matters, not in what order: no property
+    # reads the order (take()'s list is judged record by record), and requests are assumed
+    # not to interact except through the registry and take() (docs/check.md, "Reductions").
+    # Queued as a set: a request queued twice fails "no early free" on the event that queued
+    # it again (take() would hand it back twice), and beyond that the copies differ in no
+    # verdict. Without this a bug that re-queues a record on every event (a drain applied
+    # again) has no end of states.
+    order, queue = tuple(sorted(world.order)), tuple(sorted(set(world.queue)))
+    raw = (reg_id, tuple(part_ids), order, queue)
+    known = numbers.canonical.get(raw)
+    if known is not None:
+        return known
+    best: tuple[Any, ...] | None = None
+    for k, (perm, _) in enumerate(scenario.symmetries):
+        moved = [0] * len(requests)
+        for i, part in enumerate(parts):
+            moved[perm[i]] = numbers.rename(k, part, part_ids[i], _rename_part)
+        key = (
+            numbers.rename(k, registry, reg_id, _rename_registry),
+            tuple(moved),
+            tuple(sorted(perm[i] if i >= 0 else -1 for i in order)),
+            tuple(sorted(perm[i] if i >= 0 else -1 for i in queue)),
+        )
+        if best is None or key < best:
+            best = key
+    assert best is not None
+    numbers.canonical[raw] = best
+    return best
+
+
+def _symmetries(
+    kinds: Mapping[str, str | None], requests: int, on: bool
+) -> tuple[tuple[tuple[int, ...], Mapping[str, str]], ...]:
+    """Request-index permutations times renamings of connectors of one kind."""
+    identity: tuple[tuple[tuple[int, ...], Mapping[str, str]], ...] = (
+        (tuple(range(requests)), {}),
+    )
+    if not on:
+        return identity
+    groups: dict[str | None, list[str]] = {}
+    for name, kind in kinds.items():
+        groups.setdefault(kind, []).append(name)
+    renamings: list[dict[str, str]] = [{}]
+    for group in groups.values():
+        renamings = [
+            {**base, **{a: b for a, b in zip(group, p, strict=True) if a != b}}
+            for base in renamings
+            for p in itertools.permutations(group)
+        ]
+    return tuple(
+        (perm, rename) for perm in itertools.permutations(range(requests)) for rename in renamings
+    )
