@@ -8,6 +8,7 @@ when a survivor is unexplained, 2 on a bad argument.
 
     python tools/mutate.py                  # machine, params, registry, aggregator
     python tools/mutate.py --module params  # one module
+    python tools/mutate.py --module aggregator  # the whole subpackage multiconnector/aggregator/
 """
 
 from __future__ import annotations
@@ -81,12 +82,20 @@ def mutmut(work: Path, *args: str, capture: bool = False) -> subprocess.Complete
     )
 
 
+def sources(module: str) -> str:
+    """What ``module`` names under ``multiconnector/``: a file, or a subpackage's folder."""
+    return f"{module}/" if (ROOT / "multiconnector" / module).is_dir() else f"{module}.py"
+
+
 def statuses(work: Path, module: str) -> dict[str, str]:
-    """Each mutant of ``module`` and mutmut's status for it."""
-    meta = work / "mutants" / "multiconnector" / f"{module}.py.meta"
-    if not meta.exists():
-        return {}
-    codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
+    """Each mutant of ``module`` (every file of it, when a subpackage) and mutmut's status."""
+    base = work / "mutants" / "multiconnector"
+    folder = base / module
+    metas = sorted(folder.glob("*.py.meta")) if folder.is_dir() else [base / f"{module}.py.meta"]
+    codes: dict[str, int | None] = {}
+    for meta in metas:
+        if meta.exists():
+            codes.update(json.loads(meta.read_text())["exit_code_by_key"])
     return {name: status_by_exit_code[code] for name, code in sorted(codes.items())}
 
 
@@ -151,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"mutmut": MUTMUT_VERSION, "max_children": args.max_children}
     result["modules"] = {}
     for module in modules:
-        print(f"== mutating multiconnector/{module}.py", flush=True)
+        print(f"== mutating multiconnector/{sources(module)}", flush=True)
         started = time.monotonic()
         done = mutmut(
             work, "run", "--max-children", str(args.max_children), f"multiconnector.{module}.*"

@@ -1,22 +1,9 @@
-"""The simulated serving workload: a scheduler loop over a KV block pool, with injected faults.
+"""The scheduler: :class:`Simulation`, one run of the workload.
 
-One seeded generator draws everything: arrivals, request sizes, which connectors save, latencies,
-cancellations and faults. Events sit in one heap ordered by simulated time (integer ticks) and
-sequence number, so a run is a pure function of its configuration when ``threads == 1``.
-
-With ``threads > 1`` the scheduler (this module's main loop) still makes every decision, but the
-connectors' reports are delivered by worker threads, racing with the scheduler's
-``request_finished``, ``cancel``, ``take`` and its unregistering and registering connectors.
-Reports about one request always go to the same worker, in the order they were made (the order a
-real connector's messages about one request arrive in), except that a worker delivers each run of
-saves as one batch per connector, as a vLLM worker's ``get_finished`` does. Runs are then no
-longer reproducible, but every invariant must still hold.
-
-The scheduler acts only on what a real caller knows: what the library returns. It frees
-exactly the blocks of the requests :meth:`~multiconnector.MultiConnector.take` hands back, at
-once, with no ledger of its own: a cancelled request, or one whose load is still in flight, is
-handed back only once no connector may touch its blocks. The block pool checks every free
-against the simulated connectors' own ledgers (see :mod:`multiconnector._pool`).
+Its loop admits arrivals into the block pool, fans each finished request out, cancels,
+unregisters and registers connectors, takes what the library hands back and frees exactly that,
+then checks that nothing was lost. The connectors' reports go through
+:class:`~multiconnector._workload.deliveries.Deliveries`.
 """
 
 from __future__ import annotations
@@ -28,76 +15,30 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Final, final
 
-import attrs
+from .._pool import BlockPool, Violations
+from .._simconnector import SimCache, SimConnector
+from .._validate import shown
+from ..aggregator import MultiConnector
+from ..errors import ConnectorFailures, InvalidArgumentError, KeyClashError
+from ..machine import State
+from ..outcome import Outcome
+from ..registry import ConnectorRegistry
+from .config import _MAX_BLOCKS, CONNECTORS, FAULT_KINDS, SimulationConfig
+from .deliveries import _APPLIED, _D_LOAD, _D_LOAD_REPORT, _D_REPORT, _D_SAVE, Deliveries
+from .records import SimRequest, Tally, _count
+from .result import SimulationResult
 
-from ._pool import BlockPool, Violations
-from ._simconnector import SimCache, SimConnector
-from ._validate import check_stripes, shown
-from .aggregator import MultiConnector
-from .errors import ConnectorFailures, InvalidArgumentError, KeyClashError
-from .machine import State
-from .outcome import Outcome
-from .registry import ConnectorRegistry
+__all__ = ["Simulation"]
 
-__all__ = [
-    "CONNECTORS",
-    "FAULT_KINDS",
-    "SimRequest",
-    "Simulation",
-    "SimulationConfig",
-    "SimulationResult",
-]
-
-#: The fault kinds ``--faults`` picks from, and what each injects.
-FAULT_KINDS: Final[dict[str, str]] = {
-    "raise": "a connector raises in request_finished, or in its on_finished callback",
-    "duplicate": "a save or load report, request_finished or cancel delivered twice",
-    "late": "reports after the request was handed back, request_finished after a cancel, "
-    "reports from a connector after its shutdown",
-    "phantom": "a ready connector reports a save or load it never committed to",
-    "unknown": "reports from a name never registered and from the not-ready connector, "
-    "reports for a request never begun",
-    "unregister": "a connector shut down and unregistered mid-run, registered again later",
-    "clash": "pd@0 and pd@1 both supply the params key remote_engine_id",
-}
-
-#: The connectors, in registration order: ``None`` is one whose start failed.
-CONNECTORS: Final[tuple[str, ...]] = ("cache", "pd@0", "pd@1", "nixl")
 _NOT_READY: Final = "nixl"
 _SAVERS: Final = ("cache", "pd@0", "pd@1")
 _GHOST: Final = "ghost"
 
-_APPLIED: Final = Outcome.applied
-#: What a report a connector really made may meet: applied, or refused because the request was
-#: cancelled (and maybe already handed back) or its connector unregistered meanwhile.
-#: A cancelled request awaiting it drains it (``drained``).
-_GENUINE_SAVE: Final = frozenset(
-    {
-        Outcome.applied,
-        Outcome.drained,
-        Outcome.terminal,
-        Outcome.unknown_request,
-        Outcome.unregistered,
-    }
-)
-#: A load report racing its connector's unregistering meets ``unregistered``.
-_GENUINE_LOAD: Final = frozenset(
-    {
-        Outcome.applied,
-        Outcome.drained,
-        Outcome.terminal,
-        Outcome.unknown_request,
-        Outcome.unregistered,
-    }
-)
-
 # Scheduler events (heap entries are (tick, sequence, kind, payload)).
 _SEND, _FINISH, _CANCEL, _UNREGISTER, _REGISTER = range(5)
-# Deliveries, made by the scheduler (threads == 1) or a worker thread.
-_D_SAVE, _D_LOAD, _D_REPORT, _D_LOAD_REPORT = range(4)
 
 #: Simulated time: mean ticks between arrivals, decode length, transfer latencies.
 _ARRIVAL_RATE: Final = 2.0
@@ -106,206 +47,10 @@ _SAVE_MEAN: Final = 8.0
 _LOAD: Final = (1, 20)
 _LATE_AFTER: Final = 400
 _DOWN_FOR: Final = (5, 50)
-_MAX_BLOCKS: Final = 32
-
-
-def _check_rate(value: Any, argument: str) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1:
-        return float(value)
-    raise InvalidArgumentError(f"{argument}={shown(value)} must be a number from 0 to 1")
-
-
-def _check_count(value: Any, argument: str, minimum: int) -> None:
-    if type(value) is not int or value < minimum:
-        raise InvalidArgumentError(f"{argument}={shown(value)} must be an int >= {minimum}")
-
-
-def _check_faults(value: Any) -> frozenset[str]:
-    if isinstance(value, str) or not isinstance(value, Iterable):
-        raise InvalidArgumentError(
-            f"faults={shown(value)} must be a collection of fault kinds ({', '.join(FAULT_KINDS)})"
-        )
-    kinds = frozenset(value)
-    unknown = sorted(k for k in kinds if k not in FAULT_KINDS)
-    if unknown:
-        raise InvalidArgumentError(
-            f"faults={shown(value)} has unknown kind(s) {unknown}; "
-            f"must be among {', '.join(FAULT_KINDS)}"
-        )
-    return kinds
 
 
 @final
-@attrs.frozen(kw_only=True)
-class SimulationConfig:
-    """What to simulate. Every field is checked: a bad one raises ``InvalidArgumentError``.
-
-    ``fault_rate`` is the probability, per request and per fault kind, that the fault is injected
-    (connectors are unregistered ten times less often); ``cancel_rate`` the probability that the
-    scheduler cancels a request at a random moment of its life; ``blocks`` the pool's size.
-    """
-
-    requests: int = 100_000
-    seed: int = 0
-    threads: int = 1
-    faults: frozenset[str] = attrs.field(default=frozenset(FAULT_KINDS), converter=_check_faults)
-    fault_rate: float = attrs.field(default=0.02)
-    cancel_rate: float = attrs.field(default=0.05)
-    blocks: int = 4096
-    stripes: int = 64
-
-    def __attrs_post_init__(self) -> None:
-        _check_count(self.requests, "requests", 0)
-        if type(self.seed) is not int:
-            raise InvalidArgumentError(f"seed={shown(self.seed)} must be an int")
-        _check_count(self.threads, "threads", 1)
-        _check_count(self.blocks, "blocks", _MAX_BLOCKS)
-        check_stripes(self.stripes)
-        _check_rate(self.fault_rate, "fault_rate")
-        _check_rate(self.cancel_rate, "cancel_rate")
-
-    def to_json(self) -> dict[str, Any]:
-        out = attrs.asdict(self)
-        out["faults"] = sorted(self.faults)
-        return out
-
-
-@final
-class SimRequest:
-    """The scheduler's view of one request, and the plan its connectors follow."""
-
-    __slots__ = (
-        "answers",
-        "blocks",
-        "cache_saves",
-        "callback_fail",
-        "cancel_applied",
-        "clash",
-        "committed",
-        "finished_once",
-        "handed_back",
-        "hits",
-        "index",
-        "loading",
-        "overtake",
-        "pd",
-        "raised",
-        "raiser",
-        "rid",
-        "seen",
-    )
-
-    def __init__(self, index: int, blocks: list[int]) -> None:
-        self.index = index
-        self.rid = f"r{index}"
-        self.blocks = blocks
-        # The plan, drawn at admission.
-        self.hits = 0
-        self.cache_saves = False
-        self.pd = False
-        self.clash = False
-        self.raiser: str | None = None
-        self.callback_fail: str | None = None
-        # What happened: written by the connectors (ground truth) and the scheduler.
-        self.raised: str | None = None
-        self.loading = False
-        self.answers: list[tuple[str, dict[str, Any] | None]] = []
-        self.committed: list[str] = []
-        #: Reports relayed: saver names, and ``"load:" + name`` for a load.
-        self.seen: set[str] = set()
-        self.cancel_applied = False
-        self.handed_back = False
-        self.finished_once = False
-        #: The scheduler's cancel, called by the first connector asked at request_finished, as
-        #: another thread's cancel would land while a slow connector answers.
-        self.overtake: Callable[[SimRequest], None] | None = None
-
-
-Tally = dict[tuple[str, str], int]
-
-
-@final
-@attrs.frozen(kw_only=True)
-class SimulationResult:
-    """Everything a run measured. ``ok`` is true when no invariant was broken."""
-
-    config: SimulationConfig
-    finished: int
-    cancelled: int
-    outcomes: dict[str, int]
-    connector_outcomes: dict[str, dict[str, int]]
-    reports: dict[str, dict[str, int]]
-    simulator: dict[str, int]
-    faults: dict[str, int]
-    violations: dict[str, int]
-    examples: list[dict[str, str]]
-    early_frees: int
-    leaks: dict[str, int]
-    elapsed: float
-
-    @property
-    def events(self) -> int:
-        """Events the library counted: every request_finished, report, load report, cancel.
-
-        Not the awaited saves released by unregistering (``abandoned``): no call made those."""
-        return sum(n for k, n in self.outcomes.items() if k != Outcome.abandoned.value)
-
-    @property
-    def events_per_second(self) -> float:
-        return self.events / self.elapsed if self.elapsed > 0 else 0.0
-
-    @property
-    def violation_count(self) -> int:
-        return sum(self.violations.values())
-
-    @property
-    def ok(self) -> bool:
-        return self.violation_count == 0
-
-    def to_json(self) -> dict[str, Any]:
-        applied = self.outcomes.get(Outcome.applied.value, 0)
-        return {
-            "ok": self.ok,
-            "config": self.config.to_json(),
-            "requests": {
-                "total": self.config.requests,
-                "finished": self.finished,
-                "cancelled": self.cancelled,
-            },
-            "events": {
-                "total": self.events,
-                "applied": applied,
-                "ignored": {
-                    k: n
-                    for k, n in self.outcomes.items()
-                    if k not in (Outcome.applied.value, Outcome.abandoned.value)
-                },
-                # Awaited saves released by unregistering their connector: not events.
-                "abandoned": self.outcomes.get(Outcome.abandoned.value, 0),
-            },
-            "connectors": self.connector_outcomes,
-            "reports": self.reports,
-            "simulator": self.simulator,
-            "faults": self.faults,
-            "violations": {
-                "total": self.violation_count,
-                "by_kind": self.violations,
-                "examples": self.examples,
-            },
-            "early_frees": self.early_frees,
-            "leaks": self.leaks,
-            "elapsed_s": round(self.elapsed, 3),
-            "events_per_second": round(self.events_per_second),
-        }
-
-
-def _count(tally: Tally, category: str, what: str, n: int = 1) -> None:
-    key = (category, what)
-    tally[key] = tally.get(key, 0) + n
-
-
-@final
-class Simulation:
+class Simulation(Deliveries):
     """One run. ``Simulation(config).run()`` returns a :class:`SimulationResult`.
 
     ``on_progress(done, total)`` is called from the scheduler as requests are handed back.
@@ -607,78 +352,6 @@ class Simulation:
                 self._at(self.now + rng.randint(0, 30), _SEND, (0, item))
             self._at(self.now + rng.randint(*_DOWN_FOR), _REGISTER, name)
 
-    def _send(self, route: int, item: tuple[Any, ...]) -> None:
-        if self.threaded:
-            self.batches[route % len(self.batches)].append(item)
-        else:
-            self._deliver(item, self.tally)
-
-    # -- deliveries (the scheduler's thread, or a worker) --------------------------------------
-
-    def _deliver(self, item: tuple[Any, ...], tally: Tally) -> None:
-        try:
-            self._deliver_one(item, tally)
-        except Exception as exc:  # the library raised where it must not: a finding, not a crash
-            about = item[2]
-            self.violations.add("unexpected_error", getattr(about, "rid", str(about)), repr(exc))
-
-    def _deliver_one(self, item: tuple[Any, ...], tally: Tally) -> None:
-        code = item[0]
-        mc = self.mc
-        if code in (_D_SAVE, _D_LOAD):
-            _, connector, req, dup = item
-            load = code == _D_LOAD
-            name, rid = connector.name, req.rid
-            if not connector.complete(rid, load):
-                return  # aborted by its shutdown: a connector that is gone does not report
-            if load:
-                req.seen.add("load:" + name)
-                outcome = mc.load_finished(rid, name)
-            else:
-                req.seen.add(name)
-                try:
-                    outcome = mc.transfer_finished(rid, name)
-                except ConnectorFailures:  # its on_finished raised, after the report applied
-                    _count(tally, "callback", "failure")
-                    outcome = _APPLIED
-            self._judge(tally, load, name, rid, outcome, dup=dup)
-        elif code in (_D_REPORT, _D_LOAD_REPORT):
-            _, name, rid, category, req = item
-            if req is not None and name not in req.seen:
-                return  # a late copy of a report that was never made (its save was aborted)
-            self._injected(tally, code == _D_LOAD_REPORT, name, rid, category)
-
-    def _judge(
-        self,
-        tally: Tally,
-        load: bool,
-        name: str,
-        rid: str,
-        outcome: Outcome,
-        *,
-        dup: bool,
-    ) -> None:
-        """Count a genuine report's outcome, flag a refused one, then send its duplicate."""
-        what = "load" if load else "save"
-        _count(tally, what, outcome.value)
-        if outcome not in (_GENUINE_LOAD if load else _GENUINE_SAVE):
-            self.violations.add("report_refused", rid, f"{name}'s {what}: {outcome.value}")
-        if dup:
-            self._injected(tally, load, name, rid, "duplicate")
-
-    def _injected(self, tally: Tally, load: bool, name: str, rid: str, category: str) -> None:
-        """Deliver a report that must be ignored."""
-        try:
-            outcome = (
-                self.mc.load_finished(rid, name) if load else self.mc.transfer_finished(rid, name)
-            )
-        except ConnectorFailures:
-            outcome = _APPLIED
-        _count(tally, category, outcome.value)
-        if outcome is _APPLIED or outcome is Outcome.drained:
-            what = "load report" if load else "report"
-            self.violations.add("fault_applied", rid, f"{category} {what} from {name} applied")
-
     # -- handing back and freeing --------------------------------------------------------------
 
     def _collect(self) -> None:
@@ -711,76 +384,6 @@ class Simulation:
             self.pool.free(req.index, rid, req.blocks)
 
     # -- running -------------------------------------------------------------------------------
-
-    def _flush(self) -> None:
-        for i, batch in enumerate(self.batches):
-            if batch:
-                self.queues[i].put(batch)
-                self.batches[i] = []
-
-    def _drain(self) -> None:
-        if self.threaded:
-            self._flush()
-            for q in self.queues:
-                q.join()
-
-    def _work(self, q: queue.Queue[list[tuple[Any, ...]] | None], tally: Tally) -> None:
-        """A worker thread: each run of consecutive saves in a batch is delivered as a vLLM
-        worker's ``get_finished`` does, one ``transfer_finished_many`` per connector; every other
-        delivery one at a time, in order."""
-        deliver, saves = self._deliver, self._deliver_saves
-        while True:
-            batch = q.get()
-            if batch is None:
-                q.task_done()
-                return
-            run: list[tuple[Any, ...]] = []
-            for item in batch:
-                if item[0] == _D_SAVE:
-                    run.append(item)
-                    continue
-                if run:
-                    saves(run, tally)
-                    run = []
-                deliver(item, tally)
-            if run:
-                saves(run, tally)
-            q.task_done()
-
-    def _deliver_saves(self, run: list[tuple[Any, ...]], tally: Tally) -> None:
-        """A run of genuine saves, one batch per connector name. Each connector's own reports
-        keep their order (a run holds one save per request and connector, and a save's injected
-        duplicate follows it); reports about one request from different connectors may swap,
-        which leads to the same state, as in a real worker's get_finished. The connectors take
-        the saves off their ledgers before the batch is reported, as a real one has finished
-        them before its get_finished says so."""
-        by_name: dict[str, list[tuple[Any, ...]]] = {}
-        for item in run:
-            by_name.setdefault(item[1].name, []).append(item)
-        for name, items in by_name.items():
-            try:
-                self._deliver_batch(name, items, tally)
-            except Exception as exc:  # as in _deliver: a finding, not a crash
-                self.violations.add("unexpected_error", items[0][2].rid, repr(exc))
-
-    def _deliver_batch(self, name: str, items: list[tuple[Any, ...]], tally: Tally) -> None:
-        made = []
-        for item in items:
-            _, connector, req, _ = item
-            if connector.complete(req.rid, False):  # else aborted by its shutdown: no report
-                req.seen.add(name)
-                made.append(item)
-        if not made:
-            return
-        try:
-            outcomes = self.mc.transfer_finished_many(name, [item[2].rid for item in made])
-        except ConnectorFailures as exc:  # on_finished raised, after every report applied
-            _count(tally, "callback", "failure", len(exc.exceptions))
-            outcomes = exc.result
-        _count(tally, "batch", "calls")
-        _count(tally, "batch", "reports", len(made))
-        for item, outcome in zip(made, outcomes, strict=True):
-            self._judge(tally, False, name, item[2].rid, outcome, dup=item[3])
 
     def run(self) -> SimulationResult:
         """Run the workload to its end, then check that nothing was lost."""

@@ -1,0 +1,248 @@
+"""The aggregator's books: the state every side of :class:`MultiConnector` shares, and the
+helpers they all use.
+
+:class:`Books` declares every attribute (``__slots__``) and makes them (``__init__``); the other
+modules of this package add methods over it, each one concept. Here too: the unregister rule
+(``_connector_gone``, subscribed to the registry when the books are made), settling a terminal
+request for :meth:`MultiConnector.take`, the shared name tuples, transitions and counters. The
+module constants below are the hot paths' (each module imports the ones it reads, as its own
+globals).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Mapping
+from typing import Any, Final, NoReturn
+
+from .._validate import check_stripes, shown
+from ..errors import ConnectorFailures, InvalidArgumentError, ShutDownError
+from ..machine import TERMINAL, RequestTransferState, State, Step, step
+from ..outcome import Outcome
+from ..registry import Connector, ConnectorRegistry, Entry
+
+__all__ = ["OTHER_NAMES", "Books"]
+
+logger: Final = logging.getLogger("multiconnector")
+
+# Enum members read through their class cost ~70 ns each on CPython 3.11: the hot paths use
+# these module constants instead.
+_APPLIED: Final = Outcome.applied
+_UNKNOWN_REQUEST: Final = Outcome.unknown_request
+_TERMINAL: Final = Outcome.terminal
+_DUPLICATE: Final = Outcome.duplicate
+_PHANTOM: Final = Outcome.phantom
+_UNKNOWN_CONNECTOR: Final = Outcome.unknown_connector
+_NOT_READY: Final = Outcome.not_ready
+_UNREGISTERED: Final = Outcome.unregistered
+_ABANDONED: Final = Outcome.abandoned
+_DRAINED: Final = Outcome.drained
+_OVERTAKEN: Final = Outcome.overtaken
+_PENDING: Final = State.pending
+_CANCELLED: Final = State.cancelled
+#: Counter key for events that concern a request, not a connector.
+_NO_NAME: Final = None
+#: Distinct name tuples kept for sharing (awaiting sets are few; requests are many).
+_INTERN_LIMIT: Final = 4096
+#: Distinct (outcome, name) counters kept per lock stripe; later names count under OTHER_NAMES.
+_COUNTER_LIMIT: Final = 1024
+#: The name under which every name past the counter limit is counted (see connector_counts).
+OTHER_NAMES: Final = "<other names>"
+
+
+class Books:
+    """The shared state of :class:`MultiConnector` and the helpers every side uses."""
+
+    __slots__ = (
+        "__weakref__",  # the registry holds our unregister listener weakly
+        "_allow_equal",
+        "_applied",
+        "_asking",
+        "_closed",
+        "_counts",
+        "_done",
+        "_finishes",
+        "_halves",
+        "_interned",
+        "_locks",
+        "_mask",
+        "_parked",
+        "_ready_names",
+        "_registry",
+        "_requests",
+        "_trace",
+        "_without",
+    )
+
+    def __init__(
+        self,
+        registry: ConnectorRegistry | Mapping[str, Connector | None] | None = None,
+        *,
+        trace: bool = False,
+        allow_equal_params: bool = False,
+        stripes: int = 64,
+    ) -> None:
+        if registry is None:
+            registry = ConnectorRegistry()
+        elif isinstance(registry, Mapping):
+            registry = ConnectorRegistry(registry)
+        elif not isinstance(registry, ConnectorRegistry):
+            raise InvalidArgumentError(
+                f"registry={shown(registry)} must be a ConnectorRegistry, a Mapping or None"
+            )
+        for argument, value in (("trace", trace), ("allow_equal_params", allow_equal_params)):
+            if not isinstance(value, bool):
+                raise InvalidArgumentError(f"{argument}={shown(value)} must be a bool")
+        stripes = check_stripes(stripes)
+        self._closed = False
+        self._registry = registry
+        self._trace = trace
+        self._allow_equal = allow_equal_params
+        self._requests: dict[str, RequestTransferState] = {}
+        self._done: deque[RequestTransferState] = deque()
+        # Records a request_finished (or request_finished_by) is applying, each with that
+        # call's claim token; see request_finished.
+        self._asking: dict[RequestTransferState, object] = {}
+        # Cancelled records kept from take() while a request_finished still asks (see _settle).
+        self._parked: set[RequestTransferState] = set()
+        # Set only by _ask (the model check): request_finished then stops after asking.
+        self._halves: list[tuple[Any, ...]] | None = None
+        self._locks = tuple(threading.Lock() for _ in range(stripes))
+        self._mask = stripes - 1
+        # One counter dict per stripe, only ever written under that stripe's lock.
+        self._counts: tuple[dict[tuple[Outcome, str | None], int], ...] = tuple(
+            {} for _ in range(stripes)
+        )
+        # The hot paths count applied events here, by name alone: no key tuple to build and hash.
+        self._applied: tuple[dict[str | None, int], ...] = tuple({} for _ in range(stripes))
+        # Applied request_finished events, one slot per stripe (written under its lock).
+        self._finishes: list[int] = [0] * stripes
+        # Name tuples shared by every request with the same awaited set (memory), and each
+        # tuple's "minus one name" successors (time): both small, both capped.
+        self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._without: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}
+        # The names of a ready snapshot, for the common "every ready connector saves".
+        self._ready_names: tuple[tuple[Entry, ...], tuple[str, ...]] = ((), ())
+        registry.subscribe(self._connector_gone)
+
+    def _connector_gone(self, entry: Entry) -> None:
+        # Called under the registry lock, after `entry` was removed. The scan holds every stripe
+        # lock: a request_finished that checked the registry before the removal writes its
+        # awaited names under its stripe lock, so the scan sees them, or it checked after and
+        # leaves the name out itself. A scan without the locks could miss such a request and
+        # strand it. Unregistering is rare; the scan is O(held requests).
+        name = entry.name
+        locks = self._locks
+        for lock in locks:
+            lock.acquire()
+        try:
+            for record in list(self._requests.values()):
+                if record.loader == name:
+                    if record.state not in TERMINAL:
+                        record.loader_gone = True  # its load report can never be applied now
+                    if not record.loaded:
+                        # Its load is over: the connector that was loading is gone.
+                        record.loaded = True
+                        if name not in record.abandoned and name not in record.awaiting:
+                            record.abandoned = (*record.abandoned, name)
+                        if record.state in TERMINAL:
+                            self._settle(record)  # a drain: take() may hand it back now
+                if name not in record.awaiting:
+                    continue
+                dest = step(record, "connector_gone", name)
+                if dest is None:  # never: every state that awaits a name declares it
+                    continue
+                record.awaiting = tuple([n for n in record.awaiting if n != name])
+                record.abandoned = (*record.abandoned, name)
+                self._transition(record, "connector_gone", dest, name)
+                self._count(hash(record.request_id) & self._mask, _ABANDONED, name)
+                if dest is _CANCELLED:
+                    self._settle(record)  # a drain: take() may hand it back now
+        finally:
+            for lock in reversed(locks):
+                lock.release()
+
+    def _settle(self, record: RequestTransferState) -> None:
+        """Queue terminal ``record`` for take() once it is safe to free; the caller holds its
+        lock. It is not while a connector may still touch its blocks (``in_flight``: a drain
+        event settles it again), nor while a request_finished that a cancel overtook is still
+        asking (its connectors may be promising saves): then it is parked, and the call's
+        release settles it."""
+        if record.awaiting or (record.loader is not None and not record.loaded):
+            return
+        if record.state is _CANCELLED and record in self._asking:
+            self._parked.add(record)
+            return
+        self._done.append(record)
+
+    def _intern(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """The shared tuple equal to ``names`` (``names`` itself when new or when full)."""
+        shared = self._interned.get(names)
+        if shared is not None:
+            return shared
+        if len(self._interned) < _INTERN_LIMIT:
+            return self._interned.setdefault(names, names)
+        return names
+
+    def _minus(self, awaiting: tuple[str, ...], name: str) -> tuple[str, ...]:
+        """``awaiting`` without ``name``, shared, remembered for the next request."""
+        rest = self._intern(tuple([n for n in awaiting if n != name]))
+        if len(self._without) < _INTERN_LIMIT:
+            self._without.setdefault(awaiting, {})[name] = rest
+        return rest
+
+    def _transition(
+        self, record: RequestTransferState, event: str, dest: State, name: str | None
+    ) -> None:
+        """Move ``record`` to ``dest``; caller holds its lock and has written every other field
+        (a terminal record is queued for :meth:`take`, which may hand it over at once).
+
+        ``transfer_finished`` and ``transfer_finished_many`` inline this for their applied case,
+        the hottest event."""
+        source = record.state
+        record.state = dest
+        if record.history is not None:
+            record.history.append(Step(event, source, dest, name))
+        if dest is not source and dest in TERMINAL:
+            if record.awaiting or record.loader is not None or dest is _CANCELLED:
+                self._settle(record)  # maybe draining, or parked
+            else:
+                self._done.append(record)
+
+    def _count(self, index: int, outcome: Outcome, name: str | None) -> None:
+        counts = self._counts[index]
+        key = (outcome, name)
+        n = counts.get(key)
+        if n is None and len(counts) >= _COUNTER_LIMIT:
+            # Reports may carry any name at all: past the limit, new names share one key, so
+            # a flood of made-up names cannot grow memory without bound.
+            key = (outcome, OTHER_NAMES)
+            n = counts.get(key)
+        counts[key] = 1 if n is None else n + 1
+
+    @staticmethod
+    def _log_ignored(event: str, request_id: str, name: str | None, outcome: Outcome) -> None:
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "ignored %s for request %r from %r: %s", event, request_id, name, outcome.value
+            )
+
+    @staticmethod
+    def _call_back(outcome: Outcome, entry: Entry, method: Any, *args: Any) -> None:
+        try:
+            method(*args)
+        except Exception as exc:
+            raise ConnectorFailures(
+                f"connector {entry.name!r} raised in its callback",
+                [exc],
+                failed=[entry.name],
+                result=outcome,  # applied before the callback: the caller learns it
+            ) from None
+
+    def _shut(self, call: str) -> NoReturn:
+        raise ShutDownError(f"{call}() refused: this MultiConnector was shut down")
+
+    def __repr__(self) -> str:
+        return f"MultiConnector({self._registry!r}, held={len(self._requests)})"

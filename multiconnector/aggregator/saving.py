@@ -1,0 +1,502 @@
+"""The save side's decision: a request finished generating, and who saves it.
+
+:meth:`~MultiConnector.request_finished` asks every ready connector (in two halves, which the
+model check runs as events of their own: ``_ask`` and ``_answer``) and
+:meth:`~MultiConnector.request_finished_by` takes the savers from the caller; both apply the one
+decision, ``_finish``, or the overtaken drain when a cancel came first. The claims that make a
+second, concurrent call a duplicate live here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from .._validate import (
+    check_block_ids,
+    check_blocks,
+    check_bool,
+    check_name,
+    check_request_id,
+    shown,
+)
+from ..errors import (
+    ConnectorFailures,
+    InvalidAnswerError,
+    InvalidArgumentError,
+    InvalidParamsError,
+    KeyClashError,
+    UnknownConnectorError,
+)
+from ..machine import DECISIONS, STATES, TABLE, TERMINAL, RequestTransferState, step
+from ..outcome import Outcome
+from ..params import merge_transfer_params
+from ..registry import Entry
+from ._books import (
+    _APPLIED,
+    _CANCELLED,
+    _DUPLICATE,
+    _NO_NAME,
+    _OVERTAKEN,
+    _TERMINAL,
+    _UNKNOWN_REQUEST,
+    Books,
+)
+
+__all__ = ["Saving"]
+
+# The hot event's compiled decisions (see machine.DECISIONS): one dict lookup and one guard call.
+_ON_REQUEST_FINISHED: Final = DECISIONS["request_finished"]
+#: States with no ``request_finished`` transition at all: refused before asking any connector.
+_NOT_FINISHABLE: Final = frozenset(
+    state for state in STATES if not TABLE[state].get("request_finished")
+)
+
+
+def _garbage(name: str, answer: Any) -> InvalidAnswerError:
+    """The error for a ``request_finished`` answer that is not a ``(bool, Mapping | None)``
+    pair; the connector is awaited anyway (it may have started a save)."""
+    return InvalidAnswerError(
+        f"connector {name!r} answered request_finished with {shown(answer)}; it must answer a "
+        "(saves: bool, params: Mapping | None) pair. It is awaited, in case it started a save, "
+        "and its params are dropped",
+        connector=name,
+        answer=answer,
+    )
+
+
+class Saving(Books):
+    """``request_finished`` and ``request_finished_by``: the request awaits its savers."""
+
+    __slots__ = ()
+
+    def request_finished(
+        self, request_id: str, blocks: Sequence[int] = ()
+    ) -> tuple[Outcome, dict[str, Any] | None]:
+        """The request finished generating: ask every ready connector, then update it once.
+
+        Each ready connector's ``request_finished(request_id, blocks)`` is called in registration
+        order and answers ``(saves_asynchronously, params)``: a ``bool`` and a ``Mapping`` or
+        ``None``. With no asynchronous saver the request becomes ``finished``; otherwise
+        ``finishing``, awaiting exactly those names. Params are merged by
+        :func:`merge_transfer_params`. Returns ``(outcome, merged params)``.
+
+        All answers are gathered first and the state changes once, so a failure cannot leave a
+        committed save untracked. When a connector raises it counts as not saving (it made no
+        promise). Any other answer that is not such a pair (``True``, ``None``, a 1- or 3-tuple,
+        a list, a non-bool ``saves``, params that are not a Mapping) is awaited (it may have
+        started a save), its params are dropped, and an :class:`InvalidAnswerError` naming the
+        connector and the answer is raised. Either way the others are still asked and applied,
+        and :class:`ConnectorFailures` is raised afterwards. A second ``request_finished`` for a
+        request, while the first is still asking, is a ``duplicate`` and asks nobody. On a
+        params clash the request is still updated from every answer (finishing and awaiting
+        every saver: no save goes untracked, no block is freed early), its params stay ``None``,
+        and :class:`KeyClashError` is raised (inside ``ConnectorFailures`` when a connector also
+        failed). Each error's ``result`` is the ``(outcome, params)`` applied, and the state is
+        final: later events follow the normal rules.
+
+        A ``cancel`` that overtakes the call while it asks wins: the outcome is
+        :attr:`Outcome.overtaken`, the request stays ``cancelled``, and it awaits every
+        connector that promised a save (its drain), so ``take()`` hands it back only once they
+        reported or were unregistered. Until the call has applied its answers, the cancelled
+        request is not handed back.
+
+        The params returned are a new dict, the caller's to change: the record keeps its own.
+        """
+        # Two halves: this body claims the request and asks every ready connector, with no lock
+        # held; _answer applies the answers under the lock. The model check runs each half as
+        # an event of its own (see _ask), with any other event in between.
+        if request_id.__class__ is not str or not request_id:
+            request_id = check_request_id(request_id)
+        if blocks.__class__ is not list and blocks.__class__ is not tuple:
+            check_blocks(blocks)
+        elif blocks:
+            check_block_ids(blocks)
+        if self._closed:
+            self._shut("request_finished")
+        # The hot path: decisions (machine.DECISIONS), the common merge and the counters inlined.
+        # The request is claimed first (refused ones ask nobody), then updated from every answer
+        # under its lock; no lock is held while connectors are asked.
+        requests = self._requests
+        asking = self._asking
+        # Claim the request's record with an atomic dict.setdefault: a second, concurrent
+        # request_finished finds the first one's claim, is a duplicate and asks nobody, so no
+        # connector commits to a save that only one of two calls would track. A claim is
+        # released only after its call wrote the new state, so the state is read again once
+        # claimed: a call that claims just after another one finished sees it finished. A cancel
+        # may still overtake us while we ask: it sees the claim and keeps the record from take()
+        # until _answer recorded our savers (see _settle).
+        # Claims are keyed by the record, not the id: a request taken and begun again while an
+        # old call still asks is a new record, free to claim.
+        record = requests.get(request_id)
+        claim = object()  # ours alone: only the call that set it removes it
+        index = hash(request_id) & self._mask
+        try:
+            refused: Outcome | None = None
+            if record is None:
+                refused = _UNKNOWN_REQUEST
+            elif record.state in _NOT_FINISHABLE:
+                refused = self._refuse_finish(record)
+            elif asking.setdefault(record, claim) is not claim:
+                refused = _DUPLICATE
+            elif record.state in _NOT_FINISHABLE:  # finished or cancelled since our look
+                self._release(record, claim, index)
+                refused = self._refuse_finish(record)
+            if refused is not None:
+                self._refused(index, refused)
+                self._log_ignored("request_finished", request_id, None, refused)
+                return refused, None
+            assert record is not None
+            ready = self._registry._ready  # what ready_entries() returns, without the call
+            savers: list[Entry] = []
+            answers: list[Any] = []  # the params of each connector that answered, in order
+            failures: list[tuple[str, Exception]] | None = None  # made on the first failure
+            clash: Exception | None = None
+            # merge_transfer_params' result for plain dicts with str keys and no clash, built as we
+            # go; anything else (``plain`` false) goes to merge_transfer_params itself.
+            merged: dict[str, Any] | None = None
+            supplied = 0
+            plain = True
+            for entry in ready:
+                try:
+                    answer = entry.request_finished(request_id, blocks)  # type: ignore[misc]
+                except Exception as exc:
+                    failures = [] if failures is None else failures
+                    failures.append((entry.name, exc))
+                    continue
+                if answer.__class__ is tuple:
+                    try:
+                        saves, params = answer
+                    except ValueError:  # not a pair: garbage, below
+                        saves = params = None
+                    if params is None:
+                        if saves is True:
+                            savers.append(entry)
+                            answers.append(None)
+                            continue
+                        if saves is False:
+                            answers.append(None)
+                            continue
+                    elif (saves is True or saves is False) and (
+                        params.__class__ is dict or isinstance(params, Mapping)
+                    ):
+                        if saves:
+                            savers.append(entry)
+                        answers.append(params)
+                        if params.__class__ is not dict:
+                            plain = False
+                        elif merged is None:
+                            merged = params.copy()
+                            supplied = len(params)
+                        else:
+                            merged |= params
+                            supplied += len(params)
+                        continue
+                # Garbage: it may have started a save, so it is awaited (conservative); its
+                # params are dropped and the answer is reported.
+                savers.append(entry)
+                failures = [] if failures is None else failures
+                failures.append((entry.name, _garbage(entry.name, answer)))
+            if merged is not None and plain:
+                if len(merged) != supplied:
+                    plain = False  # a key supplied twice
+                else:
+                    for param in merged:
+                        if param.__class__ is not str:
+                            plain = False
+                            break
+            if not plain:
+                merged = None
+                try:
+                    failed = {name for name, _ in failures or ()}
+                    names = [e.name for e in ready if e.name not in failed]
+                    merged = merge_transfer_params(
+                        list(zip(names, answers, strict=True)), allow_equal=self._allow_equal
+                    )
+                except (KeyClashError, InvalidParamsError) as exc:
+                    clash = exc
+            asked = (record, claim, index, ready, savers, failures, merged, clash)
+            halves = self._halves
+            if halves is None:
+                return self._answer(asked)
+            halves.append(asked)  # _ask's caller applies it later
+            return _UNKNOWN_REQUEST, None  # not read
+        except BaseException:
+            if record is not None:
+                self._release(record, claim, index)  # unless _answer released it
+            raise
+
+    def _ask(self, request_id: str, blocks: Sequence[int]) -> tuple[Any, ...]:
+        """request_finished's first half alone, for the model check (one thread): claim the
+        request and ask every ready connector. Returns ``(outcome, None)`` when refused (nobody
+        asked), else the answers for :meth:`_answer`, ``(record, claim, index, ready, savers,
+        failures, merged, clash)``, whose claim is held until :meth:`_answer` drops it.
+        ``request_finished`` is the two halves in sequence, in one call."""
+        halves: list[tuple[Any, ...]] = []
+        self._halves = halves
+        try:
+            refused = self.request_finished(request_id, blocks)
+        finally:
+            self._halves = None
+        return halves[0] if halves else refused
+
+    def _answer(self, asked: tuple[Any, ...]) -> tuple[Outcome, dict[str, Any] | None]:
+        """request_finished's second half: apply the answers :meth:`_ask` gathered, under the
+        request's lock, release the claim, and return (or raise) the call's result."""
+        record: RequestTransferState
+        savers: list[Entry]
+        record, _, index, ready, savers, failures, merged, clash = asked
+        request_id = record.request_id
+        registry = self._registry
+        lock = self._locks[index]
+        lock.acquire()
+        try:
+            if self._requests.get(request_id) is not record:
+                outcome = _UNKNOWN_REQUEST  # never while we hold the claim: kept for safety
+            else:
+                # A saver unregistered while we asked it can never report: abandoned at once.
+                # While the registry publishes the snapshot we asked (every change publishes a
+                # new one), every saver is still registered.
+                if registry._ready is not ready:
+                    awaited = self._intern(
+                        tuple([e.name for e in savers if registry.entry(e.name) is e])
+                    )
+                elif len(savers) != len(ready):
+                    awaited = self._intern(tuple([e.name for e in savers]))
+                else:
+                    cached = self._ready_names
+                    if cached[0] is ready:
+                        awaited = cached[1]
+                    else:
+                        awaited = self._intern(tuple([e.name for e in ready]))
+                        self._ready_names = (ready, awaited)
+                expected = (
+                    awaited
+                    if len(awaited) == len(savers)
+                    else self._intern(tuple([e.name for e in savers]))
+                )
+                if record.state is _CANCELLED:  # a cancel overtook us while we asked
+                    outcome = self._overtaken(record, awaited, expected, index)
+                else:
+                    outcome = self._finish(record, awaited, expected, merged, index)
+            if outcome is _UNKNOWN_REQUEST:
+                self._count(index, outcome, _NO_NAME)
+        finally:
+            del self._asking[record]  # our claim, released after the state was written
+            if self._parked:
+                self._unpark(record)
+            lock.release()
+        # A copy for the caller: the record keeps its own (no aliasing of the books).
+        result = (outcome, merged.copy() if merged is not None and outcome is _APPLIED else None)
+        if failures is None:
+            if clash is not None:
+                clash.result = result
+                raise clash  # a lone KeyClashError or InvalidParamsError
+            return result
+        errors = [exc for _, exc in failures]
+        if clash is not None:
+            clash.result = result
+            errors.append(clash)
+        raise ConnectorFailures(
+            f"{len(errors)} failure(s) while finishing request {request_id!r}",
+            errors,
+            failed=[name for name, _ in failures],
+            result=result,
+        )
+
+    def _overtaken(
+        self,
+        record: RequestTransferState,
+        awaited: tuple[str, ...],
+        expected: tuple[str, ...],
+        index: int,
+    ) -> Outcome:
+        """A cancel overtook request_finished while it asked: the cancelled ``record`` awaits
+        every saver that can still report (its drain); the caller holds lock ``index``."""
+        record.awaiting = awaited
+        record.expected = expected
+        gone = [n for n in expected if n not in awaited and n not in record.abandoned]
+        if gone:
+            record.abandoned = (*record.abandoned, *gone)
+        self._count(index, _OVERTAKEN, _NO_NAME)
+        return _OVERTAKEN
+
+    def _release(self, record: RequestTransferState, claim: object, index: int) -> None:
+        """Drop ``claim`` on ``record`` if it is still held, under the request's lock, and hand a
+        record a cancel kept back meanwhile to take() (see :meth:`_settle`)."""
+        lock = self._locks[index]
+        lock.acquire()
+        try:
+            asking = self._asking
+            if asking.get(record) is claim:
+                del asking[record]
+                if self._parked:
+                    self._unpark(record)
+        finally:
+            lock.release()
+
+    def _unpark(self, record: RequestTransferState) -> None:
+        """``record``'s claim was just dropped: queue it if a cancel kept it back for that;
+        the caller holds its lock."""
+        parked = self._parked
+        if record in parked:
+            parked.discard(record)
+            self._settle(record)
+
+    def request_finished_by(
+        self, request_id: str, savers: Iterable[str], *, allow_unregistered: bool = False
+    ) -> Outcome:
+        """The request finished generating, and the caller knows who saves it asynchronously.
+
+        The same transition as :meth:`request_finished` — the same decision and bookkeeping —
+        for a side that learns the savers from elsewhere instead of asking its connectors: a
+        vLLM worker learns them from the scheduler's connector metadata. No connector is called
+        and no params are merged (``params`` stays ``None``). The request awaits the names in
+        ``savers`` that are ready registered connectors, in registration order; any other name
+        can never report, so it is abandoned at once (in ``expected`` and ``abandoned``), as a
+        saver unregistered while :meth:`request_finished` asked it is. While a
+        :meth:`request_finished` for the same request is asking its connectors, this is a
+        ``duplicate`` and changes nothing (those connectors' answers decide).
+
+        A name in ``savers`` that is not registered at all is far more often a typo than a saver
+        unregistered a moment ago, so it raises :class:`UnknownConnectorError` unless
+        ``allow_unregistered=True`` (then it is abandoned at once, as above).
+
+        Returns the :class:`Outcome`. Raises :class:`InvalidArgumentError` for a bad
+        ``request_id`` or ``savers`` (a ``str``, or not iterable) and :class:`InvalidNameError`
+        for an item that is not a connector name; nothing changes then.
+
+        .. versionadded:: 0.1.0
+        """
+        if request_id.__class__ is not str or not request_id:
+            request_id = check_request_id(request_id)
+        if allow_unregistered is not False:
+            check_bool(allow_unregistered, "allow_unregistered")
+        if self._closed:
+            self._shut("request_finished_by")
+        names = savers
+        if names.__class__ is not tuple:
+            if isinstance(names, str | bytes) or not isinstance(names, Iterable):
+                raise InvalidArgumentError(
+                    f"savers={shown(names)} must be an iterable of connector names (str)"
+                )
+            names = tuple(names)
+        entries = self._registry._entries
+        plain = True
+        for given in names:
+            if given.__class__ is not str or given not in entries:  # registered: a valid name
+                name = check_name(given, "an item of savers")
+                if name not in entries and not allow_unregistered:
+                    raise UnknownConnectorError(
+                        f"an item of savers={name!r} is not registered (pass "
+                        "allow_unregistered=True if it may have been unregistered)"
+                    )
+                if given.__class__ is not str:
+                    plain = False
+        if not plain:
+            names = tuple([str(name) for name in names])
+        index = hash(request_id) & self._mask
+        # Claimed as request_finished claims (see there): while a request_finished asks the
+        # connectors of this very record, this call is a duplicate and changes nothing.
+        asking = self._asking
+        record = self._requests.get(request_id)
+        claim = object()
+        try:
+            if record is not None and asking.setdefault(record, claim) is not claim:
+                outcome = self._refused(index, _DUPLICATE)
+            else:
+                outcome = self._finish_by(request_id, record, names, index, claim)
+        finally:
+            if record is not None and asking.get(record) is claim:  # interrupted: not released
+                self._release(record, claim, index)
+        if outcome is not _APPLIED:
+            self._log_ignored("request_finished", request_id, None, outcome)
+        return outcome
+
+    def _refused(self, index: int, outcome: Outcome) -> Outcome:
+        """Count a refused ``request_finished`` under lock ``index``; returns ``outcome``."""
+        lock = self._locks[index]
+        lock.acquire()
+        try:
+            self._count(index, outcome, _NO_NAME)
+        finally:
+            lock.release()
+        return outcome
+
+    def _finish_by(
+        self,
+        request_id: str,
+        claimed: RequestTransferState | None,
+        names: tuple[str, ...],
+        index: int,
+        claim: object,
+    ) -> Outcome:
+        """request_finished_by's update, under the request's lock; releases ``claim`` there,
+        after the state is written."""
+        registry = self._registry
+        lock = self._locks[index]
+        lock.acquire()
+        try:
+            record = self._requests.get(request_id)
+            if record is None or record is not claimed:  # not held, or taken and begun again
+                outcome = _UNKNOWN_REQUEST
+                self._count(index, outcome, _NO_NAME)
+            else:
+                ready = registry._ready
+                cached = self._ready_names
+                if cached[0] is not ready:
+                    cached = (ready, self._intern(tuple([e.name for e in ready])))
+                    self._ready_names = cached
+                if names == cached[1]:
+                    awaited = expected = cached[1]
+                else:
+                    given = set(names)
+                    awaited = self._intern(tuple([e.name for e in ready if e.name in given]))
+                    rest = [n for n in dict.fromkeys(names) if n not in awaited]
+                    expected = self._intern((*awaited, *rest)) if rest else awaited
+                outcome = self._finish(record, awaited, expected, None, index)
+        finally:
+            if claimed is not None and self._asking.get(claimed) is claim:
+                del self._asking[claimed]
+                if self._parked:
+                    self._unpark(claimed)
+            lock.release()
+        return outcome
+
+    def _finish(
+        self,
+        record: RequestTransferState,
+        awaited: tuple[str, ...],
+        expected: tuple[str, ...],
+        params: dict[str, Any] | None,
+        index: int,
+    ) -> Outcome:
+        """Apply ``request_finished`` to held ``record`` and count it; the caller holds lock
+        ``index``. The one decision behind :meth:`request_finished` and
+        :meth:`request_finished_by`: ``awaited`` are the savers that can still report,
+        ``expected`` every saver (``awaited`` itself when they are the same).
+        """
+        decision = _ON_REQUEST_FINISHED.get(record.state)
+        if decision is None:
+            dest = step(record, "request_finished", awaited)
+        else:
+            guard, yes, no = decision
+            dest = yes if guard is None or guard(record, awaited) else no
+        if dest is None:
+            outcome = self._refuse_finish(record)
+            self._count(index, outcome, _NO_NAME)
+            return outcome
+        record.awaiting = awaited
+        record.expected = expected
+        if expected is not awaited:
+            gone = [n for n in expected if n not in awaited and n not in record.abandoned]
+            record.abandoned = (*record.abandoned, *gone)
+        record.params = params
+        self._transition(record, "request_finished", dest, None)  # last: take() may see it
+        self._finishes[index] += 1
+        return _APPLIED
+
+    @staticmethod
+    def _refuse_finish(record: RequestTransferState) -> Outcome:
+        """Why ``request_finished`` does not apply to ``record``."""
+        return _TERMINAL if record.state in TERMINAL else _DUPLICATE
