@@ -144,6 +144,9 @@ class CheckReport:
     #: search for traps.
     pruned: int = 0
     reexpanded: int = 0
+    #: Events not applied because an event applied from the same state did the same
+    #: (``explore``'s ``alike``).
+    alike: int = 0
 
     @property
     def ok(self) -> bool:
@@ -226,6 +229,7 @@ class CheckReport:
             "complete_depth": self.complete_depth,
             "pruned": self.pruned,
             "reexpanded": self.reexpanded,
+            "alike": self.alike,
             "verdict": self.verdict,
             "wall_time": round(self.wall_time, 4),
             "states_per_second": round(self.states_per_second, 1),
@@ -265,6 +269,10 @@ class CheckReport:
             out.append(
                 f"reduction: {self.pruned:,} transitions spared by sleep sets"
                 + (f" ({self.reexpanded:,} applied again for no trap)" if self.reexpanded else "")
+            )
+        if self.alike:
+            out.append(
+                f"reduction: {self.alike:,} events spared as alike (one applied did the same)"
             )
         out.append(f"time: {self.wall_time:.2f} s, {self.states_per_second:,.0f} states/s")
         out.append("properties:")

@@ -162,6 +162,8 @@ def explore(
     max_seconds: float | None = None,
     expected: Callable[[Triple], bool] | None = None,
     independent: Callable[[E, E], bool] | None = None,
+    alike: Callable[[M, E], Iterable[E]] | None = None,
+    fork: Callable[[M], M | None] | None = None,
 ) -> CheckReport:
     """Explore every state reachable from ``initial()`` breadth-first and check properties.
 
@@ -212,6 +214,15 @@ def explore(
       counterexample lengths are unchanged (docs/check.md, "Reductions"). For ``"no trap"``,
       every state that cannot reach a goal in the reduced graph is expanded fully until
       none is left, so traps are those of the full graph.
+    * ``alike(model, event)``, when given, is called after ``event`` was applied to ``model``
+      and names other events, enabled in the state it was applied in, that would have done
+      exactly the same there (the same next state, the same verdicts): a choice the model
+      never read, say. They are not applied from that state (:attr:`CheckReport.alike`). Return
+      an empty iterable when unsure.
+    * ``fork(model)``, when given, returns an independent copy of ``model`` that behaves
+      exactly as the model replayed to the same state would (or ``None``: replay it). Each state
+      is still replayed once, to expand it; the copies replace the replays otherwise needed
+      after each event that leaves the state.
     * ``progress=True`` shows the figures on stderr when the search runs longer than two seconds
       (with ``rich`` on a terminal when it is installed).
 
@@ -260,6 +271,10 @@ def explore(
         raise InvalidArgumentError(f"expected={shown(expected)} must be callable or None")
     if independent is not None and not callable(independent):
         raise InvalidArgumentError(f"independent={shown(independent)} must be callable or None")
+    if fork is not None and not callable(fork):
+        raise InvalidArgumentError(f"fork={shown(fork)} must be callable or None")
+    if alike is not None and not callable(alike):
+        raise InvalidArgumentError(f"alike={shown(alike)} must be callable or None")
     check_bool(progress, "progress")
     if (machine is None) != (fired is None):
         raise InvalidArgumentError(
@@ -281,6 +296,8 @@ def explore(
         max_seconds=max_seconds,
         expected=expected,
         independent=independent,
+        alike=alike,
+        fork=fork,
     )
     search.run(_Progress(progress))
     return search.report(
@@ -314,6 +331,8 @@ class _Search(Generic[M, E]):
         max_seconds: float | None = None,
         expected: Callable[[Triple], bool] | None = None,
         independent: Callable[[E, E], bool] | None = None,
+        alike: Callable[[M, E], Iterable[E]] | None = None,
+        fork: Callable[[M], M | None] | None = None,
     ) -> None:
         self.initial, self.events, self.apply, self.snapshot = initial, events, apply, snapshot
         self.checks = list(invariants.items())
@@ -322,6 +341,10 @@ class _Search(Generic[M, E]):
         self.max_states, self.max_depth = max_states, max_depth
         self.max_seconds, self.expected = max_seconds, expected
         self.independent = independent
+        self.alike = alike
+        self.fork = fork
+        #: Events not applied because an event applied from the same state did the same.
+        self.spared = 0
         #: Sleep sets (partial-order reduction), by state: the events not to apply there.
         self.sleep: list[frozenset[Any] | None] = []
         self.sleep_sets: dict[frozenset[Any], frozenset[Any]] = {}
@@ -433,7 +456,7 @@ class _Search(Generic[M, E]):
         self.add(self.snapshot(root), root, -1, None, 0)
         ids, via, depth, open_ = self.ids, self.via, self.depth, self.open
         apply, snapshot, ways_out = self.apply, self.snapshot, self.ways_out
-        independent = self.independent
+        independent, alike, fork = self.independent, self.alike, self.fork
         out_src, out_dst = self.out_src, self.out_dst
         index = 0
         deadline = None if self.max_seconds is None else start + self.max_seconds
@@ -454,16 +477,27 @@ class _Search(Generic[M, E]):
                     continue
                 model: M | None = self.revisit(sid)
                 assert model is not None
+                # An untouched copy of this state's model, copied again for each event that
+                # leaves the state (instead of replaying its path again); None: replay.
+                pristine = fork(model) if fork is not None else None
                 targets: set[int] = set()
                 asleep = self.sleep[sid]
                 done: list[Any] = []  # the events applied here so far (sleep sets)
+                same: set[Any] = set()  # events that would do what one applied here did
                 for event in list(self.events(model)):
                     if asleep is not None and event in asleep:
                         self.pruned += 1
                         continue
+                    if event in same:
+                        self.spared += 1
+                        done.append(event)  # explored as far as sleep sets go: it did the same
+                        continue
                     done.append(event)
                     if model is None:
-                        model = self.revisit(sid)
+                        if pristine is not None and fork is not None:
+                            model = fork(pristine)
+                        if model is None:
+                            model = self.revisit(sid)
                     self.generated += 1
                     try:
                         apply(model, event)
@@ -473,6 +507,8 @@ class _Search(Generic[M, E]):
                         model = None
                         continue
                     self.observe(model, sid, event)
+                    if alike is not None:
+                        same.update(alike(model, event))
                     key = snapshot(model)
                     target = ids.get(key)
                     if target is None:
@@ -638,6 +674,7 @@ class _Search(Generic[M, E]):
             complete_depth=self.complete_depth(),
             pruned=self.pruned,
             reexpanded=self.reexpanded,
+            alike=self.spared,
             wall_time=self.wall,
             properties=tuple(results),
             coverage=table,

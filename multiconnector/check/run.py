@@ -17,6 +17,7 @@ from ..errors import (
     InvalidArgumentError,
 )
 from ..machine import build_machine
+from .fork import _fork
 from .properties import (
     LOAD_ONCE,
     NO_EARLY_FREE,
@@ -40,6 +41,7 @@ from .scenario import (
     GARBAGE,
     RAISES,
     SAVER,
+    _alike,
     _apply,
     _events,
     _Garbage,
@@ -204,6 +206,8 @@ def check_aggregator(
         max_seconds=max_seconds,
         expected=None if strict_coverage else reachable_in(kinds, alphabet),
         independent=independent if reduction else None,
+        alike=_alike if reduction else None,
+        fork=_fork,
         progress=progress,
         bounds=bounds,
         title=f"multiconnector check: the transfer machine, on the real {factory_name}",

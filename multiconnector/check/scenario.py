@@ -500,8 +500,7 @@ def _events(world: _World) -> list[Event]:
     if "begin" in alphabet:
         out += [("begin", i) for i in ids if world.requests[i].phase == _UNBORN]
     if "request_finished" in alphabet:
-        savers = [n for n, ready in world.registry if ready and scenario.kinds.get(n) == SAVER]
-        subsets = [c for k in range(len(savers) + 1) for c in itertools.combinations(savers, k)]
+        subsets = _subsets(world.registry, scenario.kinds)
         out += [("request_finished", i, s) for i in ids for s in subsets]
         out += [(_APPLY_ANSWERS, i) for i in ids if world.requests[i].asking]
     if "transfer_finished" in alphabet:
@@ -561,3 +560,26 @@ def independent(a: Event, b: Event) -> bool:
     .. versionadded:: 0.1.0
     """
     return a[0] in _PER_REQUEST and b[0] in _PER_REQUEST and a[1] != b[1]
+
+
+def _alike(world: _World, event: Event) -> tuple[Event, ...]:
+    """The events that would have done exactly what ``event`` just did from the same state.
+
+    The ``request_finished`` events of one request differ only in what the scripted savers
+    answer when asked (every subset of them saving). When nobody was asked (the call was
+    refused, or no saver is ready), the subset was never read: the aggregator ran the same code
+    on the same state, so every subset leads to the same state with the same verdicts.
+    """
+    scenario = world.scenario
+    if event[0] != "request_finished" or scenario.pad.asked:
+        return ()
+    registry = tuple((n, c is not None) for n, c in world.mc.registry.items())
+    return tuple(("request_finished", event[1], s) for s in _subsets(registry, scenario.kinds))
+
+
+def _subsets(
+    registry: tuple[tuple[str, bool], ...], kinds: Mapping[str, str | None]
+) -> list[tuple[str, ...]]:
+    """Every subset of the ready scripted savers, each in registration order, smallest first."""
+    savers = [n for n, ready in registry if ready and kinds.get(n) == SAVER]
+    return [c for k in range(len(savers) + 1) for c in itertools.combinations(savers, k)]

@@ -1,0 +1,167 @@
+"""A world copied in memory instead of rebuilt by replaying its path.
+
+The search stores a state as the path that first reached it and rebuilds its model by replaying
+that path from a fresh aggregator (:mod:`multiconnector._explore`). Replaying costs every event
+of the path again, once per successor that leaves the state. :func:`_fork` copies a world
+instead: the aggregator's records and books, the registry's published entries, and the
+checker's own observations, so that each successor starts from a copy of the state rather than
+from the start.
+
+A copy must behave exactly as the replayed model would. It is made only for the real
+:class:`~multiconnector.MultiConnector` (not a subclass, which may keep state of its own) whose
+slots, and its registry's, are the ones listed here: anything else is replayed, as before. What
+is shared between copies is immutable (the registry's entries, the connectors, a request
+handed back by ``take()``, the answers a ``request_finished`` gathered); what either side may
+change is copied (records, queues, counters, the aggregator's caches). ``tests/test_check.py``
+compares whole searches with and without copies: the same states, edges, verdicts and traces.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final
+
+import attrs
+
+from ..aggregator import MultiConnector
+from ..machine import RequestTransferState
+from ..registry import ConnectorRegistry
+from .scenario import _Request, _World
+
+#: The aggregator's slots this copy knows; an aggregator with others is replayed instead.
+_AGGREGATOR_SLOTS: Final = frozenset(
+    {
+        "__weakref__",
+        "_allow_equal",
+        "_applied",
+        "_asking",
+        "_closed",
+        "_counts",
+        "_done",
+        "_finishes",
+        "_halves",
+        "_interned",
+        "_locks",
+        "_mask",
+        "_parked",
+        "_ready_names",
+        "_registry",
+        "_requests",
+        "_trace",
+        "_without",
+    }
+)
+_REGISTRY_SLOTS: Final = frozenset({"__weakref__", "_entries", "_listeners", "_lock", "_ready"})
+
+
+def _slots(cls: type) -> frozenset[str]:
+    """Every slot a class and its bases declare."""
+    return frozenset(s for c in cls.__mro__ for s in c.__dict__.get("__slots__", ()))
+
+
+#: Whether the aggregator and registry classes have exactly the slots this copy knows.
+_KNOWN: Final = (
+    _slots(MultiConnector) == _AGGREGATOR_SLOTS and _slots(ConnectorRegistry) == _REGISTRY_SLOTS
+)
+
+
+def forkable(mc: object) -> bool:
+    """Whether :func:`_fork` can copy a world around ``mc`` (else it is replayed)."""
+    return (
+        _KNOWN
+        and type(mc) is MultiConnector
+        and type(mc.registry) is ConnectorRegistry
+        and len(mc.registry._listeners) == 1
+        and mc._halves is None
+    )
+
+
+@functools.cache
+def _copier(cls: type[Any]) -> Callable[[Any], Any]:
+    """A shallow copy of an attrs instance with slots: every field, no ``__init__`` run."""
+    names = tuple(a.name for a in attrs.fields(cls))
+    values = operator.attrgetter(*names)
+    setter = object.__setattr__
+
+    def shallow(old: Any) -> Any:
+        new = object.__new__(cls)
+        for name, value in zip(names, values(old), strict=True):
+            setter(new, name, value)
+        return new
+
+    return shallow
+
+
+def _fork(world: _World) -> _World | None:
+    """A copy of ``world`` that behaves as its replayed model would, or ``None`` (replay it)."""
+    mc = world.mc
+    if not forkable(mc):
+        return None
+    world.sync()
+    records: dict[int, RequestTransferState] = {}
+    shallow = _copier(RequestTransferState)
+
+    def record(old: RequestTransferState) -> RequestTransferState:
+        new = records.get(id(old))
+        if new is None:
+            new = records[id(old)] = shallow(old)
+            if old.history is not None:
+                new.history = list(old.history)
+            if old.params is not None:
+                new.params = dict(old.params)
+        return new
+
+    new = object.__new__(MultiConnector)
+    new._closed = mc._closed
+    new._trace = mc._trace
+    new._allow_equal = mc._allow_equal
+    new._requests = {rid: record(r) for rid, r in mc._requests.items()}
+    new._done = deque(record(r) for r in mc._done)
+    new._asking = {record(r): claim for r, claim in mc._asking.items()}
+    new._parked = {record(r) for r in mc._parked}
+    new._halves = None
+    new._locks = tuple(threading.Lock() for _ in mc._locks)
+    new._mask = mc._mask
+    new._counts = tuple(dict(counts) for counts in mc._counts)
+    new._applied = tuple(dict(counts) for counts in mc._applied)
+    new._finishes = list(mc._finishes)
+    new._interned = dict(mc._interned)
+    new._without = {names: dict(less) for names, less in mc._without.items()}
+    new._ready_names = mc._ready_names
+    old_registry = mc._registry
+    registry = object.__new__(ConnectorRegistry)
+    registry._lock = threading.RLock()
+    registry._entries = old_registry._entries  # replaced, never changed, on every change
+    registry._ready = old_registry._ready
+    registry._listeners = ()
+    new._registry = registry
+    registry.subscribe(new._connector_gone)
+
+    twin = object.__new__(_World)
+    twin.scenario = world.scenario
+    twin.mc = new
+    twin.index = world.index
+    twin.last = None
+    twin.registry = world.registry
+    twin.order = world.order
+    twin.queue = world.queue
+    twin.applied = world.applied
+    twin.log = list(world.log)
+    twin.entries = world.entries
+    twin.dirty = False
+    twin.requests = [_copy_request(r, records, record) for r in world.requests]
+    return twin
+
+
+def _copy_request(r: _Request, records: dict[int, RequestTransferState], record: Any) -> _Request:
+    new: _Request = _copier(_Request)(r)
+    if r.record is not None:
+        # Held: the copy's record. Handed back by take(): nobody changes it any more, shared.
+        new.record = record(r.record) if id(r.record) in records else r.record
+    if r.asking:
+        new.asking = tuple((record(asked[0]), *asked[1:]) for asked in r.asking)
+    return new
