@@ -8,7 +8,7 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from .._validate import check_bool, shown
 from ..errors import InvalidArgumentError, MultiConnectorError
@@ -54,6 +54,11 @@ def declared_transitions(machine: Any) -> tuple[tuple[str, ...], tuple[Triple, .
             for t in candidates:
                 found.setdefault((str(source), str(name), str(t.dest or source)), None)
     return tuple(str(s) for s in states), tuple(found)
+
+
+#: With ``fork``, the most models kept for states found and not yet expanded (each is then
+#: expanded from the model it was found with instead of replaying its path); past it, replay.
+_KEEP_MODELS: Final = 250_000
 
 
 class NondeterminismError(MultiConnectorError, RuntimeError):
@@ -220,9 +225,9 @@ def explore(
       never read, say. They are not applied from that state (:attr:`CheckReport.alike`). Return
       an empty iterable when unsure.
     * ``fork(model)``, when given, returns an independent copy of ``model`` that behaves
-      exactly as the model replayed to the same state would (or ``None``: replay it). Each state
-      is still replayed once, to expand it; the copies replace the replays otherwise needed
-      after each event that leaves the state.
+      exactly as the model replayed to the same state would (or ``None``: replay it). A state
+      is then expanded from the model it was found with (up to a quarter of a million kept at
+      once), and a copy replaces the replay otherwise needed after each event that leaves it.
     * ``progress=True`` shows the figures on stderr when the search runs longer than two seconds
       (with ``rich`` on a terminal when it is installed).
 
@@ -457,6 +462,8 @@ class _Search(Generic[M, E]):
         ids, via, depth, open_ = self.ids, self.via, self.depth, self.open
         apply, snapshot, ways_out = self.apply, self.snapshot, self.ways_out
         independent, alike, fork = self.independent, self.alike, self.fork
+        # With fork: the model each new state was found with, until it is expanded.
+        kept: dict[int, M] = {}
         out_src, out_dst = self.out_src, self.out_dst
         index = 0
         deadline = None if self.max_seconds is None else start + self.max_seconds
@@ -475,8 +482,9 @@ class _Search(Generic[M, E]):
                     open_[sid] = 1
                     stopped.setdefault(MAX_DEPTH, None)
                     continue
-                model: M | None = self.revisit(sid)
-                assert model is not None
+                model: M | None = kept.pop(sid, None)
+                if model is None:
+                    model = self.revisit(sid)
                 # An untouched copy of this state's model, copied again for each event that
                 # leaves the state (instead of replaying its path again); None: replay.
                 pristine = fork(model) if fork is not None else None
@@ -521,6 +529,8 @@ class _Search(Generic[M, E]):
                         if independent is not None:
                             sleep = self.asleep(asleep, done[:-1], event)
                         target = self.add(key, model, sid, event, depth[sid] + 1, sleep=sleep)
+                        if fork is not None and len(kept) < _KEEP_MODELS:
+                            kept[target] = model  # expanded from this model, not replayed
                     if target not in targets:
                         targets.add(target)
                     if target != sid and (ways_out is None or ways_out(event)):
