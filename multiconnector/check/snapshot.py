@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from ..machine import TERMINAL
 from .scenario import _NOTHING, _TAKEN, _Request, _World
@@ -24,18 +25,24 @@ class _Interner:
         #: The canonical key of each raw key (registry, parts, order, queue) met so far: most
         #: events lead to a state already seen, whose canonical form is then a dict look-up.
         self.canonical: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        #: The thing each number stands for.
+        self.things: list[Any] = []
+        #: The part number of each request's raw fields met so far (see :func:`_raw`).
+        self.parts: dict[tuple[Any, ...], int] = {}
 
     def number(self, thing: Any) -> int:
         found = self.ids.get(thing)
         if found is None:
             found = self.ids[thing] = len(self.ids)
+            self.things.append(thing)
         return found
 
-    def rename(self, k: int, thing: Any, number: int, how: Callable[..., Any]) -> int:
+    def rename(self, k: int, number: int, how: Callable[..., Any]) -> int:
         table = self.renamed[k]
         found = table.get(number)
         if found is None:
             rename = self.renamings[k]
+            thing = self.things[number]
             found = table[number] = self.number(how(thing, rename) if rename else thing)
         return found
 
@@ -71,6 +78,21 @@ def _names_key(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(set(names)))
 
 
+#: Every field of a request :func:`_part` reads, but ``asking`` (which reads the registry too):
+#: requests with equal fields have equal parts, so a part is worked out once per distinct tuple.
+_raw: Final = operator.attrgetter(
+    "phase",
+    "view",
+    "owed",
+    "cancelled",
+    "load_view",
+    "loader",
+    "loaded",
+    "loader_gone",
+    "load_owed",
+)
+
+
 def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
     """One request's part of the state: exactly what its future and the properties read.
 
@@ -94,6 +116,8 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
       ``terminal absorbing`` on that very event.
     * A request handed back keeps no promises: ``no early free`` judged them when ``take()``
       handed it back.
+
+    Every field read here but ``asking`` is in :data:`_raw`, the key parts are cached under.
     """
     view = r.view
     load: tuple[Any, ...] | None = None
@@ -130,12 +154,17 @@ def _snapshot(world: _World) -> Hashable:
     registry = ("registry", world.registry)
     reg_id = numbers.number(registry)
     part_ids = []
-    parts = []
     entry = world.mc.registry.entry
+    known_parts = numbers.parts
     for r in requests:
-        part = _part(r, entry)
-        parts.append(part)
-        part_ids.append(numbers.number(part))
+        if r.asking:  # reads the registry: numbered from the part itself
+            part_ids.append(numbers.number(_part(r, entry)))
+            continue
+        raw_part = _raw(r)
+        number = known_parts.get(raw_part)
+        if number is None:
+            number = known_parts[raw_part] = numbers.number(_part(r, entry))
+        part_ids.append(number)
     # Which requests are held and queued for take() matters, not in what order: no property
     # reads the order (take()'s list is judged record by record), and requests are assumed
     # not to interact except through the registry and take() (docs/check.md, "Reductions").
@@ -151,10 +180,10 @@ def _snapshot(world: _World) -> Hashable:
     best: tuple[Any, ...] | None = None
     for k, (perm, _) in enumerate(scenario.symmetries):
         moved = [0] * len(requests)
-        for i, part in enumerate(parts):
-            moved[perm[i]] = numbers.rename(k, part, part_ids[i], _rename_part)
+        for i, number in enumerate(part_ids):
+            moved[perm[i]] = numbers.rename(k, number, _rename_part)
         key = (
-            numbers.rename(k, registry, reg_id, _rename_registry),
+            numbers.rename(k, reg_id, _rename_registry),
             tuple(moved),
             tuple(sorted(perm[i] if i >= 0 else -1 for i in order)),
             tuple(sorted(perm[i] if i >= 0 else -1 for i in queue)),
