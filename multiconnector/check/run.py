@@ -160,6 +160,7 @@ def check_aggregator(
         connectors=made,
         symmetries=symmetries,
         interner=_Interner(symmetries),
+        registry_order=bool(alphabet & _LOADING),
     )
     probe = scenario.fresh()
     if type(probe.mc).request_finished is not MultiConnector.request_finished:

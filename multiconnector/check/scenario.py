@@ -222,6 +222,9 @@ class _Scenario:
     #: Drive request_finished whole instead of in its two halves (a factory whose class
     #: overrides request_finished itself: its halves may not be MultiConnector's).
     atomic: bool = False
+    #: Whether the order names were registered in is part of the state (see
+    #: :func:`~multiconnector.check.snapshot._snapshot`): only the load side reads it.
+    registry_order: bool = True
 
     def fresh(self) -> _World:
         registry = ConnectorRegistry({n: self.connectors[n] for n in self.names})

@@ -142,7 +142,13 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
 
 
 def _rename_registry(registry: Any, rename: Mapping[str, str]) -> Any:
-    return (registry[0], tuple((rename.get(n, n), ready) for n, ready in registry[1]))
+    tag, names = registry
+    renamed = tuple((rename.get(n, n), ready) for n, ready in names)
+    return (tag, renamed if tag == _IN_ORDER else tuple(sorted(renamed)))
+
+
+#: The registry part's tag: names in registration order, or as a set.
+_IN_ORDER, _AS_SET = "registry", "registered"
 
 
 def _snapshot(world: _World) -> Hashable:
@@ -151,7 +157,15 @@ def _snapshot(world: _World) -> Hashable:
     scenario = world.scenario
     numbers = scenario.interner
     requests = world.requests
-    registry = ("registry", world.registry)
+    # The registry: which names are registered and which of them are ready. In what order
+    # only when the load side is on: match_tokens chooses the first connector, in registration
+    # order, with tokens to load. Otherwise the aggregator reads the order only to order the
+    # connectors it asks, and what it records of their answers (awaiting, expected, abandoned,
+    # a call's asked savers) is part of the state as sets.
+    if scenario.registry_order:
+        registry = (_IN_ORDER, world.registry)
+    else:
+        registry = (_AS_SET, tuple(sorted(world.registry)))
     reg_id = numbers.number(registry)
     part_ids = []
     entry = world.mc.registry.entry
