@@ -31,6 +31,8 @@ from multiconnector.check import (
     reachable_in,
     run_cli,
 )
+from multiconnector.check import run as run_module
+from multiconnector.check.fork import forkable
 from multiconnector.machine import EVENTS, STATES, build_machine
 from tests.broken_aggregators import CATALOG
 
@@ -67,7 +69,7 @@ def test_one_request_every_kind_of_connector_passes() -> None:
     )
     assert_all_pass(report)
     # Figures are exact: the search is deterministic.
-    assert (report.distinct_states, report.max_depth) == (2442, 13)
+    assert (report.distinct_states, report.max_depth) == (588, 10)
     assert report.states_generated > report.edges > report.distinct_states
 
 
@@ -78,7 +80,7 @@ def test_two_requests_bound_in_make_test_passes() -> None:
     """
     report = check_aggregator(SMALL, requests=2, events=set(ALPHABET) - {"register"})
     assert_all_pass(report)
-    assert (report.distinct_states, report.max_depth) == (6528, 15)
+    assert (report.distinct_states, report.max_depth) == (5046, 15)
 
 
 # -- the load side (opt-in: it more than doubles the default bound) -----------------------------
@@ -241,8 +243,8 @@ def test_text_report_has_every_figure() -> None:
         "states generated",
         "distinct",
         "edges",
-        "max depth 11",
-        "search: complete: every reachable state was explored (max depth 11)",
+        "max depth 9",
+        "search: complete: every reachable state was explored (max depth 9)",
         "states/s",
         "PASS  no trap",
         "pending --request_finished--> finishing",
@@ -256,7 +258,7 @@ def test_json_report_round_trips(tmp_path: Path) -> None:
     assert run_cli(["--connectors", "a,b,none=none", "--requests", "1", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["ok"] is True and data["finished"] is True
-    assert data["distinct_states"] == 581
+    assert data["distinct_states"] == 294
     assert [p["name"] for p in data["properties"]] == list(PROPERTIES)
     assert {p["result"] for p in data["properties"]} == {"PASS"}
     assert {(c["source"], c["event"], c["dest"]) for c in data["coverage"]} == declared()
@@ -715,3 +717,47 @@ def test_independence_is_by_request_and_generic_over_per_request_kinds(
     monkeypatch.setattr(check_module, "_PER_REQUEST", check_module._PER_REQUEST | {"finish_asking"})
     assert independent(("finish_asking", 0), ("cancel", 1))
     assert not independent(("finish_asking", 0), ("cancel", 0))
+
+
+# -- copies instead of replays -------------------------------------------------------------------
+
+
+def _figures(report: CheckReport) -> dict[str, Any]:
+    data = report.to_dict()
+    for timing in ("wall_time", "states_per_second"):
+        data.pop(timing)
+    return data
+
+
+@pytest.mark.parametrize(
+    "bound",
+    [
+        {},
+        {"connectors": {"a": "saver", "b": "saver", "none": None, "boom": "raises"}, "requests": 1},
+        {"connectors": {"a": "saver", "junk": "garbage"}, "requests": 2},
+        {
+            "connectors": {"a": "saver", "b": "saver"},
+            "requests": 1,
+            "events": ALPHABET + LOAD_EVENTS,
+        },
+    ],
+    ids=["default", "every-kind", "garbage", "load"],
+)
+def test_copied_worlds_explore_exactly_what_replayed_ones_do(
+    bound: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The search copies a world instead of replaying its path (check/fork.py): the same
+    states, edges, coverage counts, verdicts and report, figure for figure."""
+    copied = check_aggregator(**bound)
+    monkeypatch.setattr(run_module, "_fork", lambda world: None)
+    replayed = check_aggregator(**bound)
+    assert _figures(copied) == _figures(replayed)
+    assert copied.verdict == "PASS" and copied.distinct_states > 100
+
+
+def test_the_copy_knows_every_slot_of_the_aggregator() -> None:
+    """A slot added to MultiConnector or ConnectorRegistry must be copied too: until fork.py
+    lists it, the checker replays instead (slower, never wrong), and this test fails."""
+    mc = MultiConnector()
+    assert forkable(mc)
+    assert not forkable(type("Sub", (MultiConnector,), {"__slots__": ()})())

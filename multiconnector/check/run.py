@@ -160,7 +160,7 @@ def check_aggregator(
         connectors=made,
         symmetries=symmetries,
         interner=_Interner(symmetries),
-        registry_order=bool(alphabet & _LOADING),
+        registry_order=_registry_order(alphabet),
     )
     probe = scenario.fresh()
     if type(probe.mc).request_finished is not MultiConnector.request_finished:
@@ -213,3 +213,8 @@ def check_aggregator(
         bounds=bounds,
         title=f"multiconnector check: the transfer machine, on the real {factory_name}",
     )
+
+
+def _registry_order(alphabet: frozenset[str]) -> bool:
+    """Whether the registry's order is part of the state: only the load side reads it."""
+    return bool(alphabet & _LOADING)
