@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import operator
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
@@ -137,9 +138,9 @@ def _fork(world: _World) -> _World | None:
     registry._lock = threading.RLock()
     registry._entries = old_registry._entries  # replaced, never changed, on every change
     registry._ready = old_registry._ready
-    registry._listeners = ()
+    # What subscribe() stores for a bound method, without its checks and lock round.
+    registry._listeners = (weakref.WeakMethod(new._connector_gone),)
     new._registry = registry
-    registry.subscribe(new._connector_gone)
 
     twin = object.__new__(_World)
     twin.scenario = world.scenario
