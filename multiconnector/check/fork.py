@@ -154,6 +154,7 @@ def _fork(world: _World) -> _World | None:
     twin.log = list(world.log)
     twin.entries = world.entries
     twin.dirty = False
+    twin.fixed = world.fixed
     twin.requests = [_copy_request(r, records, record) for r in world.requests]
     return twin
 

@@ -247,6 +247,7 @@ class _World:
         "applied",
         "dirty",
         "entries",
+        "fixed",
         "index",
         "last",
         "log",
@@ -277,6 +278,9 @@ class _World:
         self.entries: object = None
         # Read lazily: a model being replayed is read only once its path is applied.
         self.dirty = True
+        #: The symmetries (their indices, identity left out) that map the state read at the
+        #: last snapshot onto itself: see :func:`_alike`.
+        self.fixed: tuple[int, ...] = ()
 
     def sync(self) -> None:
         """Read what the aggregator shows, if an event ran since the last read."""
@@ -566,7 +570,7 @@ def independent(a: Event, b: Event) -> bool:
 
 
 def _alike(world: _World, event: Event) -> tuple[Event, ...]:
-    """The events that would have done exactly what ``event`` just did from the same state.
+    """The events that would have done what ``event`` just did from the same state.
 
     The ``request_finished`` events of one request differ only in what the scripted savers
     answer when asked (every subset of them saving). When nobody was asked (the call was
@@ -574,10 +578,49 @@ def _alike(world: _World, event: Event) -> tuple[Event, ...]:
     on the same state, so every subset leads to the same state with the same verdicts.
     """
     scenario = world.scenario
-    if event[0] != "request_finished" or scenario.pad.asked:
-        return ()
-    registry = tuple((n, c is not None) for n, c in world.mc.registry.items())
-    return tuple(("request_finished", event[1], s) for s in _subsets(registry, scenario.kinds))
+    same: list[Event] = []
+    if event[0] == "request_finished" and not scenario.pad.asked:
+        registry = tuple((n, c is not None) for n, c in world.mc.registry.items())
+        same += [("request_finished", event[1], s) for s in _subsets(registry, scenario.kinds)]
+    if world.fixed:
+        # A renaming that maps the state onto itself maps ``event`` to an event that leads to
+        # the renamed next state, whose canonical snapshot is the same, with renamed verdicts.
+        position = {name: i for i, (name, _) in enumerate(world.registry)}
+        for k in world.fixed:
+            perm, rename = scenario.symmetries[k]
+            image = _image(event, perm, rename, position)
+            if image is not None:
+                same.append(image)
+    return tuple(same)
+
+
+def _image(
+    event: Event, perm: tuple[int, ...], rename: Mapping[str, str], position: Mapping[str, int]
+) -> Event | None:
+    """``event`` with its request and connector names renamed, in the form :func:`_events`
+    lists it (a set of names in registration order); ``None`` for a kind it does not know."""
+    kind = event[0]
+    if kind in ("unregister", "register"):
+        return (kind, rename.get(event[1], event[1]))
+    if kind == "take":
+        return event
+    if kind not in _PER_REQUEST:
+        return None
+    i = perm[event[1]]
+    if len(event) == 2:
+        return (kind, i)
+    if kind == "request_finished":
+        names = sorted((rename.get(n, n) for n in event[2]), key=lambda n: position.get(n, -1))
+        return (kind, i, tuple(names))
+    if kind in ("transfer_finished", "load_finished"):
+        return (kind, i, rename.get(event[2], event[2]))
+    if kind == "match_tokens":
+        answers = sorted(
+            ((rename.get(n, n), tokens) for n, tokens in event[2]),
+            key=lambda answer: position.get(answer[0], -1),
+        )
+        return (kind, i, tuple(answers))
+    return None
 
 
 def _subsets(

@@ -22,9 +22,10 @@ class _Interner:
         self.ids: dict[Any, int] = {}
         #: renamed[k][id]: the id of the thing numbered ``id``, renamed by renaming ``k``.
         self.renamed: list[dict[int, int]] = [{} for _ in self.renamings]
-        #: The canonical key of each raw key (registry, parts, order, queue) met so far: most
-        #: events lead to a state already seen, whose canonical form is then a dict look-up.
-        self.canonical: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        #: The canonical key of each raw key (registry, parts, order, queue) met so far, and the
+        #: symmetries that map it onto itself: most events lead to a state already seen, whose
+        #: canonical form is then a dict look-up.
+        self.canonical: dict[tuple[Any, ...], tuple[tuple[Any, ...], tuple[int, ...]]] = {}
         #: The thing each number stands for.
         self.things: list[Any] = []
         #: The part number of each request's raw fields met so far (see :func:`_raw`).
@@ -190,8 +191,11 @@ def _snapshot(world: _World) -> Hashable:
     raw = (reg_id, tuple(part_ids), order, queue)
     known = numbers.canonical.get(raw)
     if known is not None:
-        return known
+        world.fixed = known[1]
+        return known[0]
     best: tuple[Any, ...] | None = None
+    fixed: list[int] = []
+    unmoved: tuple[Any, ...] | None = None  # the key under the identity, symmetries[0]
     for k, (perm, _) in enumerate(scenario.symmetries):
         moved = [0] * len(requests)
         for i, number in enumerate(part_ids):
@@ -202,10 +206,15 @@ def _snapshot(world: _World) -> Hashable:
             tuple(sorted(perm[i] if i >= 0 else -1 for i in order)),
             tuple(sorted(perm[i] if i >= 0 else -1 for i in queue)),
         )
+        if unmoved is None:
+            unmoved = key
+        elif key == unmoved:
+            fixed.append(k)  # this renaming maps the state onto itself
         if best is None or key < best:
             best = key
     assert best is not None
-    numbers.canonical[raw] = best
+    world.fixed = tuple(fixed)
+    numbers.canonical[raw] = (best, world.fixed)
     return best
 
 
