@@ -16,6 +16,7 @@ Breadth-first order makes every counterexample a shortest one: states are number
 they are found, so a state's number never decreases with its depth.
 """
 
+from .explore import explore
 from .report import (
     COVERAGE,
     FAIL,
@@ -36,7 +37,7 @@ from .report import (
     TransitionCoverage,
     Triple,
 )
-from .search import NondeterminismError, declared_transitions, explore
+from .search import NondeterminismError, declared_transitions
 
 __all__ = [
     "COVERAGE",

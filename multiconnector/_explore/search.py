@@ -1,24 +1,23 @@
-"""The breadth-first search: replay, symmetry through snapshots, sleep sets, the trap search."""
+"""The breadth-first search itself: replays and copies, sleep sets, the trap search, traces."""
 
 from __future__ import annotations
 
 import inspect
-import sys
 import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Final, Generic, TypeVar
 
-from .._validate import check_bool, shown
+from .._validate import shown
 from ..errors import InvalidArgumentError, MultiConnectorError
+from .progress import _Progress
 from .report import (
     MAX_DEPTH,
     MAX_SECONDS,
     MAX_STATES,
     NO_EXCEPTION,
     NO_TRAP,
-    PROGRESS_AFTER,
     STATES_REACHED,
     TRANSITIONS_FIRED,
     CheckReport,
@@ -30,7 +29,7 @@ from .report import (
     _jsonable,
 )
 
-__all__ = ["NondeterminismError", "declared_transitions", "explore"]
+__all__ = ["NondeterminismError", "declared_transitions"]
 
 M = TypeVar("M")
 E = TypeVar("E")
@@ -81,59 +80,6 @@ def _verdict(result: object) -> str | None:
     )
 
 
-class _Progress:
-    """Shows the search's figures when it runs longer than a couple of seconds.
-
-    Uses ``rich`` (the ``progress`` extra) on a terminal; plain lines on stderr otherwise, so
-    CI logs stay readable. Never required.
-    """
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.start = time.perf_counter()
-        self.last = self.start
-        self.live: Any = None
-        self.plain = False
-
-    def update(self, distinct: int, generated: int, depth: int, queued: int) -> None:
-        if not self.enabled:
-            return
-        now = time.perf_counter()
-        if now - self.start < PROGRESS_AFTER:
-            return
-        rate = generated / (now - self.start)
-        text = (
-            f"depth {depth}, {distinct:,} distinct states, {generated:,} generated, "
-            f"{queued:,} queued, {rate:,.0f} states/s"
-        )
-        if self.live is None and not self.plain:
-            self.live = self._rich()
-            self.plain = self.live is None
-        if self.live is not None:
-            self.live.update(f"[bold]checking[/bold] {text}")
-        elif now - self.last >= 5.0 or self.last == self.start:
-            print(f"check: {text}", file=sys.stderr, flush=True)
-            self.last = now
-
-    @staticmethod
-    def _rich() -> Any:
-        if not sys.stderr.isatty():
-            return None
-        try:
-            from rich.console import Console  # noqa: PLC0415 - optional, imported late
-            from rich.status import Status  # noqa: PLC0415
-        except ImportError:
-            return None
-        status = Status("checking", console=Console(stderr=True))
-        status.start()
-        return status
-
-    def close(self) -> None:
-        if self.live is not None:
-            self.live.stop()
-            self.live = None
-
-
 def _docstring(fn: Any) -> str:
     doc = inspect.getdoc(fn) if callable(fn) and not isinstance(fn, type) else None
     return doc.strip().splitlines()[0] if doc else ""
@@ -141,178 +87,6 @@ def _docstring(fn: Any) -> str:
 
 def _description(fn: Any, name: str) -> str:
     return _docstring(fn) or name
-
-
-def explore(
-    initial: Callable[[], M],
-    events: Callable[[M], Iterable[E]],
-    apply: Callable[[M, E], object],
-    snapshot: Callable[[M], Hashable],
-    invariants: Mapping[str, Callable[[M], object]] | None = None,
-    *,
-    goal: Callable[[M], bool] | None = None,
-    ways_out: Callable[[E], bool] | None = None,
-    machine: Any = None,
-    fired: Callable[[M], Iterable[Triple]] | None = None,
-    reached: Callable[[M], Iterable[str]] | None = None,
-    describe: Callable[[M], str] | None = None,
-    label: Callable[[E], str] = repr,
-    data: Callable[[E], Any] | None = None,
-    annotate: Callable[[M], Mapping[str, Any]] | None = None,
-    max_states: int | None = None,
-    max_depth: int | None = None,
-    progress: bool = False,
-    bounds: Mapping[str, Any] | None = None,
-    title: str = "model check",
-    max_seconds: float | None = None,
-    expected: Callable[[Triple], bool] | None = None,
-    independent: Callable[[E, E], bool] | None = None,
-    alike: Callable[[M, E], Iterable[E]] | None = None,
-    fork: Callable[[M], M | None] | None = None,
-) -> CheckReport:
-    """Explore every state reachable from ``initial()`` breadth-first and check properties.
-
-    * ``initial()`` makes a fresh model; ``events(model)`` lists the events enabled in it;
-      ``apply(model, event)`` applies one, in place. Events must be deterministic: a state is
-      revisited by replaying its path from a fresh model, and :class:`NondeterminismError` is
-      raised if that gives another snapshot (the snapshot of a replayed model is taken before
-      any event is applied to it, so a model may read its state lazily in ``snapshot``).
-    * ``snapshot(model)`` is the model's canonical, hashable state. Equal snapshots are one
-      state, so it must capture everything that affects later behaviour (and nothing that grows
-      without bound, such as counters). Canonicalizing over symmetric parts (interchangeable
-      ids, say) is allowed and shrinks the search.
-    * ``invariants`` maps a property name to ``check(model)``, called after every applied
-      event (and on the initial model). It returns ``None`` or ``True`` when the property
-      holds, ``False`` or a message when it does not, or raises ``AssertionError``. The first
-      line of the callable's docstring describes the property in the report.
-    * Property ``"no exception"``: ``apply`` raising anything is a violation, and the search
-      does not continue from that state. Catch the exceptions your model documents in
-      ``apply``; the first line of its docstring, if any, describes the property.
-    * ``goal(model)``, when given, adds property ``"no trap"``: from every explored state some
-      goal state must be reachable, using only the events for which ``ways_out(event)`` is true
-      (all events when it is ``None``). Computed on the explored graph by backward
-      reachability; states a bound left unexpanded count as able to reach the goal.
-    * ``machine`` (a ``transitions.Machine``) and ``fired(model)``, the (source, event, dest)
-      transitions the last ``apply`` fired, add the structural properties ``"states
-      reached"`` (every declared state was entered; ``reached(model)`` may name more states
-      the model is in) and ``"transitions fired"`` (every declared transition fired, and no
-      undeclared one did), with per-transition coverage in the report.
-    * ``describe(model)`` (default: the snapshot's repr) and ``label(event)`` (default: repr)
-      write counterexamples; ``data(event)`` gives the event as JSON data; ``annotate(model)``
-      adds data about a counterexample's final model to it.
-    * ``expected(triple)``, when given, says which declared transitions the configuration can
-      fire: one that never fires fails ``"transitions fired"`` only when ``expected`` is true
-      for it (the others are listed as unreachable), and a declared state fails ``"states
-      reached"`` only when it is the initial state or an end of an expected transition.
-      Coverage is judged only when the search finished; otherwise it is reported, not judged.
-    * ``max_states``, ``max_depth`` and ``max_seconds`` (wall time) bound the search (``None``:
-      unbounded); the report says which stopped it (:attr:`CheckReport.stopped_by`), up to which
-      depth the search is complete (:attr:`CheckReport.complete_depth`), and its
-      :attr:`CheckReport.verdict`. A search stopped by ``max_seconds`` stops cleanly: every
-      state it found was checked.
-    * ``independent(a, b)``, when given, turns on partial-order reduction with sleep sets: it
-      must be true only for events that commute (applied in either order from any state where
-      both are enabled, they lead to the same state, neither enables or disables the other,
-      and each does to the properties' inputs what it does in the other order). An event
-      already explored from a predecessor, independent of the event that led here, is not
-      applied again: every state is still found at its breadth-first depth, so verdicts and
-      counterexample lengths are unchanged (docs/check.md, "Reductions"). For ``"no trap"``,
-      every state that cannot reach a goal in the reduced graph is expanded fully until
-      none is left, so traps are those of the full graph.
-    * ``alike(model, event)``, when given, is called after ``event`` was applied to ``model``
-      and names other events, enabled in the state it was applied in, that would have done
-      exactly the same there (the same next state, the same verdicts): a choice the model
-      never read, say. They are not applied from that state (:attr:`CheckReport.alike`). Return
-      an empty iterable when unsure.
-    * ``fork(model)``, when given, returns an independent copy of ``model`` that behaves
-      exactly as the model replayed to the same state would (or ``None``: replay it). A state
-      is then expanded from the model it was found with (up to a quarter of a million kept at
-      once), and a copy replaces the replay otherwise needed after each event that leaves it.
-    * ``progress=True`` shows the figures on stderr when the search runs longer than two seconds
-      (with ``rich`` on a terminal when it is installed).
-
-    Every counterexample is a shortest event sequence leading to its violation.
-
-    .. versionadded:: 0.1.0
-    """
-    required: dict[str, object] = {
-        "initial": initial,
-        "events": events,
-        "apply": apply,
-        "snapshot": snapshot,
-        "label": label,
-    }
-    optional: dict[str, object] = {
-        "goal": goal,
-        "ways_out": ways_out,
-        "fired": fired,
-        "reached": reached,
-        "describe": describe,
-        "data": data,
-        "annotate": annotate,
-    }
-    for argument, fn in required.items():
-        if not callable(fn):
-            raise InvalidArgumentError(f"{argument}={shown(fn)} must be callable")
-    for argument, fn in optional.items():
-        if fn is not None and not callable(fn):
-            raise InvalidArgumentError(f"{argument}={shown(fn)} must be callable or None")
-    if invariants is None:
-        invariants = {}
-    if not isinstance(invariants, Mapping) or not all(
-        isinstance(k, str) and callable(v) for k, v in invariants.items()
-    ):
-        raise InvalidArgumentError(
-            f"invariants={shown(invariants)} must map property names (str) to callables"
-        )
-    for argument, bound in (("max_states", max_states), ("max_depth", max_depth)):
-        if bound is not None and (type(bound) is not int or bound < 1):
-            raise InvalidArgumentError(f"{argument}={shown(bound)} must be an int >= 1 or None")
-    if max_seconds is not None and (
-        type(max_seconds) not in (int, float) or not 0 < max_seconds < float("inf")
-    ):
-        raise InvalidArgumentError(f"max_seconds={shown(max_seconds)} must be a number > 0 or None")
-    if expected is not None and not callable(expected):
-        raise InvalidArgumentError(f"expected={shown(expected)} must be callable or None")
-    if independent is not None and not callable(independent):
-        raise InvalidArgumentError(f"independent={shown(independent)} must be callable or None")
-    if fork is not None and not callable(fork):
-        raise InvalidArgumentError(f"fork={shown(fork)} must be callable or None")
-    if alike is not None and not callable(alike):
-        raise InvalidArgumentError(f"alike={shown(alike)} must be callable or None")
-    check_bool(progress, "progress")
-    if (machine is None) != (fired is None):
-        raise InvalidArgumentError(
-            f"machine={shown(machine)} and fired={shown(fired)} must be given together"
-        )
-    search = _Search(
-        initial=initial,
-        events=events,
-        apply=apply,
-        snapshot=snapshot,
-        invariants=dict(invariants),
-        goal=goal,
-        ways_out=ways_out,
-        machine=machine,
-        fired=fired,
-        reached=reached,
-        max_states=max_states,
-        max_depth=max_depth,
-        max_seconds=max_seconds,
-        expected=expected,
-        independent=independent,
-        alike=alike,
-        fork=fork,
-    )
-    search.run(_Progress(progress))
-    return search.report(
-        title=title,
-        bounds=dict(bounds or {"max states": max_states, "max depth": max_depth}),
-        describe=describe,
-        label=label,
-        data=data,
-        annotate=annotate,
-    )
 
 
 class _Search(Generic[M, E]):

@@ -143,18 +143,12 @@ def _fork(world: _World) -> _World | None:
     new._registry = registry
 
     twin = object.__new__(_World)
-    twin.scenario = world.scenario
+    for name in _World.__slots__:  # the checker's own books: immutable, or copied one level
+        value = getattr(world, name)
+        setattr(twin, name, value.copy() if isinstance(value, list | dict | set) else value)
     twin.mc = new
-    twin.index = world.index
-    twin.last = None
-    twin.registry = world.registry
-    twin.order = world.order
-    twin.queue = world.queue
-    twin.applied = world.applied
-    twin.log = list(world.log)
-    twin.entries = world.entries
-    twin.dirty = False
-    twin.fixed = world.fixed
+    twin.last = None  # what the latest event did: the copy's next event sets it
+    twin.dirty = False  # read: the copy shows what world shows
     twin.requests = [_copy_request(r, records, record) for r in world.requests]
     return twin
 
