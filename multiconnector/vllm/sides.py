@@ -67,13 +67,14 @@ class SchedulerSide(Side):
             saves, params = self.child.request_finished_all_groups(request, groups)
         else:
             saves, params = self.child.request_finished(request, blocks)
-        if saves is True:
-            return True, params
         # A child that took the partial tail at finish also owes a "finished sending" report.
         tails = owner._tail_savers
-        if saves is False and tails and self.name in tails.get(request_id, ()):
-            return True, params
-        return saves, params  # a bool, or garbage the core awaits and reports
+        if saves is True or (saves is False and tails and self.name in tails.get(request_id, ())):
+            # The workers await this save (the metadata names it), not the scheduler's books:
+            # to the core it is no save here.
+            owner._handed_off.append(self.name)
+            return False, params
+        return saves, params  # False, or garbage the core awaits (on the scheduler) and reports
 
 
 @final

@@ -489,7 +489,8 @@ def test_a_child_that_takes_the_partial_tail_is_awaited(model: Path) -> None:
     s.on_new_request(request)
     assert s.register_finished_partial_tail(request, ([1, 2],), [(0, 1, 2)]) is True
     assert s.request_finished(request, [1, 2]) == (True, None)
-    assert s.tracker.get("r1").awaiting == ("a",)
+    assert s.saving == {"r1": ("a",)}  # handed off to the workers, which await it
+    assert "r1" not in s.tracker
 
 
 def test_scheduler_fan_outs(model: Path) -> None:
