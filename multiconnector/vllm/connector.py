@@ -203,23 +203,6 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             result=result,
         )
 
-    def _present_list(self, method: str) -> list[Any]:
-        """The answers of :meth:`_present`, in order, without a closure or dicts on the way."""
-        found: list[Any] = []
-        failures: list[tuple[str, Exception]] | None = None
-        answers: dict[str, Any] = {}
-        for name, child in self._items:
-            try:
-                answers[name] = answer = getattr(child, method)()
-            except Exception as exc:
-                failures = _failed(failures, name, exc)
-                continue
-            if answer is not None:
-                found.append(answer)
-        if failures is not None:
-            self._raise(method, failures, result=answers)
-        return found
-
     def _present(self, method: str) -> dict[str, Any]:
         """Each child's no-argument ``method()``, keeping only answers that are not ``None``."""
         answers = self._gather(method, lambda _, c: getattr(c, method)())
@@ -381,7 +364,14 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         super().bind_connector_metadata(connector_metadata)
 
     def clear_connector_metadata(self) -> None:
-        self._each("clear_connector_metadata")
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # every step: no helper
+            try:
+                child.clear_connector_metadata()
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("clear_connector_metadata", failures)
         super().clear_connector_metadata()
 
     def shutdown(self) -> None:
@@ -481,7 +471,14 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             self._raise("save_kv_layer", failures)
 
     def wait_for_save(self) -> None:
-        self._each("wait_for_save")
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # every step: no helper
+            try:
+                child.wait_for_save()
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("wait_for_save", failures)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         results = self.get_transfer_results(finished_req_ids)
@@ -554,7 +551,19 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return blocks
 
     def get_kv_connector_kv_cache_events(self) -> Any:
-        found = self._present_list("get_kv_connector_kv_cache_events")
+        found: list[Any] = []
+        failures: list[tuple[str, Exception]] | None = None
+        answers: dict[str, Any] = {}
+        for name, child in self._items:  # every step: no helper
+            try:
+                answers[name] = events = child.get_kv_connector_kv_cache_events()
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+                continue
+            if events is not None:
+                found.append(events)
+        if failures is not None:
+            self._raise("get_kv_connector_kv_cache_events", failures, result=answers)
         if not found:
             return None
         merged = found[0]
@@ -606,7 +615,14 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def on_new_request(self, request: Any) -> None:
         self._ensure(request)
-        self._each("on_new_request", request)
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # once per request: no helper
+            try:
+                child.on_new_request(request)
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("on_new_request", failures)
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
@@ -802,11 +818,19 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         tracker = self._tracker
         handed = self._handed_off
         handed.clear()
+        answered = False
         try:
             _, params = tracker.request_finished(request_id, () if all_groups else blocks)
+            answered = True
         finally:
             self._all_groups = None
-            savers = self._handed_off_savers(request_id, handed)
+            # Answered without an error: no child answered garbage (the core raises for it), so
+            # nothing is awaited on the scheduler's books, only what the children handed off.
+            savers = (
+                self._shared_savers(tuple(handed))
+                if answered and handed
+                else self._handed_off_savers(request_id, handed)
+            )
             if savers:
                 self._new_savers[request_id] = savers
                 self._saving[request_id] = savers
@@ -827,11 +851,11 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         if record is not None and record.state is State.finishing and record.awaiting:
             self._awaited_here.add(request_id)
             owing = {*handed, *record.awaiting}
-            names = tuple([name for name in self._children if name in owing])
-        elif handed:
-            names = tuple(handed)
-        else:
-            return ()
+            return self._shared_savers(tuple([name for name in self._children if name in owing]))
+        return self._shared_savers(tuple(handed)) if handed else ()
+
+    def _shared_savers(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """The one tuple equal to ``names`` that every request with these savers shares."""
         shared = self._saver_tuples.get(names)
         if shared is None:
             shared = self._saver_tuples.setdefault(names, names)

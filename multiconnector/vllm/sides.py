@@ -41,7 +41,8 @@ class SchedulerSide(Side):
 
     def __init__(self, owner: MultiConnector, name: str, child: Any) -> None:
         super().__init__(owner, name, child)
-        #: Whether this child's last match for a request would load asynchronously.
+        #: The requests this child's last match would load asynchronously (only those: the
+        #: common case, no asynchronous load, writes nothing).
         self.load_async: dict[str, bool] = {}
 
     def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
@@ -55,7 +56,10 @@ class SchedulerSide(Side):
         if tokens is None:
             owner._lookup_pending = True
             return None
-        self.load_async[request_id] = bool(load_async)
+        if load_async:
+            self.load_async[request_id] = True
+        elif self.load_async:
+            self.load_async.pop(request_id, None)  # an earlier match's answer
         return int(tokens)
 
     def request_finished(self, request_id: str, blocks: Sequence[Any]) -> tuple[bool, Any]:
