@@ -1,0 +1,98 @@
+"""A/B of the scheduler loop row: this checkout's adapter against other versions, in one process.
+
+Each other version is a checkout (``git worktree add``, or ``git archive REV | tar -x -C DIR``):
+its ``multiconnector`` package is copied under another name (``mc_ab1``, ``mc_ab2``, ...) and
+loaded by vLLM with ``kv_connector_module_path="mc_ab1.vllm"``, beside this checkout's and vLLM's
+own ``MultiConnector``. All of them run the loop of ``bench/scheduler_loop.py`` (same workload,
+same children, CPU time per request) interleaved, repeat after repeat, the order alternating.
+Two separate runs of the row on a shared machine differ by a few percent; here every contender
+sees the same load, so a change of 1 % shows::
+
+    git archive HEAD~1 | (mkdir -p /tmp/before && tar -x -C /tmp/before)
+    PYTHONPATH=$PWD .venv/bin/python bench/ab_loop.py /tmp/before            # the first size
+    PYTHONPATH=$PWD .venv/bin/python bench/ab_loop.py --size 1 /tmp/before   # full batches
+
+It prints, for every version, the median ratio to vLLM's and the median ratio to this
+checkout's (per repeat), with interquartile ranges.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import scheduler_loop as loop_row
+
+
+def quartiles(values: list[float]) -> str:
+    low, high = loop_row.quartiles(values)
+    return f"{statistics.median(values):.3f} (IQR {low:.3f}-{high:.3f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("others", nargs="+", type=Path, help="checkouts to compare against")
+    parser.add_argument("--size", type=int, default=0, help="0: the first size; 1: full batches")
+    parser.add_argument("--repeats", type=int, default=21)
+    args = parser.parse_args()
+    shape = loop_row.SHAPES[args.size]
+    requests = 128
+    with tempfile.TemporaryDirectory() as folder:
+        packages = Path(folder) / "packages"
+        packages.mkdir()
+        modules = {"this checkout": "multiconnector.vllm"}
+        for number, other in enumerate(args.others, 1):
+            source = other / "multiconnector"
+            if not (source / "vllm" / "__init__.py").is_file():
+                parser.error(f"{other} holds no multiconnector/vllm package")
+            shutil.copytree(source, packages / f"mc_ab{number}")
+            modules[str(other)] = f"mc_ab{number}.vllm"
+        sys.path.insert(0, str(packages))
+        model = loop_row.write_model(Path(folder) / "tiny-opt")
+        _, seqs, tokens = shape
+        blocks = 4 * requests * ((loop_row.PROMPT + loop_row.OUTPUT) // loop_row.BLOCK + 1) + 64
+        loops = {"vLLM": loop_row.Loop(loop_row.config(model, False, seqs, tokens), blocks)}
+        for label, module in modules.items():
+            config = loop_row.config(model, True, seqs, tokens)
+            config.kv_transfer_config.kv_connector_module_path = module
+            loops[label] = loop_row.Loop(config, blocks)
+            loaded = type(loops[label].worker).__module__
+            assert loaded.startswith(module), (label, loaded)
+        gc.collect()
+        gc.freeze()
+        rng = random.Random(17)
+        times: dict[str, list[float]] = {label: [] for label in loops}
+        order = list(loops)
+        for repeat in range(-1, args.repeats):  # repeat -1 warms up, untimed
+            for label in order:
+                batch = loop_row.make_requests(f"{label}-{repeat}", requests, rng)
+                seconds = loop_row.cpu_timed(loop_row._runner(loops[label], batch))
+                if repeat >= 0:
+                    times[label].append(seconds / requests)
+            order.reverse()
+        gc.unfreeze()
+    print(
+        f"{shape[0]}, {args.repeats} interleaved repeats; vLLM's median: "
+        f"{statistics.median(times['vLLM']) * 1e6:.0f} µs per request"
+    )
+    mine = times["this checkout"]
+    for label in modules:
+        theirs = times[label]
+        to_vllm = [o / v for o, v in zip(theirs, times["vLLM"], strict=True)]
+        line = f"{label}: ÷ vLLM {quartiles(to_vllm)}"
+        if label != "this checkout":
+            to_mine = [o / m for o, m in zip(theirs, mine, strict=True)]
+            line += f"; ÷ this checkout {quartiles(to_mine)}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
