@@ -4,7 +4,7 @@ Each other version is a checkout (``git worktree add``, or ``git archive REV | t
 its ``multiconnector`` package is copied under another name (``mc_ab1``, ``mc_ab2``, ...) and
 loaded by vLLM with ``kv_connector_module_path="mc_ab1.vllm"``, beside this checkout's and vLLM's
 own ``MultiConnector``. All of them run the loop of ``bench/scheduler_loop.py`` (same workload,
-same children, CPU time per request) interleaved, repeat after repeat, the order alternating.
+same children, CPU time per request) interleaved, repeat after repeat, the order rotating.
 Two separate runs of the row on a shared machine differ by a few percent; here every contender
 sees the same load, so a change of 1 % shows::
 
@@ -37,11 +37,20 @@ def quartiles(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} (IQR {low:.3f}-{high:.3f})"
 
 
+def rotation(labels: list[str], repeat: int) -> list[str]:
+    """The order of one repeat: rotated by one place each repeat, reversed every other round, so
+    that every contender runs in every position, after every other one, equally often (the one
+    that runs right after vLLM's, or after another of ours, finds different caches)."""
+    turn = repeat % len(labels)
+    order = labels[turn:] + labels[:turn]
+    return order[::-1] if (repeat // len(labels)) % 2 else order
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("others", nargs="+", type=Path, help="checkouts to compare against")
     parser.add_argument("--size", type=int, default=0, help="0: the first size; 1: full batches")
-    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--repeats", type=int, default=24, help="a multiple of 2 x contenders")
     args = parser.parse_args()
     shape = loop_row.SHAPES[args.size]
     requests = 128
@@ -70,14 +79,13 @@ def main() -> None:
         gc.freeze()
         rng = random.Random(17)
         times: dict[str, list[float]] = {label: [] for label in loops}
-        order = list(loops)
+        labels = list(loops)
         for repeat in range(-1, args.repeats):  # repeat -1 warms up, untimed
-            for label in order:
+            for label in rotation(labels, repeat):
                 batch = loop_row.make_requests(f"{label}-{repeat}", requests, rng)
                 seconds = loop_row.cpu_timed(loop_row._runner(loops[label], batch))
                 if repeat >= 0:
                     times[label].append(seconds / requests)
-            order.reverse()
         gc.unfreeze()
     print(
         f"{shape[0]}, {args.repeats} interleaved repeats; vLLM's median: "
