@@ -6,10 +6,11 @@ The workload, per scheduler step of ``batch`` requests, with three trivial child
 ``build_connector_meta``; on the worker side ``bind_connector_metadata``, ``get_finished`` (every
 child reports every request as sent), ``clear_connector_metadata``; then the scheduler's
 ``update_connector_output`` with what the worker reported (vLLM's own forwards it to the children;
-ours releases the requests there). Both connectors are built by vLLM's own factory from a
-``VllmConfig``, as a server builds them. The core runs the same bookkeeping directly: ``begin`` and
-``request_finished`` per request, each child's reports (one ``transfer_finished_many`` per child,
-as a worker's ``get_finished`` delivers them), ``take``.
+ours drops them from ``saving``: its scheduler released them at ``request_finished``). Both
+connectors are built by vLLM's own factory from a ``VllmConfig``, as a server builds them. The
+core runs the same bookkeeping directly: ``begin`` and ``request_finished`` per request, each
+child's reports (one ``transfer_finished_many`` per child, as a worker's ``get_finished``
+delivers them), ``take``.
 
 Imported only when vLLM and the adapter are importable.
 """

@@ -41,9 +41,10 @@ What changes against vLLM's own ``MultiConnector`` (docs/vllm.md has the full ta
   :class:`ChildStartError` names it.
 
 The bookkeeping is :class:`multiconnector.MultiConnector`'s (the core aggregator, a different
-class of the same name): one on the scheduler tracks each request from arrival to the last
-confirmed save; on each worker one tracks the saves each finished request awaits and one the
-load each request awaits.
+class of the same name): one on the scheduler tracks each request from arrival to
+``request_finished``, where it hands the committed saves off to the workers
+(:attr:`MultiConnector.saving` lists them until the workers report them); on each worker one
+tracks the saves each finished request awaits and one the load each request awaits.
 
 The subpackage is layered: :mod:`~multiconnector.vllm.config` (the children),
 :mod:`~multiconnector.vllm.wire` (what crosses processes), :mod:`~multiconnector.vllm.sides`

@@ -74,7 +74,8 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             name: side(self, name, child) for name, child in self._children.items()
         }
         registry = ConnectorRegistry(self._sides)
-        # Scheduler: every request, from arrival to its last confirmed save.
+        # Scheduler: every request, from arrival to request_finished (and its load, if one is in
+        # flight then); the saves it hands off are the workers' to await (see saving).
         # Worker: the saves each finished request awaits.
         self._tracker = Aggregator(registry)
         # Worker: the load each request awaits; unused on the scheduler.
@@ -84,6 +85,17 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._tail_savers: dict[str, tuple[str, ...]] = {}
         self._new_savers: dict[str, tuple[str, ...]] = {}
         self._new_loads: dict[str, str] = {}
+        #: Scheduler: the requests whose saves were handed off to the workers, with the names
+        #: they await, until the workers report them finished sending.
+        self._saving: dict[str, tuple[str, ...]] = {}
+        #: Scheduler: the children that committed to a save during the current request_finished
+        #: (written by the sides; see SchedulerSide.request_finished).
+        self._handed_off: list[str] = []
+        #: Scheduler: requests whose record still awaits names on the scheduler's own books (a
+        #: child answered request_finished with garbage: the core awaits it, conservatively).
+        self._awaited_here: set[str] = set()
+        #: Saver tuples shared by every request with the same savers (fewer objects to pickle).
+        self._saver_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
         # The current call's context, read by the sides.
         self._lookup_pending = False  # a child answered None in this match: ask no more
         #: Every KV cache group's block ids while request_finished_all_groups asks the children
@@ -107,8 +119,25 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     @property
     def tracker(self) -> Aggregator:
-        """Scheduler: the requests' bookkeeping. Worker: the finished requests' awaited saves."""
+        """Scheduler: each request from its arrival to ``request_finished`` (held longer only
+        while a load is still in flight, or when a child answered ``request_finished`` with
+        garbage). The saves it then hands off are awaited by the workers, not here: see
+        :attr:`saving`. Worker: the finished requests' awaited saves, each held until every
+        saver the scheduler named reported it (or is in flight to load)."""
         return self._tracker
+
+    @property
+    def saving(self) -> Mapping[str, tuple[str, ...]]:
+        """Scheduler: each request whose asynchronous saves were handed off to the workers, with
+        the names they await, until the workers report it finished sending (a copy).
+
+        The workers report a request finished sending only once every one of those names
+        confirmed it (vLLM's output aggregator then waits for every worker), so while a request
+        is here vLLM holds its blocks.
+
+        .. versionadded:: 0.1.0
+        """
+        return dict(self._saving)
 
     @property
     def load_tracker(self) -> Aggregator:
@@ -173,23 +202,6 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             failed=failed,
             result=result,
         )
-
-    def _present_list(self, method: str) -> list[Any]:
-        """The answers of :meth:`_present`, in order, without a closure or dicts on the way."""
-        found: list[Any] = []
-        failures: list[tuple[str, Exception]] | None = None
-        answers: dict[str, Any] = {}
-        for name, child in self._items:
-            try:
-                answers[name] = answer = getattr(child, method)()
-            except Exception as exc:
-                failures = _failed(failures, name, exc)
-                continue
-            if answer is not None:
-                found.append(answer)
-        if failures is not None:
-            self._raise(method, failures, result=answers)
-        return found
 
     def _present(self, method: str) -> dict[str, Any]:
         """Each child's no-argument ``method()``, keeping only answers that are not ``None``."""
@@ -352,7 +364,14 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         super().bind_connector_metadata(connector_metadata)
 
     def clear_connector_metadata(self) -> None:
-        self._each("clear_connector_metadata")
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # every step: no helper
+            try:
+                child.clear_connector_metadata()
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("clear_connector_metadata", failures)
         super().clear_connector_metadata()
 
     def shutdown(self) -> None:
@@ -452,7 +471,14 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             self._raise("save_kv_layer", failures)
 
     def wait_for_save(self) -> None:
-        self._each("wait_for_save")
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # every step: no helper
+            try:
+                child.wait_for_save()
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("wait_for_save", failures)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         results = self.get_transfer_results(finished_req_ids)
@@ -525,7 +551,19 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return blocks
 
     def get_kv_connector_kv_cache_events(self) -> Any:
-        found = self._present_list("get_kv_connector_kv_cache_events")
+        found: list[Any] = []
+        failures: list[tuple[str, Exception]] | None = None
+        answers: dict[str, Any] = {}
+        for name, child in self._items:  # every step: no helper
+            try:
+                answers[name] = events = child.get_kv_connector_kv_cache_events()
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+                continue
+            if events is not None:
+                found.append(events)
+        if failures is not None:
+            self._raise("get_kv_connector_kv_cache_events", failures, result=answers)
         if not found:
             return None
         merged = found[0]
@@ -577,7 +615,14 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def on_new_request(self, request: Any) -> None:
         self._ensure(request)
-        self._each("on_new_request", request)
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # once per request: no helper
+            try:
+                child.on_new_request(request)
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("on_new_request", failures)
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
@@ -681,24 +726,38 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 failed=failed,
                 result={name: None for name in self._children if name not in failed},
             )
-        # The workers report a request finished sending only once every saver confirmed.
+        # The workers report a request finished sending only once every saver confirmed, and
+        # vLLM's output aggregator only once every worker did.
         tracker = self._tracker
-        confirmed: dict[str, list[str]] = {}
-        for request_id in connector_output.finished_sending or ():
-            record = tracker.peek(request_id)
-            if record is not None:
-                for name in record.awaiting:
-                    if name in confirmed:
-                        confirmed[name].append(request_id)
-                    else:
-                        confirmed[name] = [request_id]
-        for name, request_ids in confirmed.items():
-            tracker.transfer_finished_many(name, request_ids)
+        finished = connector_output.finished_sending
+        if finished:
+            saving = self._saving
+            for request_id in finished:
+                saving.pop(request_id, None)
+            if self._awaited_here:
+                self._confirm_here(finished)
         for request_id in connector_output.finished_recving or ():
             loader = self._loader(request_id)
             if loader is not None:
                 tracker.load_finished(request_id, loader)
         tracker.take()
+
+    def _confirm_here(self, finished: set[str]) -> None:
+        """Confirm, on the scheduler's own books, the names still awaited there for the
+        requests of ``finished`` (a garbage answer awaited conservatively: see
+        :meth:`_handed_off_savers`)."""
+        tracker = self._tracker
+        confirmed: dict[str, list[str]] = {}
+        for request_id in finished:
+            if request_id not in self._awaited_here:
+                continue
+            self._awaited_here.discard(request_id)
+            record = tracker.peek(request_id)
+            if record is not None:
+                for name in record.awaiting:
+                    confirmed.setdefault(name, []).append(request_id)
+        for name, request_ids in confirmed.items():
+            tracker.transfer_finished_many(name, request_ids)
 
     def register_finished_partial_tail(
         self,
@@ -750,26 +809,57 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     def _finish(
         self, request: Any, blocks: Any, *, all_groups: bool
     ) -> tuple[bool, dict[str, Any] | None]:
+        if request.request_id in self._saving:
+            # Finished before and its saves handed off: a duplicate, which asks nobody (as the
+            # core refuses a second request_finished); vLLM still holds the blocks.
+            return True, None
         request_id = self._ensure(request)
         self._all_groups = blocks if all_groups else None
+        tracker = self._tracker
+        handed = self._handed_off
+        handed.clear()
+        answered = False
         try:
-            _, params = self._tracker.request_finished(request_id, () if all_groups else blocks)
+            _, params = tracker.request_finished(request_id, () if all_groups else blocks)
+            answered = True
         finally:
             self._all_groups = None
-            record = self._tracker.peek(request_id)
+            # Answered without an error: no child answered garbage (the core raises for it), so
+            # nothing is awaited on the scheduler's books, only what the children handed off.
             savers = (
-                record.awaiting if record is not None and record.state is State.finishing else ()
+                self._shared_savers(tuple(handed))
+                if answered and handed
+                else self._handed_off_savers(request_id, handed)
             )
             if savers:
                 self._new_savers[request_id] = savers
+                self._saving[request_id] = savers
             self._live.pop(request_id, None)
             if self._tail_savers:
                 self._tail_savers.pop(request_id, None)
             for side in self._sides.values():
                 if side.load_async:
                     side.load_async.pop(request_id, None)
-            self._tracker.take()
+            tracker.take()
         return bool(savers), params
+
+    def _handed_off_savers(self, request_id: str, handed: list[str]) -> tuple[str, ...]:
+        """The names the workers are to await for ``request_id``: the children that committed
+        to a save (``handed``), and any the scheduler's record awaits (a garbage answer), in
+        configuration order, as a shared tuple."""
+        record = self._tracker.peek(request_id)
+        if record is not None and record.state is State.finishing and record.awaiting:
+            self._awaited_here.add(request_id)
+            owing = {*handed, *record.awaiting}
+            return self._shared_savers(tuple([name for name in self._children if name in owing]))
+        return self._shared_savers(tuple(handed)) if handed else ()
+
+    def _shared_savers(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """The one tuple equal to ``names`` that every request with these savers shares."""
+        shared = self._saver_tuples.get(names)
+        if shared is None:
+            shared = self._saver_tuples.setdefault(names, names)
+        return shared
 
     def take_events(self) -> list[Any]:
         events: list[Any] = []

@@ -41,7 +41,8 @@ class SchedulerSide(Side):
 
     def __init__(self, owner: MultiConnector, name: str, child: Any) -> None:
         super().__init__(owner, name, child)
-        #: Whether this child's last match for a request would load asynchronously.
+        #: The requests this child's last match would load asynchronously (only those: the
+        #: common case, no asynchronous load, writes nothing).
         self.load_async: dict[str, bool] = {}
 
     def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
@@ -55,7 +56,10 @@ class SchedulerSide(Side):
         if tokens is None:
             owner._lookup_pending = True
             return None
-        self.load_async[request_id] = bool(load_async)
+        if load_async:
+            self.load_async[request_id] = True
+        elif self.load_async:
+            self.load_async.pop(request_id, None)  # an earlier match's answer
         return int(tokens)
 
     def request_finished(self, request_id: str, blocks: Sequence[Any]) -> tuple[bool, Any]:
@@ -67,13 +71,14 @@ class SchedulerSide(Side):
             saves, params = self.child.request_finished_all_groups(request, groups)
         else:
             saves, params = self.child.request_finished(request, blocks)
-        if saves is True:
-            return True, params
         # A child that took the partial tail at finish also owes a "finished sending" report.
         tails = owner._tail_savers
-        if saves is False and tails and self.name in tails.get(request_id, ()):
-            return True, params
-        return saves, params  # a bool, or garbage the core awaits and reports
+        if saves is True or (saves is False and tails and self.name in tails.get(request_id, ())):
+            # The workers await this save (the metadata names it), not the scheduler's books:
+            # to the core it is no save here.
+            owner._handed_off.append(self.name)
+            return False, params
+        return saves, params  # False, or garbage the core awaits (on the scheduler) and reports
 
 
 @final

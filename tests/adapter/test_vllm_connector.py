@@ -367,6 +367,28 @@ def test_every_child_is_called_and_every_failure_raised(model: Path) -> None:
     assert c.names("wait_for_save") == [("wait_for_save",)]
 
 
+@pytest.mark.parametrize(
+    ("role", "method", "args"),
+    [
+        (KVConnectorRole.SCHEDULER, "on_new_request", (make_request("r1"),)),
+        (KVConnectorRole.WORKER, "clear_connector_metadata", ()),
+        (KVConnectorRole.WORKER, "get_kv_connector_kv_cache_events", ()),
+        (KVConnectorRole.WORKER, "wait_for_save", ()),
+    ],
+)
+def test_a_per_step_call_reaches_every_child_and_raises_every_failure(
+    model: Path, role: Any, method: str, args: tuple[Any, ...]
+) -> None:
+    a = script(raise_in={method: RuntimeError("a")})
+    b, c = script(), script(raise_in={method: OSError("c")})
+    built = connector(model, role, a=a, b=b, c=c)
+    with pytest.raises(ConnectorFailures, match=method) as caught:
+        getattr(built, method)(*args)
+    assert caught.value.failed == ("a", "c")
+    assert [type(e) for e in caught.value.exceptions] == [RuntimeError, OSError]
+    assert [len(s.names(method)) for s in (a, b, c)] == [1, 1, 1]
+
+
 def test_layer_calls_reach_every_child(model: Path) -> None:
     a, b = script(), script()
     w = worker(model, a=a, b=b)
@@ -489,7 +511,8 @@ def test_a_child_that_takes_the_partial_tail_is_awaited(model: Path) -> None:
     s.on_new_request(request)
     assert s.register_finished_partial_tail(request, ([1, 2],), [(0, 1, 2)]) is True
     assert s.request_finished(request, [1, 2]) == (True, None)
-    assert s.tracker.get("r1").awaiting == ("a",)
+    assert s.saving == {"r1": ("a",)}  # handed off to the workers, which await it
+    assert "r1" not in s.tracker
 
 
 def test_scheduler_fan_outs(model: Path) -> None:

@@ -151,7 +151,7 @@ def test_without_hma_children_request_finished_all_groups_takes_one_group(model:
     request = make_request("r1")
     built.on_new_request(request)
     assert built.request_finished_all_groups(request, ([4, 5],)) == (True, {"x": 1})
-    assert built.tracker.get("r1").awaiting == ("a",)
+    assert built.saving == {"r1": ("a",)}
     other = make_request("r2")
     built.on_new_request(other)
     with pytest.raises(HMAUnsupportedError, match="exactly one KV cache group"):

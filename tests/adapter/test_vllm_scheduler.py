@@ -6,19 +6,36 @@ from vllm_support import require_vllm
 
 require_vllm()
 
+import pickle  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (  # noqa: E402
     ExampleConnector,
     ExampleConnectorMetadata,
 )
+from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 from vllm_children import ScriptedMetadata, child, script  # noqa: E402
-from vllm_harness import BLOCK, Engine, make_config, make_request  # noqa: E402
+from vllm_harness import (  # noqa: E402
+    BLOCK,
+    Engine,
+    make_config,
+    make_connector,
+    make_request,
+    runner_output,
+)
 
-from multiconnector import KeyClashError, Outcome, State  # noqa: E402
+from multiconnector import (  # noqa: E402
+    ConnectorFailures,
+    InvalidAnswerError,
+    KeyClashError,
+    Outcome,
+    State,
+)
 from multiconnector.vllm import MultiConnector, NamedMultiConnectorMetadata  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]  # vLLM engine start-up
@@ -100,10 +117,8 @@ def test_a_params_clash_is_a_key_clash_error_with_consistent_bookkeeping(model: 
     with pytest.raises(KeyClashError) as caught:
         engine.step()
     assert caught.value.clashes == {"remote_host": ("a", "b")}
-    record = engine.connector.tracker.get("r1")
-    assert record.state is State.finishing
-    assert record.awaiting == ("a", "b")  # both saves still tracked: nothing freed early
-    # ...and the workers are told to await both.
+    # Both saves still tracked, handed off to the workers: nothing freed early.
+    assert engine.connector.saving == {"r1": ("a", "b")}
     assert engine.scheduler.schedule().kv_connector_metadata.savers == {"r1": ("a", "b")}
 
 
@@ -156,6 +171,89 @@ def test_an_async_load_completes_once(model: Path) -> None:
     assert sum(n for o, n in counts["a"].items() if o is not Outcome.applied) == 1
     engine.step()  # the workers learn the request finished one step later
     assert len(engine.worker.load_tracker) == 0
+
+
+def test_the_scheduler_frees_blocks_only_once_every_saver_reported_on_every_worker(
+    model: Path,
+) -> None:
+    # The scheduler keeps no books of its own for the saves it hands off: vLLM frees the blocks
+    # when its output aggregator has "finished sending" from every worker, and each worker
+    # reports it only once every saver named in the metadata confirmed. Two workers, reports
+    # arriving one by one, each step checked.
+    a, b, c = script(saves=True), script(saves=True), script()
+    config = make_config(model, [child("a", a), child("b", b), child("c", c)])
+    engine = Engine(config, worker=False)
+    workers = [make_connector(config, KVConnectorRole.WORKER) for _ in range(2)]
+    aggregator = KVOutputAggregator(expected_finished_count=len(workers))
+    engine.add(make_request("r1", max_tokens=1))
+    # Per step, per worker: the names reporting r1 finished sending there (c never saved it).
+    plan = [
+        (set(), set()),  # prefill: r1 finishes, its saves handed off to the workers
+        ({"a", "c"}, {"b"}),  # worker 0: a and a phantom (c); worker 1: b
+        ({"a"}, {"a"}),  # a duplicate on worker 0; worker 1 has every saver's report
+        ({"b"}, set()),  # worker 0 has every saver's report: vLLM frees the blocks
+    ]
+    scripts = {"a": a, "b": b, "c": c}
+    held = []
+    for step, per_worker in enumerate(plan):
+        output = engine.scheduler.schedule()
+        outputs = []
+        for worker, reporting in zip(workers, per_worker, strict=True):
+            shipped = pickle.loads(pickle.dumps(output))
+            worker.bind_connector_metadata(shipped.kv_connector_metadata)
+            for name in reporting:
+                scripts[name].sending.add("r1")
+            results = worker.get_transfer_results(shipped.finished_req_ids)
+            kv_output = KVConnectorOutput(finished_sending=results.finished_sending or None)
+            worker.clear_connector_metadata()
+            outputs.append(runner_output(output, kv_output))
+        engine.scheduler.update_from_output(output, aggregator.aggregate(outputs))
+        held.append(engine.held("r1"))
+        # While vLLM holds the blocks, the scheduler still lists the request as saving.
+        assert ("r1" in engine.connector.saving) is engine.held("r1"), step
+    assert held == [True, True, True, False]
+    counts = workers[0].connector_counts()
+    assert counts["a"] == {Outcome.applied: 1, Outcome.duplicate: 1}
+    assert counts["c"] == {Outcome.phantom: 1}
+    assert engine.connector.saving == {}
+    assert len(engine.connector.tracker) == 0
+    assert [len(w.tracker) for w in workers] == [0, 0]
+
+
+def test_a_garbage_save_answer_is_awaited_by_the_workers_and_the_scheduler(model: Path) -> None:
+    # A child answering request_finished with garbage may have started a save: the core awaits
+    # it (conservatively) on the scheduler's own books, and the workers are told to await it too.
+    a, b = script(saves=True), script(saves="yes")  # type: ignore[arg-type]
+    engine = Engine(make_config(model, [child("a", a), child("b", b)]))
+    engine.add(make_request("r1", max_tokens=1))
+    with pytest.raises(ConnectorFailures) as caught:
+        engine.step()
+    assert isinstance(caught.value.exceptions[0], InvalidAnswerError)
+    assert engine.connector.saving == {"r1": ("a", "b")}
+    record = engine.connector.tracker.get("r1")
+    assert record.state is State.finishing
+    assert record.awaiting == ("b",)
+    a.sending.add("r1")
+    engine.step()  # the workers learn who saves r1; a reports
+    assert engine.held("r1")
+    b.sending.add("r1")
+    engine.step()
+    assert not engine.held("r1")
+    assert engine.connector.saving == {}
+    assert len(engine.connector.tracker) == 0
+    assert len(engine.worker.tracker) == 0
+
+
+def test_a_second_request_finished_while_saving_asks_nobody(model: Path) -> None:
+    a = script(saves=True, params={"x": 1})
+    engine = Engine(make_config(model, [child("a", a), child("b", script())]))
+    request = engine.add(make_request("r1", max_tokens=1))
+    engine.step()
+    assert engine.connector.saving == {"r1": ("a",)}
+    asked = len(a.names("request_finished"))
+    assert engine.connector.request_finished(request, [1]) == (True, None)
+    assert len(a.names("request_finished")) == asked
+    assert engine.connector.saving == {"r1": ("a",)}
 
 
 def test_a_request_aborted_while_loading_still_frees_its_blocks(model: Path) -> None:

@@ -157,6 +157,9 @@ class ScriptedConnector(KVConnectorBase_V1):
         self._call("register_finished_partial_tail", request.request_id)
         return self.script.tail
 
+    def on_new_request(self, request: Any) -> None:
+        self._call("on_new_request", request.request_id)
+
     def update_connector_output(self, connector_output: Any) -> None:
         self._call("update_connector_output", connector_output.kv_connector_worker_meta)
 
@@ -167,6 +170,14 @@ class ScriptedConnector(KVConnectorBase_V1):
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         self.bound.append(connector_metadata)
         super().bind_connector_metadata(connector_metadata)
+
+    def clear_connector_metadata(self) -> None:
+        self._call("clear_connector_metadata")
+        super().clear_connector_metadata()
+
+    def get_kv_connector_kv_cache_events(self) -> Any:
+        self._call("get_kv_connector_kv_cache_events")
+        return None
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
         self._call("handle_preemptions", kv_connector_metadata)
