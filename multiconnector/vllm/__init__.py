@@ -48,8 +48,11 @@ tracks the saves each finished request awaits and one the load each request awai
 
 The subpackage is layered: :mod:`~multiconnector.vllm.config` (the children),
 :mod:`~multiconnector.vllm.wire` (what crosses processes), :mod:`~multiconnector.vllm.sides`
-(each child as the core sees it) and :mod:`~multiconnector.vllm.connector` (the class), on top
-of the core, which never imports it.
+(each child as the core sees it), :mod:`~multiconnector.vllm._base` (the state and fan-out
+helpers both roles share), :mod:`~multiconnector.vllm.worker` and
+:mod:`~multiconnector.vllm.scheduler` (each role's calls) and
+:mod:`~multiconnector.vllm.connector` (the class, assembled from the roles), on top of the core,
+which never imports it.
 
 .. versionadded:: 0.1.0
 """

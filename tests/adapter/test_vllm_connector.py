@@ -37,7 +37,7 @@ from vllm_children import (  # noqa: E402
     child,
     script,
 )
-from vllm_harness import make_config, make_connector, make_request  # noqa: E402
+from vllm_harness import implemented, make_config, make_connector, make_request  # noqa: E402
 
 from multiconnector import (  # noqa: E402
     ConnectorFailures,
@@ -87,7 +87,7 @@ def metadata(w: Any, **plan: Any) -> NamedMultiConnectorMetadata:
 
 
 def test_overrides_keep_the_base_signatures() -> None:
-    for name in vars(MultiConnector):
+    for name in implemented(MultiConnector):
         base = inspect.getattr_static(KVConnectorBase_V1, name, None)
         if name.startswith("_") or not callable(base) or isinstance(base, property):
             continue
@@ -95,6 +95,18 @@ def test_overrides_keep_the_base_signatures() -> None:
         assert type(ours) is type(base), name  # classmethods stay classmethods
         params = list(inspect.signature(getattr(KVConnectorBase_V1, name)).parameters)
         assert list(inspect.signature(getattr(MultiConnector, name)).parameters) == params
+
+
+def test_the_roles_methods_override_the_base_ones() -> None:
+    """The role mixins come before vLLM's base class: theirs are the methods vLLM calls."""
+    mro = MultiConnector.__mro__
+    assert mro.index(KVConnectorBase_V1) > max(
+        i for i, klass in enumerate(mro) if klass.__module__.startswith("multiconnector.")
+    )
+    for name in implemented(MultiConnector) - {"__dict__", "__weakref__"}:
+        owner = next(klass for klass in mro if name in vars(klass))
+        assert owner.__module__.startswith("multiconnector."), name
+        assert inspect.getattr_static(MultiConnector, name) is vars(owner)[name], name
 
 
 # -- configuration -----------------------------------------------------------------------------

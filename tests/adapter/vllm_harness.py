@@ -60,6 +60,17 @@ TINY_OPT = {
 init_none_hash(sha256)
 
 
+def implemented(cls: type[Any]) -> set[str]:
+    """The names ``cls`` defines, itself or in its bases from this package (the connector's role
+    mixins and their common base), as against those it inherits from vLLM's classes."""
+    return {
+        name
+        for klass in cls.__mro__
+        if klass.__module__.startswith("multiconnector.")
+        for name in vars(klass)
+    }
+
+
 def write_model(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(TINY_OPT))

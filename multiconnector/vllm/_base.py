@@ -1,0 +1,218 @@
+"""The state and fan-out helpers both roles share: :class:`ConnectorBase`, under the roles.
+
+It builds the children (shutting down those already built when one fails), the core's books and
+the per-role state, and holds the helpers every fan-out uses: :meth:`ConnectorBase._gather`,
+:meth:`ConnectorBase._each` and :meth:`ConnectorBase._raise`, and the metadata check.
+:class:`~multiconnector.vllm.worker.WorkerRole` and
+:class:`~multiconnector.vllm.scheduler.SchedulerRole` build on it;
+:class:`~multiconnector.vllm.connector.MultiConnector` assembles them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+
+from .._validate import shown
+from ..aggregator import MultiConnector as Aggregator
+from ..errors import ConnectorFailures, InvalidArgumentError
+from ..registry import ConnectorRegistry
+from .config import ChildSpec, specs_of, without_hma
+from .errors import ChildStartError, HMAUnsupportedError, MetadataMismatchError
+from .sides import SchedulerSide, WorkerSide
+from .wire import NamedMultiConnectorMetadata
+
+__all__ = ["ConnectorBase"]
+
+_T = TypeVar("_T")
+
+
+class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
+    """The children, the books and the state of both roles, and the fan-out helpers.
+
+    Not a connector on its own: :class:`~multiconnector.vllm.connector.MultiConnector` is one.
+    """
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        specs = specs_of(self._kv_transfer_config)
+        lacking = without_hma(specs)
+        if not vllm_config.scheduler_config.disable_hybrid_kv_cache_manager and lacking:
+            raise HMAUnsupportedError(
+                "the hybrid memory allocator (HMA) is enabled, but these children do not "
+                f"support it: {lacking}; set --disable-hybrid-kv-cache-manager or remove them"
+            )
+        #: Whether every child supports HMA: request_finished_all_groups then asks each child
+        #: for every group's blocks (vLLM's rule), otherwise the one group's.
+        self._all_support_hma = not lacking
+        self._specs: dict[str, ChildSpec] = {spec.name: spec for spec in specs}
+        self._children: dict[str, Any] = _start_children(specs, vllm_config, role, kv_cache_config)
+        #: ``(name, child)`` pairs in configuration order, for the per-step fan-outs.
+        self._items: tuple[tuple[str, Any], ...] = tuple(self._children.items())
+        side = SchedulerSide if role == KVConnectorRole.SCHEDULER else WorkerSide
+        self._sides: dict[str, Any] = {
+            name: side(self, name, child) for name, child in self._children.items()
+        }
+        registry = ConnectorRegistry(self._sides)
+        # Scheduler: every request, from arrival to request_finished (and its load, if one is in
+        # flight then); the saves it hands off are the workers' to await (see saving).
+        # Worker: the saves each finished request awaits.
+        self._tracker = Aggregator(registry)
+        # Worker: the load each request awaits; unused on the scheduler.
+        self._loads = Aggregator(registry)
+        # Scheduler state.
+        self._live: dict[str, Any] = {}
+        self._tail_savers: dict[str, tuple[str, ...]] = {}
+        self._new_savers: dict[str, tuple[str, ...]] = {}
+        self._new_loads: dict[str, str] = {}
+        #: Scheduler: the requests whose saves were handed off to the workers, with the names
+        #: they await, until the workers report them finished sending.
+        self._saving: dict[str, tuple[str, ...]] = {}
+        #: Scheduler: the children that committed to a save during the current request_finished
+        #: (written by the sides; see SchedulerSide.request_finished).
+        self._handed_off: list[str] = []
+        #: Scheduler: requests whose record still awaits names on the scheduler's own books (a
+        #: child answered request_finished with garbage: the core awaits it, conservatively).
+        self._awaited_here: set[str] = set()
+        #: Saver tuples shared by every request with the same savers (fewer objects to pickle).
+        self._saver_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
+        # The current call's context, read by the sides.
+        self._lookup_pending = False  # a child answered None in this match: ask no more
+        #: Every KV cache group's block ids while request_finished_all_groups asks the children
+        #: (the core takes a flat list of block ids, so they travel beside it); else None.
+        self._all_groups: tuple[list[int], ...] | None = None
+        # Worker state.
+        self._load_plan: dict[str, str] = {}
+        self._finished_while_loading: set[str] = set()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _gather(self, what: str, call: Callable[[str, Any], _T]) -> dict[str, _T]:
+        """``call(name, child)`` for every child; every failure raised together afterwards."""
+        results: dict[str, _T] = {}
+        errors: list[Exception] = []
+        failed: list[str] = []
+        for name, child in self._children.items():
+            try:
+                results[name] = call(name, child)
+            except Exception as exc:
+                errors.append(exc)
+                failed.append(name)
+        if errors:
+            raise ConnectorFailures(
+                f"{len(errors)} child connector(s) raised in {what}: {', '.join(failed)}",
+                errors,
+                failed=failed,
+                result=results,
+            )
+        return results
+
+    def _each(self, method: str, *args: Any) -> None:
+        """``child.<method>(*args)`` for every child; every failure raised together afterwards.
+
+        :meth:`_gather` for a call whose answers are not used, with no closure and no result
+        dict on the way (the per-step calls).
+        """
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:
+            try:
+                getattr(child, method)(*args)
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise(method, failures)
+
+    def _raise(self, what: str, failures: list[tuple[str, Exception]], result: Any = ...) -> None:
+        """Raise :class:`ConnectorFailures` for ``failures``, as :meth:`_gather` does."""
+        failed = [name for name, _ in failures]
+        if result is ...:
+            result = {name: None for name in self._children if name not in failed}
+        raise ConnectorFailures(
+            f"{len(failures)} child connector(s) raised in {what}: {', '.join(failed)}",
+            [exc for _, exc in failures],
+            failed=failed,
+            result=result,
+        )
+
+    def _present(self, method: str) -> dict[str, Any]:
+        """Each child's no-argument ``method()``, keeping only answers that are not ``None``."""
+        answers = self._gather(method, lambda _, c: getattr(c, method)())
+        return {name: answer for name, answer in answers.items() if answer is not None}
+
+    def _loader(self, request_id: str) -> str | None:
+        record = self._tracker.peek(request_id)
+        return None if record is None else record.loader
+
+    def _ensure(self, request: Any) -> str:
+        request_id: str = request.request_id
+        self._live[request_id] = request
+        if request_id not in self._tracker:
+            self._tracker.begin(request_id)
+        return request_id
+
+    def _check_metadata(self, metadata: Any) -> NamedMultiConnectorMetadata:
+        if not isinstance(metadata, NamedMultiConnectorMetadata):
+            raise InvalidArgumentError(
+                f"connector_metadata={shown(metadata)} must be a NamedMultiConnectorMetadata"
+            )
+        known = self._children
+        if metadata.children.keys() == known.keys() and _all_known(metadata, known):
+            return metadata  # every step: the common case, without building name sets
+        missing = [name for name in known if name not in metadata.children]
+        unexpected = sorted(name for name in metadata.names() if name not in known)
+        if missing or unexpected:
+            raise MetadataMismatchError(
+                f"connector metadata does not match this connector's children "
+                f"{list(self._children)}: missing {missing}, unexpected {unexpected}; the "
+                "scheduler and the workers must be configured with the same children"
+            )
+        return metadata
+
+
+def _all_known(metadata: NamedMultiConnectorMetadata, known: Mapping[str, Any]) -> bool:
+    """Whether every saver and loader name ``metadata`` mentions is one of ``known``.
+
+    The saver tuples of one step are mostly one shared tuple (the scheduler's are interned and
+    pickle keeps them shared), so each distinct tuple is checked once.
+    """
+    checked: tuple[str, ...] | None = None
+    for names in metadata.savers.values():
+        if names is not checked:
+            for name in names:
+                if name not in known:
+                    return False
+            checked = names
+    return all(name in known for name in metadata.loads.values())
+
+
+def _failed(
+    failures: list[tuple[str, Exception]] | None, name: str, exc: Exception
+) -> list[tuple[str, Exception]]:
+    """``failures`` (a new list when ``None``) with ``(name, exc)`` appended."""
+    if failures is None:
+        return [(name, exc)]
+    failures.append((name, exc))
+    return failures
+
+
+def _start_children(
+    specs: Sequence[ChildSpec], vllm_config: Any, role: Any, kv_cache_config: Any
+) -> dict[str, Any]:
+    """Build every child in order; if one fails, shut down those already built, then raise."""
+    built: dict[str, Any] = {}
+    for spec in specs:
+        try:
+            built[spec.name] = spec.connector_class()(
+                spec.vllm_config(vllm_config), role, kv_cache_config
+            )
+        except Exception as exc:
+            failures: dict[str, BaseException] = {}
+            for name, child in reversed(built.items()):
+                try:
+                    child.shutdown()
+                except Exception as shutdown_exc:
+                    failures[name] = shutdown_exc
+            raise ChildStartError(spec.name, spec.kv_connector, tuple(built), failures) from exc
+    return built

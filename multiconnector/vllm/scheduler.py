@@ -1,0 +1,327 @@
+"""The scheduler side of the vLLM-facing connector: :class:`SchedulerRole`.
+
+The calls vLLM makes on the scheduler's connector: it chooses the child that loads each request,
+builds each step's metadata, merges the children's params when a request finishes and tells the
+workers, by name, which children save it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .._validate import shown
+from ..errors import ConnectorFailures, InvalidArgumentError
+from ..machine import State
+from ._base import ConnectorBase, _failed
+from .config import without_hma
+from .errors import HMAUnsupportedError
+from .wire import (
+    NamedHandshakeMetadata,
+    NamedMultiConnectorMetadata,
+    NamedMultiConnectorWorkerMetadata,
+)
+
+__all__ = ["SchedulerRole"]
+
+
+class SchedulerRole(ConnectorBase):
+    """The scheduler-side methods of vLLM's connector interface."""
+
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        # Not super(): it would bind the block pool to every child a second time.
+        self._kv_cache_manager = kv_cache_manager
+        self._gather(
+            "bind_kv_cache_manager", lambda _, c: c.bind_kv_cache_manager(kv_cache_manager)
+        )
+
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        self._gather("bind_gpu_block_pool", lambda _, c: c.bind_gpu_block_pool(gpu_block_pool))
+
+    def on_new_request(self, request: Any) -> None:
+        self._ensure(request)
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # once per request: no helper
+            try:
+                child.on_new_request(request)
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("on_new_request", failures)
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        """The first child, in configuration order, with tokens to load becomes the loader.
+
+        As in vLLM's: a child answering ``None`` (still looking up) makes the answer
+        ``(None, False)``, and the children after it are not asked.
+        """
+        request_id = self._ensure(request)
+        self._lookup_pending = False
+        tokens = self._tracker.match_tokens(request_id, num_computed_tokens)
+        if not tokens:
+            return tokens, False
+        loader = self._loader(request_id)
+        assert loader is not None
+        return tokens, self._sides[loader].load_async.get(request_id, False)
+
+    def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
+        loader = self._loader(request.request_id)
+        if loader is None:
+            return super().get_loaded_kv_cache_group_ids(request)  # type: ignore[no-any-return]
+        return self._children[loader].get_loaded_kv_cache_group_ids(request)  # type: ignore[no-any-return]
+
+    def get_external_cache_hit_sources(
+        self, request: Any, num_external_tokens: int
+    ) -> dict[Any, int]:
+        loader = self._loader(request.request_id)
+        if loader is None:
+            return super().get_external_cache_hit_sources(request, num_external_tokens)  # type: ignore[no-any-return]
+        return self._children[loader].get_external_cache_hit_sources(  # type: ignore[no-any-return]
+            request, num_external_tokens
+        )
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        """The loader gets ``num_external_tokens``; every other child gets 0 and the blocks."""
+        request_id = request.request_id
+        loader = self._loader(request_id)
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # once per scheduled request: no helper
+            try:
+                child.update_state_after_alloc(
+                    request, blocks, num_external_tokens if name == loader else 0
+                )
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("update_state_after_alloc", failures)
+        if (
+            num_external_tokens > 0
+            and loader is not None
+            and self._sides[loader].load_async.get(request_id, False)
+        ):
+            self._new_loads[request_id] = loader
+
+    def build_connector_meta(self, scheduler_output: Any) -> NamedMultiConnectorMetadata:
+        children: dict[str, Any] = {}
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # every step: no helper
+            try:
+                children[name] = child.build_connector_meta(scheduler_output)
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("build_connector_meta", failures, result=children)
+        # Built by this connector: the dicts are new and the saver names tuples, so the
+        # metadata takes them as they are instead of copying them.
+        metadata = NamedMultiConnectorMetadata.owning(children, self._new_savers, self._new_loads)
+        self._new_savers = {}
+        self._new_loads = {}
+        return metadata
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        worker_meta = connector_output.kv_connector_worker_meta
+        if worker_meta is not None and not isinstance(
+            worker_meta, NamedMultiConnectorWorkerMetadata
+        ):
+            raise InvalidArgumentError(
+                f"kv_connector_worker_meta={shown(worker_meta)} must be a "
+                "NamedMultiConnectorWorkerMetadata"
+            )
+
+        errors: list[Exception] = []
+        failed: list[str] = []
+        try:
+            for name, child in self._children.items():
+                try:
+                    if worker_meta is not None:
+                        connector_output.kv_connector_worker_meta = worker_meta.children.get(name)
+                    child.update_connector_output(connector_output)
+                except Exception as exc:
+                    errors.append(exc)
+                    failed.append(name)
+        finally:
+            connector_output.kv_connector_worker_meta = worker_meta
+        if errors:
+            raise ConnectorFailures(
+                f"{len(errors)} child connector(s) raised in update_connector_output: "
+                + ", ".join(failed),
+                errors,
+                failed=failed,
+                result={name: None for name in self._children if name not in failed},
+            )
+        # The workers report a request finished sending only once every saver confirmed, and
+        # vLLM's output aggregator only once every worker did.
+        tracker = self._tracker
+        finished = connector_output.finished_sending
+        if finished:
+            saving = self._saving
+            for request_id in finished:
+                saving.pop(request_id, None)
+            if self._awaited_here:
+                self._confirm_here(finished)
+        for request_id in connector_output.finished_recving or ():
+            loader = self._loader(request_id)
+            if loader is not None:
+                tracker.load_finished(request_id, loader)
+        tracker.take()
+
+    def _confirm_here(self, finished: set[str]) -> None:
+        """Confirm, on the scheduler's own books, the names still awaited there for the
+        requests of ``finished`` (a garbage answer awaited conservatively: see
+        :meth:`_handed_off_savers`)."""
+        tracker = self._tracker
+        confirmed: dict[str, list[str]] = {}
+        for request_id in finished:
+            if request_id not in self._awaited_here:
+                continue
+            self._awaited_here.discard(request_id)
+            record = tracker.peek(request_id)
+            if record is not None:
+                for name in record.awaiting:
+                    confirmed.setdefault(name, []).append(request_id)
+        for name, request_ids in confirmed.items():
+            tracker.transfer_finished_many(name, request_ids)
+
+    def register_finished_partial_tail(
+        self,
+        request: Any,
+        block_ids: tuple[list[int], ...],
+        partial_tail_offloads: list[tuple[int, int, int]],
+    ) -> bool:
+        accepted = self._gather(
+            "register_finished_partial_tail",
+            lambda _, c: c.register_finished_partial_tail(
+                request, block_ids, partial_tail_offloads
+            ),
+        )
+        names = tuple(name for name, took in accepted.items() if took)
+        if names:
+            self._tail_savers[request.request_id] = names
+        return bool(names)
+
+    def request_finished(
+        self, request: Any, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Ask every child; merge params into a new dict; tell workers who saves, by name.
+
+        A params clash raises :class:`~multiconnector.KeyClashError` once the bookkeeping is
+        consistent: the children that committed to a save are still awaited and still sent to
+        the workers, so no block is freed under a save in progress.
+        """
+        return self._finish(request, block_ids, all_groups=False)
+
+    def request_finished_all_groups(
+        self, request: Any, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """:meth:`request_finished` with every KV cache group's block ids (``SupportsHMA``).
+
+        As in vLLM's: when every child supports HMA each is asked its
+        ``request_finished_all_groups``; otherwise there must be exactly one group, and each
+        child is asked its ``request_finished`` with that group's blocks. The guarantees are
+        :meth:`request_finished`'s.
+        """
+        if self._all_support_hma:
+            return self._finish(request, block_ids, all_groups=True)
+        if not isinstance(block_ids, tuple | list) or len(block_ids) != 1:
+            raise HMAUnsupportedError(
+                f"block_ids={shown(block_ids)} must hold exactly one KV cache group's block ids: "
+                f"these children do not support HMA: {without_hma(tuple(self._specs.values()))}"
+            )
+        return self._finish(request, block_ids[0], all_groups=False)
+
+    def _finish(
+        self, request: Any, blocks: Any, *, all_groups: bool
+    ) -> tuple[bool, dict[str, Any] | None]:
+        if request.request_id in self._saving:
+            # Finished before and its saves handed off: a duplicate, which asks nobody (as the
+            # core refuses a second request_finished); vLLM still holds the blocks.
+            return True, None
+        request_id = self._ensure(request)
+        self._all_groups = blocks if all_groups else None
+        tracker = self._tracker
+        handed = self._handed_off
+        handed.clear()
+        answered = False
+        try:
+            _, params = tracker.request_finished(request_id, () if all_groups else blocks)
+            answered = True
+        finally:
+            self._all_groups = None
+            # Answered without an error: no child answered garbage (the core raises for it), so
+            # nothing is awaited on the scheduler's books, only what the children handed off.
+            savers = (
+                self._shared_savers(tuple(handed))
+                if answered and handed
+                else self._handed_off_savers(request_id, handed)
+            )
+            if savers:
+                self._new_savers[request_id] = savers
+                self._saving[request_id] = savers
+            self._live.pop(request_id, None)
+            if self._tail_savers:
+                self._tail_savers.pop(request_id, None)
+            for side in self._sides.values():
+                if side.load_async:
+                    side.load_async.pop(request_id, None)
+            tracker.take()
+        return bool(savers), params
+
+    def _handed_off_savers(self, request_id: str, handed: list[str]) -> tuple[str, ...]:
+        """The names the workers are to await for ``request_id``: the children that committed
+        to a save (``handed``), and any the scheduler's record awaits (a garbage answer), in
+        configuration order, as a shared tuple."""
+        record = self._tracker.peek(request_id)
+        if record is not None and record.state is State.finishing and record.awaiting:
+            self._awaited_here.add(request_id)
+            owing = {*handed, *record.awaiting}
+            return self._shared_savers(tuple([name for name in self._children if name in owing]))
+        return self._shared_savers(tuple(handed)) if handed else ()
+
+    def _shared_savers(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """The one tuple equal to ``names`` that every request with these savers shares."""
+        shared = self._saver_tuples.get(names)
+        if shared is None:
+            shared = self._saver_tuples.setdefault(names, names)
+        return shared
+
+    def take_events(self) -> list[Any]:
+        events: list[Any] = []
+        failures: list[tuple[str, Exception]] | None = None
+        answers: dict[str, Any] = {}
+        for name, child in self._items:  # every step: no helper
+            try:
+                answers[name] = found = list(child.take_events())
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+                continue
+            events.extend(found)
+        if failures is not None:
+            self._raise("take_events", failures, result=answers)
+        return events
+
+    def has_pending_block_frees(self) -> bool:
+        return any(c.has_pending_block_frees() for c in self._children.values())
+
+    def has_pending_push_work(self) -> bool:
+        return any(c.has_pending_push_work() for c in self._children.values())
+
+    def set_xfer_handshake_metadata(self, metadata: dict[int, Any]) -> None:
+        """Each child gets its own entries of :class:`NamedHandshakeMetadata`, by name."""
+        self._route_handshake(metadata, "set_xfer_handshake_metadata")
+
+    def set_xfer_handshake_metadata_pp_aware(self, metadata: dict[tuple[int, int], Any]) -> None:
+        self._route_handshake(metadata, "set_xfer_handshake_metadata_pp_aware")
+
+    def _route_handshake(self, metadata: Mapping[Any, Any], method: str) -> None:
+        def route(name: str, child: Any) -> None:
+            mine = {
+                rank: meta.children[name]
+                for rank, meta in metadata.items()
+                if isinstance(meta, NamedHandshakeMetadata) and name in meta.children
+            }
+            if mine:
+                getattr(child, method)(mine)
+
+        self._gather(method, route)
