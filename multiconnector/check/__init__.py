@@ -75,17 +75,30 @@ from .._explore import (
 )
 from ..usermachine import validate
 from .cli import EXIT_STATUS, run_cli
-from .properties import LOAD_ONCE, PROPERTIES, reachable_in
+from .properties import (
+    CALLBACKS,
+    COUNTERS,
+    LOAD_ONCE,
+    PARAMS_MERGED,
+    PROPERTIES,
+    RIGHT_OUTCOME,
+    reachable_in,
+)
 from .run import check_aggregator
-from .scenario import ALPHABET, DEFAULT_CONNECTORS, LOAD_EVENTS, independent
+from .scenario import ALPHABET, DEFAULT_CONNECTORS, LOAD_EVENTS, PARAM_CHOICES, independent
 
 __all__ = [
     "ALPHABET",
+    "CALLBACKS",
+    "COUNTERS",
     "DEFAULT_CONNECTORS",
     "EXIT_STATUS",
     "LOAD_EVENTS",
     "LOAD_ONCE",
+    "PARAMS_MERGED",
+    "PARAM_CHOICES",
     "PROPERTIES",
+    "RIGHT_OUTCOME",
     "CheckReport",
     "Counterexample",
     "PropertyResult",

@@ -41,13 +41,15 @@ class _Interner:
 
 
 def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
-    kind, phase, view, owed, cancelled, load, asking = part
+    kind, phase, view, owed, cancelled, load, asking, *params = part
     if load is not None:  # (tag, names and flags): rename the names, keep the flags
         load = tuple(rename.get(x, x) if isinstance(x, str) else x for x in load)
     if asking:
         asking = tuple(
             tuple(sorted((rename.get(n, n), current) for n, current in one)) for one in asking
         )
+    if params:  # the params choices of the calls asking (see _part)
+        params = [tuple(tuple(sorted((rename.get(n, n), c) for n, c in one)) for one in params[0])]
     if view is not None:
         view = (
             view[0],
@@ -63,6 +65,7 @@ def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
         cancelled,
         load,
         asking,
+        *params,
     )
 
 
@@ -94,6 +97,13 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
       ``terminal absorbing`` on that very event.
     * A request handed back keeps no promises: ``no early free`` judged them when ``take()``
       handed it back.
+    * With params checked, each call between its halves adds its savers' params choices (as a
+      set of (name, choice)): what its second half merges and returns, which ``params merged``
+      judges. The params a record keeps once applied are judged on that transition and read
+      by nothing later, so they are not part of the state.
+    * Counters, outcomes and callbacks are not part of the state: each is judged on the
+      transition that made it (``counters`` compares the counts with a tally of what the
+      events returned, kept outside the state), and nothing the aggregator does reads them.
     """
     view = r.view
     load: tuple[Any, ...] | None = None
@@ -114,6 +124,9 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
     )
     if r.phase == _TAKEN:
         return ("request", r.phase, view, _NOTHING, r.cancelled, None, asking)
+    if r.answers:  # params checked: what each call asking will merge (its savers' choices)
+        choices = tuple(tuple(sorted(choice)) for choice, _ in r.answers)
+        return ("request", r.phase, view, r.owed, r.cancelled, load, asking, choices)
     return ("request", r.phase, view, r.owed, r.cancelled, load, asking)
 
 
