@@ -78,7 +78,7 @@ def test_two_requests_bound_in_make_test_passes() -> None:
     """
     report = check_aggregator(SMALL, requests=2, events=set(ALPHABET) - {"register"})
     assert_all_pass(report)
-    assert (report.distinct_states, report.max_depth) == (6528, 15)
+    assert (report.distinct_states, report.max_depth) == (6528, 13)
 
 
 # -- the load side (opt-in: it more than doubles the default bound) -----------------------------
@@ -143,22 +143,31 @@ class _LoadAppliedUnchosen(MultiConnector):  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
-    ("factory", "message", "shortest"),
+    ("factory", "message", "shortest", "also"),
     [
-        (_LoadNeverApplied, "not applied: the load never completes", 3),
-        (_LoadAppliedUnchosen, "though no connector was chosen to load it", 2),
+        # Returns an outcome it never counted: the counters see that too.
+        (_LoadNeverApplied, "not applied: the load never completes", 3, ["counters"]),
+        # Returns applied for a report it counted as ignored, and calls nobody back.
+        (
+            _LoadAppliedUnchosen,
+            "though no connector was chosen to load it",
+            2,
+            ["counters", "callbacks"],
+        ),
     ],
 )
 def test_load_once_is_checked_against_what_the_checker_saw(
-    factory: Any, message: str, shortest: int
+    factory: Any, message: str, shortest: int, also: list[str]
 ) -> None:
     # Neither bug touches a request's state or saves: only the checker's own record of the
-    # token answers it scripted tells that the outcome is wrong.
+    # token answers it scripted tells that the outcome is wrong (load once, and right outcome,
+    # which classifies every outcome from that record).
     report = check_aggregator(SMALL, requests=1, events=ALPHABET + LOAD_EVENTS, factory=factory)
     result = report.result(LOAD_ONCE)
     assert not result.passed and message in result.message, report.to_text()
     assert result.counterexample is not None and len(result.counterexample) == shortest
-    assert [p.name for p in report.failures] == [LOAD_ONCE]
+    assert [p.name for p in report.failures] == [LOAD_ONCE, "right outcome", *also]
+    assert len(report.result("right outcome").counterexample or ()) == shortest
 
 
 def test_a_none_answer_chooses_no_loader() -> None:
