@@ -5,6 +5,7 @@ The planted bugs it must catch are in ``test_check_broken.py``.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -19,10 +20,15 @@ from multiconnector import InvalidArgumentError, InvalidNameError, MultiConnecto
 from multiconnector import _explore as engine
 from multiconnector.check import (
     ALPHABET,
+    CALLBACKS,
+    COUNTERS,
     EXIT_STATUS,
     LOAD_EVENTS,
     LOAD_ONCE,
+    PARAM_CHOICES,
+    PARAMS_MERGED,
     PROPERTIES,
+    RIGHT_OUTCOME,
     CheckReport,
     check_aggregator,
     declared_transitions,
@@ -31,6 +37,7 @@ from multiconnector.check import (
     reachable_in,
     run_cli,
 )
+from multiconnector.check.scenario import scripted_params
 from multiconnector.machine import EVENTS, STATES, build_machine
 from tests.broken_aggregators import CATALOG
 
@@ -115,6 +122,79 @@ def test_load_side_with_two_requests_keeps_the_behavioural_properties() -> None:
     )
     assert report.result(LOAD_ONCE).passed
     assert (report.distinct_states, report.max_depth) == (22578, 14)
+
+
+# -- params, outcomes, counters, callbacks, batches ---------------------------------------------
+
+
+def test_params_bound_in_make_check_passes() -> None:
+    """``make check``'s params scenario: savers a and b answer every combination of params."""
+    report = check_aggregator(requests=1, params=True)
+    assert report.ok and report.finished, report.to_text()
+    assert [p.name for p in report.properties] == [
+        *PROPERTIES[:-3],
+        PARAMS_MERGED,
+        *PROPERTIES[-3:],
+    ]
+    assert (report.distinct_states, report.max_depth) == (900, 9)
+    assert report.bounds["params"] == "every saver answers one of: None, own, equal, differ"
+
+
+def test_params_follow_the_factorys_allow_equal() -> None:
+    """With ``allow_equal_params`` the reference lets equal values through; the real aggregator
+    passes, and one whose merge inverts the flag fails at the first equal values."""
+    factory = functools.partial(MultiConnector, allow_equal_params=True)
+    report = check_aggregator(requests=1, params=True, factory=factory)
+    assert report.ok and report.finished, report.to_text()
+    bug = next(b for b in CATALOG if b.name == "params allow_equal inverted")
+    with bug.installed():
+        report = check_aggregator(requests=1, params=True, factory=factory)
+    result = report.result(PARAMS_MERGED)
+    assert not result.passed and result.message.startswith("request_finished(r1) raised KeyClash")
+    assert "no key clashes" in result.message
+    assert [p.name for p in report.failures] == [PARAMS_MERGED]
+
+
+def test_scripted_params_are_new_dicts_made_from_the_name() -> None:
+    first, second = scripted_params("a", "differ"), scripted_params("a", "differ")
+    assert first == second == {"a": 1, "=shared": "a"} and first is not second
+    assert scripted_params("b", "equal") == {"b": 1, "=shared": 1}
+    assert scripted_params("b", "own") == {"b": 1}
+    assert scripted_params("b", None) is None
+    assert PARAM_CHOICES == (None, "own", "equal", "differ")
+
+
+def test_cli_params_flag_adds_the_params_property(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["--requests", "1", "--params", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert f"PASS  {PARAMS_MERGED}: request_finished returns (and raises)" in out
+    assert "params every saver answers one of" in out
+
+
+def test_a_batch_is_reported_only_where_it_applies_a_report() -> None:
+    """transfer_finished_many is in the default alphabet: a batch of two reports under an
+    awaited name (the same request twice with one request)."""
+    assert "transfer_finished_many" in ALPHABET
+    report = check_aggregator(requests=1)
+    bug = next(b for b in CATALOG if b.name == "batch applies a duplicate twice")
+    trace = check_aggregator(requests=1, factory=bug.factory).result(RIGHT_OUTCOME).counterexample
+    assert trace is not None
+    assert trace.steps[-1].event in {f"transfer_finished_many({n}, [r1, r1])" for n in "ab"}
+    assert trace.steps[-1].data[:2] == ["transfer_finished_many", trace.steps[-1].data[1]]
+    assert trace.steps[-1].data[2] == ["r1", "r1"]
+    assert report.ok
+    without = check_aggregator(requests=1, events=set(ALPHABET) - {"transfer_finished_many"})
+    # The batch adds transitions, not states.
+    assert without.distinct_states == report.distinct_states
+    assert without.states_generated < report.states_generated
+
+
+def test_the_new_properties_are_reported_in_order() -> None:
+    report = check_aggregator({"a": "saver"}, requests=1)
+    names = [p.name for p in report.properties]
+    assert names.index("no leak") < names.index(RIGHT_OUTCOME) < names.index(COUNTERS)
+    assert names.index(COUNTERS) < names.index(CALLBACKS) < names.index("no trap")
+    assert all(p.passed for p in report.properties)
 
 
 def test_the_default_alphabet_leaves_the_load_side_out() -> None:
@@ -293,11 +373,12 @@ def test_json_report_round_trips(tmp_path: Path) -> None:
         ["--max-seconds", "0"],
         ["--max-seconds", "soon"],
         ["--max-seconds", "inf"],
+        ["--params=yes"],
     ],
 )
 def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert run_cli(argv) == 2
-    assert capsys.readouterr().err
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
@@ -422,6 +503,7 @@ def test_unwritable_json_path_exits_2(tmp_path: Path, capsys: pytest.CaptureFixt
         ({"events": ["begin", "jump"]}, InvalidArgumentError, "unknown kinds ['jump']"),
         ({"events": ["loading"]}, InvalidArgumentError, "'match_tokens', 'load_finished']"),
         ({"symmetry": 1}, InvalidArgumentError, "symmetry=1"),
+        ({"params": "yes"}, InvalidArgumentError, "params='yes'"),
         ({"max_depth": 0}, InvalidArgumentError, "max_depth=0"),
         ({"factory": lambda registry, **kw: object()}, InvalidArgumentError, "factory returned"),
     ],
