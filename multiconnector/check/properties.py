@@ -297,8 +297,8 @@ def _callbacks(world: _World) -> str | None:
         called = [
             (event[1], ids[i]) for i, o in zip(event[2], outcomes, strict=False) if o is _APPLIED
         ]
-    elif not last.called and last.load is None:
-        return None
+    if not called and not last.called and last.load is None:
+        return None  # nothing applied, nothing called: the common case
     registry = dict(last.registry)
     # Only a scripted saver registered under the name has the callbacks.
     called = [(n, r) for n, r in called if kinds.get(n) == SAVER and registry.get(n)]

@@ -9,7 +9,7 @@ savers gave), never the state after it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from ..machine import TERMINAL, State
@@ -25,7 +25,7 @@ _DUPLICATE: Final = Outcome.duplicate
 _TAKEN_IN: Final = frozenset({_APPLIED, _DRAINED})
 
 
-def report_outcome(view: View | None, name: str, registry: Mapping[str, bool]) -> Outcome:
+def report_outcome(view: View | None, name: str, registry: Sequence[tuple[str, bool]]) -> Outcome:
     """The outcome of a ``transfer_finished`` from ``name`` for a record in ``view``.
 
     The documented rules, in order: not held; awaited (applied while live, drained while
@@ -46,11 +46,13 @@ def report_outcome(view: View | None, name: str, registry: Mapping[str, bool]) -
     return _by_registry(name, registry)
 
 
-def _by_registry(name: str, registry: Mapping[str, bool]) -> Outcome:
-    ready = registry.get(name)
-    if ready is None:
-        return Outcome.unknown_connector
-    return Outcome.phantom if ready else Outcome.not_ready
+def _by_registry(name: str, registry: Sequence[tuple[str, bool]]) -> Outcome:
+    """Why a report from ``name`` that nothing awaited or expected is ignored: by the registry
+    (``(name, ready)`` pairs)."""
+    for registered, ready in registry:
+        if registered == name:
+            return Outcome.phantom if ready else Outcome.not_ready
+    return Outcome.unknown_connector
 
 
 def _reported(view: View, name: str, outcome: Outcome) -> View:
@@ -74,7 +76,7 @@ def expected_outcomes(last: _Last, atomic: bool) -> tuple[Outcome, ...] | None:
     kind = event[0]
     if kind not in _REQUEST_KINDS and kind not in _REPORTS:
         return None
-    registry = dict(last.registry)
+    registry = last.registry
     if kind == "transfer_finished":
         return (report_outcome(last.before[event[1]], event[2], registry),)
     if kind == "transfer_finished_many":
