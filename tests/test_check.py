@@ -6,6 +6,7 @@ The planted bugs it must catch are in ``test_check_broken.py``.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import re
 import subprocess
@@ -16,7 +17,14 @@ from typing import Any
 import pytest
 from transitions import Machine
 
-from multiconnector import InvalidArgumentError, InvalidNameError, MultiConnector, Outcome
+from multiconnector import (
+    InvalidArgumentError,
+    InvalidNameError,
+    KeyClashError,
+    MultiConnector,
+    Outcome,
+    State,
+)
 from multiconnector import _explore as engine
 from multiconnector.check import (
     ALPHABET,
@@ -37,8 +45,10 @@ from multiconnector.check import (
     reachable_in,
     run_cli,
 )
+from multiconnector.check.reference import reference_merge, report_outcome
 from multiconnector.check.scenario import scripted_params
 from multiconnector.machine import EVENTS, STATES, build_machine
+from multiconnector.params import merge_transfer_params
 from tests.broken_aggregators import CATALOG
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,6 +172,40 @@ def test_scripted_params_are_new_dicts_made_from_the_name() -> None:
     assert scripted_params("b", "own") == {"b": 1}
     assert scripted_params("b", None) is None
     assert PARAM_CHOICES == (None, "own", "equal", "differ")
+
+
+@pytest.mark.parametrize("allow_equal", [False, True])
+def test_the_reference_merge_agrees_with_the_library_on_every_scripted_answer(
+    allow_equal: bool,
+) -> None:
+    """The checker's own merge (written apart) and merge_transfer_params agree on every
+    combination the scenario can script, three savers, both allow_equal settings."""
+    names = ("a", "b", "c")
+    for choice in itertools.product(PARAM_CHOICES, repeat=len(names)):
+        answers = [(n, scripted_params(n, c)) for n, c in zip(names, choice, strict=True)]
+        merged, clashing = reference_merge(answers, allow_equal)
+        try:
+            real = merge_transfer_params(answers, allow_equal=allow_equal)
+        except KeyClashError as exc:
+            assert merged is None and sorted(exc.clashes) == sorted(clashing), choice
+        else:
+            assert not clashing and real == merged, choice
+
+
+def test_a_report_is_classified_by_the_documented_rules() -> None:
+    registry = (("a", True), ("none", False))
+    finishing: Any = (State.finishing, ("a",), ("a", "b"), ("b",))
+    cancelled: Any = (State.cancelled, ("a",), ("a",), ())
+    assert report_outcome(None, "a", registry) is Outcome.unknown_request
+    assert report_outcome(finishing, "a", registry) is Outcome.applied
+    assert report_outcome(cancelled, "a", registry) is Outcome.drained
+    assert report_outcome(finishing, "b", registry) is Outcome.unregistered
+    assert report_outcome((State.finishing, (), ("a",), ()), "a", registry) is Outcome.duplicate
+    assert report_outcome(finishing, "ghost", registry) is Outcome.unknown_connector
+    assert report_outcome(finishing, "none", registry) is Outcome.not_ready
+    pending: Any = (State.pending, (), (), ())
+    assert report_outcome(pending, "a", registry) is Outcome.phantom
+    assert report_outcome((State.finished, (), ("a",), ()), "a", registry) is Outcome.terminal
 
 
 def test_cli_params_flag_adds_the_params_property(capsys: pytest.CaptureFixture[str]) -> None:
