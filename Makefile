@@ -83,9 +83,12 @@ mutate: setup $(MUTATE)
 	nice -n 19 $(PY) tools/mutate.py --max-children $(MUTATE_WORKERS) \
 	  $(addprefix --module ,$(subst $(comma), ,$(MODULE)))
 
-## check: the model check at its default bound
+## check: the model check at its default bound, then with the savers answering params and
+#         with the load side (one request each)
 check: setup
 	$(VENV)/bin/multiconnector check
+	$(VENV)/bin/multiconnector check --params --requests 1
+	$(VENV)/bin/multiconnector check --load --requests 1
 
 ## diagrams: the state diagrams, generated from the machine, into build/
 diagrams: setup

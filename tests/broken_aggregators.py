@@ -7,7 +7,10 @@ the known shortest counterexample. ``tests/test_check_broken.py`` runs the check
 """
 
 from __future__ import annotations
+import __future__
 
+import inspect
+import textwrap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -15,9 +18,11 @@ from typing import Any
 import attrs
 
 from multiconnector import InvalidAnswerError, MultiConnector, Outcome, State
+from multiconnector import aggregator as aggregator_module
 from multiconnector import machine as machine_module
 from multiconnector.check import ALPHABET, LOAD_EVENTS
 from multiconnector.machine import Compiled, RequestTransferState
+from multiconnector.params import merge_transfer_params
 
 
 class CountBasedDraining(MultiConnector):  # type: ignore[misc]
@@ -183,6 +188,119 @@ class UnregisteredLoaderAccepted(MultiConnector):  # type: ignore[misc]
                 record.loaded = loading[id(record)]
 
 
+def mutant(name: str, method: str, *changes: tuple[str, str], doc: str) -> type[MultiConnector]:
+    """A subclass of :class:`MultiConnector` whose ``method`` is the real one's source with
+    each ``(old, new)`` of ``changes`` made: a bug planted inside a method too long to copy
+    (``request_finished``'s inlined merge, ``transfer_finished_many``'s inlined decision).
+
+    Each ``old`` must occur exactly once, so that a change to the real method shows here.
+    """
+    source = textwrap.dedent(inspect.getsource(getattr(MultiConnector, method)))
+    for old, new in changes:
+        if source.count(old) != 1:
+            raise AssertionError(f"{name}: {old!r} is not in {method} exactly once")
+        source = source.replace(old, new)
+    code = compile(source, f"<{name}.{method}>", "exec", __future__.annotations.compiler_flag, True)
+    namespace: dict[str, Any] = {}
+    exec(code, vars(aggregator_module), namespace)  # the module's names; it is not changed
+    return type(name, (MultiConnector,), {method: namespace[method], "__doc__": doc})
+
+
+MergeMutatesInput = mutant(
+    "MergeMutatesInput",
+    "request_finished",
+    ("merged = params.copy()", "merged = params"),
+    doc="""Adopts the first saver's params dict and merges the others into it, in place.
+
+    vLLM's MultiConnector merged params this way: the first connector's dict changed under it.
+    """,
+)
+
+FastPathDuplicateKeyUntested = mutant(
+    "FastPathDuplicateKeyUntested",
+    "request_finished",
+    ("if len(merged) != supplied:", "if False:"),
+    doc="""The inlined merge of plain dicts no longer tests for a key supplied twice: a clash
+    is merged silently, the later saver's value winning.""",
+)
+
+ClashRaisedBeforeRecorded = mutant(
+    "ClashRaisedBeforeRecorded",
+    "request_finished",
+    (
+        "except (KeyClashError, InvalidParamsError) as exc:\n                clash = exc",
+        "except (KeyClashError, InvalidParamsError):\n                raise",
+    ),
+    doc="""Raises a params clash as soon as the merge finds it, before the answers are applied:
+    the request stays pending and the savers that promised a save are not recorded.""",
+)
+
+BatchDecidesFromStaleRecords = mutant(
+    "BatchDecidesFromStaleRecords",
+    "transfer_finished_many",
+    (
+        "    every = len(ids) >= len(locks) >> 1\n",
+        "    every = len(ids) >= len(locks) >> 1\n"
+        "    stale = {\n"
+        "        i: r.awaiting\n"
+        "        for i in ids\n"
+        "        if (r := requests.get(i)) is not None and r.state is State.finishing\n"
+        "    }\n",
+    ),
+    (
+        "if record is not None and name in record.awaiting:",
+        "if record is not None and (name in record.awaiting or name in stale.get(request_id, ())):",
+    ),
+    doc="""Decides whether a finishing request awaits each report of a batch from the records
+    as they were when the batch began: a request reported twice in one batch has the duplicate
+    applied again (counted, called back, returned as applied).""",
+)
+
+
+def _overwriting_merge(contributions: Any, *, allow_equal: bool = False) -> dict[str, Any] | None:
+    """``merge_transfer_params`` that lets a later connector's value win a clash."""
+    merged: dict[str, Any] | None = None
+    for _, params in contributions:
+        if params is not None:
+            merged = {**(merged or {}), **params}
+    return merged
+
+
+def _inverted_merge(contributions: Any, *, allow_equal: bool = False) -> dict[str, Any] | None:
+    """``merge_transfer_params`` with ``allow_equal`` inverted."""
+    return merge_transfer_params(contributions, allow_equal=not allow_equal)
+
+
+class OutcomeRulesOutOfOrder(MultiConnector):  # type: ignore[misc]
+    """Tests ``expected`` before ``abandoned`` when classifying an ignored report: a report from
+    a saver unregistered while awaited is called a ``duplicate`` instead of ``unregistered``."""
+
+    def _classify(self, record: RequestTransferState, name: str) -> Outcome:
+        if record.state not in (State.finished, State.cancelled) and name in record.expected:
+            return Outcome.duplicate  # the bug: before the abandoned test
+        return super()._classify(record, name)
+
+
+class DrainCountedAsApplied(MultiConnector):  # type: ignore[misc]
+    """Counts a drained report (one a cancelled request still awaited) as applied."""
+
+    def _count(self, index: int, outcome: Outcome, name: str | None) -> None:
+        if outcome is Outcome.drained:
+            outcome = Outcome.applied  # the bug: the counters say it applied
+        super()._count(index, outcome, name)
+
+
+class CallbackForIgnoredReport(MultiConnector):  # type: ignore[misc]
+    """Calls the reporting connector's ``on_finished`` for every report, ignored ones too."""
+
+    def transfer_finished(self, request_id: str, name: str, blocks: Sequence[int] = ()) -> Outcome:
+        outcome = super().transfer_finished(request_id, name, blocks)
+        entry = self.registry.entry(name)
+        if outcome.ignored and entry is not None and entry.on_finished is not None:
+            entry.on_finished(request_id, blocks)  # the bug: only an applied report is called back
+        return outcome
+
+
 @contextmanager
 def patched_table(changes: Mapping[tuple[State, str], tuple[Compiled, ...]]) -> Iterator[None]:
     """Replace some (state, event) entries of the compiled table, and restore them after.
@@ -233,13 +351,33 @@ class Broken:
     #: Connectors to check it with (``None``: the tests' bound).
     connectors: Mapping[str, str | None] | None = None
     table: Mapping[tuple[State, str], tuple[Compiled, ...]] = attrs.field(factory=dict)
+    #: Names of ``multiconnector.aggregator`` replaced while it is checked.
+    patch: Mapping[str, Any] = attrs.field(factory=dict)
+    #: Whether to check it with the savers answering params (``params=True``).
+    params: bool = False
+    #: Other properties it fails, each only as a consequence of the bug, with why.
+    also: Mapping[str, str] = attrs.field(factory=dict)
 
     @contextmanager
     def installed(self) -> Iterator[Callable[..., MultiConnector]]:
-        """The factory to check, with the table patch (if any) in force."""
-        with patched_table(self.table):
-            yield self.factory
+        """The factory to check, with the table patch and the module patch (if any) in force."""
+        saved = {name: getattr(aggregator_module, name) for name in self.patch}
+        try:
+            for name, value in self.patch.items():
+                setattr(aggregator_module, name, value)
+            with patched_table(self.table):
+                yield self.factory
+        finally:
+            for name, value in saved.items():
+                setattr(aggregator_module, name, value)
 
+    def options(self) -> dict[str, Any]:
+        """The check's keyword arguments besides the bound: alphabet, factory aside."""
+        return {"events": self.events, "params": self.params}
+
+
+#: The connectors the params bugs are checked with.
+PARAMS_CONNECTORS: Mapping[str, str | None] = {"a": "saver", "b": "saver"}
 
 #: The catalog. ``shortest`` is the length of the shortest event sequence that exposes the bug
 #: in the scenario the tests use (savers ``a`` and ``b``, a ``None`` slot, one request; plus a
@@ -346,5 +484,86 @@ CATALOG: tuple[Broken, ...] = (
         why="begin, match_tokens with a answering 1 (a is chosen), unregister a, load_finished a",
         factory=UnregisteredLoaderAccepted,
         events=ALPHABET + LOAD_EVENTS,
+    ),
+    # -- params (checked with params=True; two savers, no None slot, to stay small) ----------
+    Broken(
+        name="params clash merged by overwriting",
+        prop="params merged",
+        shortest=3,
+        why="begin, request_finished asks (a and b answer the shared key), applies: no clash",
+        patch={"merge_transfer_params": _overwriting_merge},
+        connectors=PARAMS_CONNECTORS,
+        params=True,
+    ),
+    Broken(
+        name="params input mutated",
+        prop="params merged",
+        shortest=2,
+        why="begin, request_finished (driven whole) with a and b answering params: a's changed",
+        factory=MergeMutatesInput,
+        connectors=PARAMS_CONNECTORS,
+        params=True,
+    ),
+    Broken(
+        name="params clash raised before the savers are recorded",
+        prop="params merged",
+        shortest=2,
+        why="begin, request_finished (driven whole) with a clash: raised, the request pending",
+        factory=ClashRaisedBeforeRecorded,
+        connectors=PARAMS_CONNECTORS,
+        params=True,
+        also={
+            "no early free": "the savers' promises are lost with the answers: one event later "
+            "(a second request_finished saving nothing) the request is finished while a saves"
+        },
+    ),
+    Broken(
+        name="params allow_equal inverted",
+        prop="params merged",
+        shortest=3,
+        why="begin, request_finished asks (a and b answer the shared key equal), applies",
+        patch={"merge_transfer_params": _inverted_merge},
+        connectors=PARAMS_CONNECTORS,
+        params=True,
+    ),
+    Broken(
+        name="params duplicate key untested in the inlined merge",
+        prop="params merged",
+        shortest=2,
+        why="begin, request_finished (driven whole) with a and b answering the shared key",
+        factory=FastPathDuplicateKeyUntested,
+        connectors=PARAMS_CONNECTORS,
+        params=True,
+    ),
+    # -- outcomes, counters, callbacks, batches -------------------------------------------
+    Broken(
+        name="ignored report's outcome misclassified",
+        prop="right outcome",
+        shortest=5,
+        why="begin, request_finished saving a and b (asks, applies), unregister a, "
+        "transfer_finished a: duplicate, not unregistered",
+        factory=OutcomeRulesOutOfOrder,
+    ),
+    Broken(
+        name="drained report counted as applied",
+        prop="counters",
+        shortest=5,
+        why="begin, request_finished saving a (asks, applies), cancel, transfer_finished a",
+        factory=DrainCountedAsApplied,
+    ),
+    Broken(
+        name="on_finished called for an ignored report",
+        prop="callbacks",
+        shortest=1,
+        why="transfer_finished(r1, a) for a request not begun: a is called back",
+        factory=CallbackForIgnoredReport,
+    ),
+    Broken(
+        name="batch applies a duplicate twice",
+        prop="right outcome",
+        shortest=4,
+        why="begin, request_finished saving a and b (asks, applies), transfer_finished_many(a, "
+        "[r1, r1]): applied twice",
+        factory=BatchDecidesFromStaleRecords,
     ),
 )

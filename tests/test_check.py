@@ -5,6 +5,8 @@ The planted bugs it must catch are in ``test_check_broken.py``.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import re
 import subprocess
@@ -15,14 +17,26 @@ from typing import Any
 import pytest
 from transitions import Machine
 
-from multiconnector import InvalidArgumentError, InvalidNameError, MultiConnector, Outcome
+from multiconnector import (
+    InvalidArgumentError,
+    InvalidNameError,
+    KeyClashError,
+    MultiConnector,
+    Outcome,
+    State,
+)
 from multiconnector import _explore as engine
 from multiconnector.check import (
     ALPHABET,
+    CALLBACKS,
+    COUNTERS,
     EXIT_STATUS,
     LOAD_EVENTS,
     LOAD_ONCE,
+    PARAM_CHOICES,
+    PARAMS_MERGED,
     PROPERTIES,
+    RIGHT_OUTCOME,
     CheckReport,
     check_aggregator,
     declared_transitions,
@@ -33,7 +47,10 @@ from multiconnector.check import (
 )
 from multiconnector.check import run as run_module
 from multiconnector.check.fork import forkable
+from multiconnector.check.reference import reference_merge, report_outcome
+from multiconnector.check.scenario import scripted_params
 from multiconnector.machine import EVENTS, STATES, build_machine
+from multiconnector.params import merge_transfer_params
 from tests.broken_aggregators import CATALOG
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +97,7 @@ def test_two_requests_bound_in_make_test_passes() -> None:
     """
     report = check_aggregator(SMALL, requests=2, events=set(ALPHABET) - {"register"})
     assert_all_pass(report)
-    assert (report.distinct_states, report.max_depth) == (5046, 15)
+    assert (report.distinct_states, report.max_depth) == (5046, 13)
 
 
 # -- the load side (opt-in: it more than doubles the default bound) -----------------------------
@@ -119,6 +136,113 @@ def test_load_side_with_two_requests_keeps_the_behavioural_properties() -> None:
     assert (report.distinct_states, report.max_depth) == (22578, 14)
 
 
+# -- params, outcomes, counters, callbacks, batches ---------------------------------------------
+
+
+def test_params_bound_in_make_check_passes() -> None:
+    """``make check``'s params scenario: savers a and b answer every combination of params."""
+    report = check_aggregator(requests=1, params=True)
+    assert report.ok and report.finished, report.to_text()
+    assert [p.name for p in report.properties] == [
+        *PROPERTIES[:-3],
+        PARAMS_MERGED,
+        *PROPERTIES[-3:],
+    ]
+    assert (report.distinct_states, report.max_depth) == (900, 9)
+    assert report.bounds["params"] == "every saver answers one of: None, own, equal, differ"
+
+
+def test_params_follow_the_factorys_allow_equal() -> None:
+    """With ``allow_equal_params`` the reference lets equal values through; the real aggregator
+    passes, and one whose merge inverts the flag fails at the first equal values."""
+    factory = functools.partial(MultiConnector, allow_equal_params=True)
+    report = check_aggregator(requests=1, params=True, factory=factory)
+    assert report.ok and report.finished, report.to_text()
+    bug = next(b for b in CATALOG if b.name == "params allow_equal inverted")
+    with bug.installed():
+        report = check_aggregator(requests=1, params=True, factory=factory)
+    result = report.result(PARAMS_MERGED)
+    assert not result.passed and result.message.startswith("request_finished(r1) raised KeyClash")
+    assert "no key clashes" in result.message
+    assert [p.name for p in report.failures] == [PARAMS_MERGED]
+
+
+def test_scripted_params_are_new_dicts_made_from_the_name() -> None:
+    first, second = scripted_params("a", "differ"), scripted_params("a", "differ")
+    assert first == second == {"a": 1, "=shared": "a"} and first is not second
+    assert scripted_params("b", "equal") == {"b": 1, "=shared": 1}
+    assert scripted_params("b", "own") == {"b": 1}
+    assert scripted_params("b", None) is None
+    assert PARAM_CHOICES == (None, "own", "equal", "differ")
+
+
+@pytest.mark.parametrize("allow_equal", [False, True])
+def test_the_reference_merge_agrees_with_the_library_on_every_scripted_answer(
+    allow_equal: bool,
+) -> None:
+    """The checker's own merge (written apart) and merge_transfer_params agree on every
+    combination the scenario can script, three savers, both allow_equal settings."""
+    names = ("a", "b", "c")
+    for choice in itertools.product(PARAM_CHOICES, repeat=len(names)):
+        answers = [(n, scripted_params(n, c)) for n, c in zip(names, choice, strict=True)]
+        merged, clashing = reference_merge(answers, allow_equal)
+        try:
+            real = merge_transfer_params(answers, allow_equal=allow_equal)
+        except KeyClashError as exc:
+            assert merged is None and sorted(exc.clashes) == sorted(clashing), choice
+        else:
+            assert not clashing and real == merged, choice
+
+
+def test_a_report_is_classified_by_the_documented_rules() -> None:
+    registry = (("a", True), ("none", False))
+    finishing: Any = (State.finishing, ("a",), ("a", "b"), ("b",))
+    cancelled: Any = (State.cancelled, ("a",), ("a",), ())
+    assert report_outcome(None, "a", registry) is Outcome.unknown_request
+    assert report_outcome(finishing, "a", registry) is Outcome.applied
+    assert report_outcome(cancelled, "a", registry) is Outcome.drained
+    assert report_outcome(finishing, "b", registry) is Outcome.unregistered
+    assert report_outcome((State.finishing, (), ("a",), ()), "a", registry) is Outcome.duplicate
+    assert report_outcome(finishing, "ghost", registry) is Outcome.unknown_connector
+    assert report_outcome(finishing, "none", registry) is Outcome.not_ready
+    pending: Any = (State.pending, (), (), ())
+    assert report_outcome(pending, "a", registry) is Outcome.phantom
+    assert report_outcome((State.finished, (), ("a",), ()), "a", registry) is Outcome.terminal
+
+
+def test_cli_params_flag_adds_the_params_property(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["--requests", "1", "--params", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert f"PASS  {PARAMS_MERGED}: request_finished returns (and raises)" in out
+    assert "params every saver answers one of" in out
+
+
+def test_a_batch_is_reported_only_where_it_applies_a_report() -> None:
+    """transfer_finished_many is in the default alphabet: a batch of two reports under an
+    awaited name (the same request twice with one request)."""
+    assert "transfer_finished_many" in ALPHABET
+    report = check_aggregator(requests=1)
+    bug = next(b for b in CATALOG if b.name == "batch applies a duplicate twice")
+    trace = check_aggregator(requests=1, factory=bug.factory).result(RIGHT_OUTCOME).counterexample
+    assert trace is not None
+    assert trace.steps[-1].event in {f"transfer_finished_many({n}, [r1, r1])" for n in "ab"}
+    assert trace.steps[-1].data[:2] == ["transfer_finished_many", trace.steps[-1].data[1]]
+    assert trace.steps[-1].data[2] == ["r1", "r1"]
+    assert report.ok
+    without = check_aggregator(requests=1, events=set(ALPHABET) - {"transfer_finished_many"})
+    # The batch adds transitions, not states.
+    assert without.distinct_states == report.distinct_states
+    assert without.states_generated < report.states_generated
+
+
+def test_the_new_properties_are_reported_in_order() -> None:
+    report = check_aggregator({"a": "saver"}, requests=1)
+    names = [p.name for p in report.properties]
+    assert names.index("no leak") < names.index(RIGHT_OUTCOME) < names.index(COUNTERS)
+    assert names.index(COUNTERS) < names.index(CALLBACKS) < names.index("no trap")
+    assert all(p.passed for p in report.properties)
+
+
 def test_the_default_alphabet_leaves_the_load_side_out() -> None:
     report = check_aggregator(SMALL, requests=1)
     assert LOAD_ONCE not in [p.name for p in report.properties]
@@ -145,22 +269,33 @@ class _LoadAppliedUnchosen(MultiConnector):  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
-    ("factory", "message", "shortest"),
+    ("factory", "message", "shortest", "also", "wrong"),
     [
-        (_LoadNeverApplied, "not applied: the load never completes", 3),
-        (_LoadAppliedUnchosen, "though no connector was chosen to load it", 2),
+        # Returns an outcome it never counted: the counters see that too; and "duplicate" for
+        # a request not begun (1 event), which right outcome sees.
+        (_LoadNeverApplied, "not applied: the load never completes", 3, ["counters"], 1),
+        # Returns applied for a report it counted as ignored, and calls nobody back.
+        (
+            _LoadAppliedUnchosen,
+            "though no connector was chosen to load it",
+            2,
+            ["counters", "callbacks"],
+            2,
+        ),
     ],
 )
 def test_load_once_is_checked_against_what_the_checker_saw(
-    factory: Any, message: str, shortest: int
+    factory: Any, message: str, shortest: int, also: list[str], wrong: int
 ) -> None:
     # Neither bug touches a request's state or saves: only the checker's own record of the
-    # token answers it scripted tells that the outcome is wrong.
+    # token answers it scripted tells that the outcome is wrong (load once, and right outcome,
+    # which classifies every outcome from that record).
     report = check_aggregator(SMALL, requests=1, events=ALPHABET + LOAD_EVENTS, factory=factory)
     result = report.result(LOAD_ONCE)
     assert not result.passed and message in result.message, report.to_text()
     assert result.counterexample is not None and len(result.counterexample) == shortest
-    assert [p.name for p in report.failures] == [LOAD_ONCE]
+    assert [p.name for p in report.failures] == [LOAD_ONCE, "right outcome", *also]
+    assert len(report.result("right outcome").counterexample or ()) == wrong
 
 
 def test_a_none_answer_chooses_no_loader() -> None:
@@ -286,11 +421,12 @@ def test_json_report_round_trips(tmp_path: Path) -> None:
         ["--max-seconds", "0"],
         ["--max-seconds", "soon"],
         ["--max-seconds", "inf"],
+        ["--params=yes"],
     ],
 )
 def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert run_cli(argv) == 2
-    assert capsys.readouterr().err
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
@@ -415,6 +551,7 @@ def test_unwritable_json_path_exits_2(tmp_path: Path, capsys: pytest.CaptureFixt
         ({"events": ["begin", "jump"]}, InvalidArgumentError, "unknown kinds ['jump']"),
         ({"events": ["loading"]}, InvalidArgumentError, "'match_tokens', 'load_finished']"),
         ({"symmetry": 1}, InvalidArgumentError, "symmetry=1"),
+        ({"params": "yes"}, InvalidArgumentError, "params='yes'"),
         ({"max_depth": 0}, InvalidArgumentError, "max_depth=0"),
         ({"factory": lambda registry, **kw: object()}, InvalidArgumentError, "factory returned"),
     ],
@@ -735,13 +872,14 @@ def _figures(report: CheckReport) -> dict[str, Any]:
         {},
         {"connectors": {"a": "saver", "b": "saver", "none": None, "boom": "raises"}, "requests": 1},
         {"connectors": {"a": "saver", "junk": "garbage"}, "requests": 2},
+        {"connectors": {"a": "saver", "b": "saver"}, "requests": 1, "params": True},
         {
             "connectors": {"a": "saver", "b": "saver"},
             "requests": 1,
             "events": ALPHABET + LOAD_EVENTS,
         },
     ],
-    ids=["default", "every-kind", "garbage", "load"],
+    ids=["default", "every-kind", "garbage", "params", "load"],
 )
 def test_copied_worlds_explore_exactly_what_replayed_ones_do(
     bound: dict[str, Any], monkeypatch: pytest.MonkeyPatch

@@ -11,7 +11,8 @@ rather than a second model that could drift from it. The scenario:
 * the default event alphabet (:data:`ALPHABET`): ``begin``; ``request_finished`` with every subset
   of the registered savers; ``transfer_finished`` for every (request, name), which covers
   duplicates, phantoms, ``None`` slots and unknown names; ``cancel``; ``unregister`` and
-  ``register`` of every name; ``take``;
+  ``register`` of every name; ``take``; ``transfer_finished_many``, a batch of two reports
+  under a name every request of the batch awaits;
 * opt-in, the load side (:data:`LOAD_EVENTS`): ``match_tokens`` for every held request with
   every combination of the ready savers' token answers (0, 1 or ``None``), and
   ``load_finished`` for every (request, name).
@@ -54,6 +55,16 @@ Properties (each PASS or FAIL, with a shortest counterexample):
     once per match, never from another name, never after terminal, never from an unregistered
     loader or a new connector registered under its name (``unregistered``, no callback); and
     the chosen loader's completion is not lost.
+``right outcome``
+    Every ``Outcome`` an event returns is the one the checker classifies by the documented rules
+    from the record and the registry as they were before the event, and its own ledger.
+``counters``
+    ``counts()`` and ``connector_counts()`` grow by exactly the outcomes the events returned.
+``callbacks``
+    ``on_finished`` and ``on_load_finished`` are called once per applied report, and only then.
+``params merged`` (only with ``params=True``: scripted savers answer params)
+    ``request_finished`` returns the checker's reference merge, raises ``KeyClashError`` exactly
+    when it clashes and only once the answers were applied, and changes no saver's dict.
 ``no trap``
     From every reachable state, events other than ``cancel`` can bring every live request to a
     terminal state (``cancel`` would rescue any trap, so it does not count).
@@ -75,17 +86,30 @@ from .._explore import (
 )
 from ..usermachine import validate
 from .cli import EXIT_STATUS, run_cli
-from .properties import LOAD_ONCE, PROPERTIES, reachable_in
+from .properties import (
+    CALLBACKS,
+    COUNTERS,
+    LOAD_ONCE,
+    PARAMS_MERGED,
+    PROPERTIES,
+    RIGHT_OUTCOME,
+    reachable_in,
+)
 from .run import check_aggregator
-from .scenario import ALPHABET, DEFAULT_CONNECTORS, LOAD_EVENTS, independent
+from .scenario import ALPHABET, DEFAULT_CONNECTORS, LOAD_EVENTS, PARAM_CHOICES, independent
 
 __all__ = [
     "ALPHABET",
+    "CALLBACKS",
+    "COUNTERS",
     "DEFAULT_CONNECTORS",
     "EXIT_STATUS",
     "LOAD_EVENTS",
     "LOAD_ONCE",
+    "PARAMS_MERGED",
+    "PARAM_CHOICES",
     "PROPERTIES",
+    "RIGHT_OUTCOME",
     "CheckReport",
     "Counterexample",
     "PropertyResult",

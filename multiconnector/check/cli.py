@@ -125,6 +125,14 @@ def _parser() -> argparse.ArgumentParser:
         "that a load is applied at most once, only from the chosen loader",
     )
     parser.add_argument(
+        "--params",
+        action="store_true",
+        help="scripted savers also answer transfer params (nothing, a key of their own, or "
+        "that key plus a shared one, with equal or different values): check that they merge "
+        "as documented, that a clash is raised exactly when keys clash, and that no saver's "
+        "params are changed (multiplies the request_finished events by 4 per saver)",
+    )
+    parser.add_argument(
         "--max-states",
         type=_positive,
         default=None,
@@ -216,6 +224,7 @@ def run_cli(argv: Sequence[str]) -> int:
             max_seconds=args.max_seconds,
             strict_coverage=args.strict_coverage,
             reduction=not args.no_reduction,
+            params=args.params,
             progress=not args.no_progress,
         )
     except MultiConnectorError as exc:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from typing import Final
+from typing import Any, Final
 
 from .._explore import (
     NO_EXCEPTION,
@@ -12,6 +12,8 @@ from .._explore import (
     TRANSITIONS_FIRED,
 )
 from ..machine import TERMINAL, State
+from ..outcome import Outcome
+from .reference import expected_outcomes, reference_merge
 from .scenario import (
     _APPLIED,
     _APPLY_ANSWERS,
@@ -29,6 +31,7 @@ from .scenario import (
     _show_view,
     _view,
     _World,
+    scripted_params,
 )
 
 TERMINAL_ABSORBING: Final = "terminal absorbing"
@@ -36,12 +39,20 @@ NO_EARLY_FREE: Final = "no early free"
 NO_LEAK: Final = "no leak"
 #: Reported only when a load event is in the alphabet, after ``no leak``.
 LOAD_ONCE: Final = "load once"
+RIGHT_OUTCOME: Final = "right outcome"
+COUNTERS: Final = "counters"
+CALLBACKS: Final = "callbacks"
+#: Reported only when params are checked (``params=True``), after ``callbacks``.
+PARAMS_MERGED: Final = "params merged"
 #: Every property the aggregator check reports, in report order.
 PROPERTIES: Final[tuple[str, ...]] = (
     NO_EXCEPTION,
     TERMINAL_ABSORBING,
     NO_EARLY_FREE,
     NO_LEAK,
+    RIGHT_OUTCOME,
+    COUNTERS,
+    CALLBACKS,
     NO_TRAP,
     STATES_REACHED,
     TRANSITIONS_FIRED,
@@ -195,6 +206,199 @@ def _load_once(world: _World) -> str | None:
             "not applied: the load never completes"
         )
     return None
+
+
+def _right_outcome(world: _World) -> str | None:
+    """every event returns the outcome the checker classifies from what it saw before it"""
+    last = world.last
+    if last is None or last.outcomes is None:  # none returned, or raised without a result
+        return None
+    expected = expected_outcomes(last, world.scenario.atomic)
+    if expected is None or tuple(last.outcomes) == expected:
+        return None
+    label = _event_text(world, last.event)
+    got = ", ".join(o.value for o in last.outcomes) or "nothing (it asked the connectors)"
+    want = ", ".join(o.value for o in expected) or "nothing (it asks the connectors)"
+    return f"{label} returned {got}; the checker expected {want}"
+
+
+def _event_text(world: _World, event: Event) -> str:
+    """An event as a call, with the real request ids."""
+    ids = world.scenario.ids
+    kind = event[0]
+    if kind == "transfer_finished_many":
+        return f"transfer_finished_many({event[1]}, [{', '.join(ids[i] for i in event[2])}])"
+    if kind in ("transfer_finished", "load_finished"):
+        return f"{kind}({ids[event[1]]}, {event[2]})"
+    if kind == _APPLY_ANSWERS:
+        return f"request_finished({ids[event[1]]}) applying its answers"
+    if kind in ("begin", "cancel", "request_finished", "match_tokens"):
+        return f"{kind}({ids[event[1]]})"
+    return f"{kind}({', '.join(str(x) for x in event[1:])})"
+
+
+def _counters(world: _World) -> str | None:
+    """counts() and connector_counts() grow by exactly the outcomes each event returned"""
+    last = world.last
+    if last is None:
+        return None
+    mc = world.mc
+    # What counts() and connector_counts() sum (by outcome; by name): one read, not two.
+    counted = mc._merged_counts()
+    if counted == world.tally:
+        return None
+    label = _event_text(world, last.event)
+    counts, want = _by_outcome(counted, None), _by_outcome(world.tally, None)
+    if counts != want:
+        return f"after {label}, counts() is {_show_counts(counts)}; {_TALLY} {_show_counts(want)}"
+    names = sorted({n for _, n in counted.keys() | world.tally.keys() if n is not None})
+    wrong = next(n for n in names if _by_outcome(counted, n) != _by_outcome(world.tally, n))
+    return (
+        f"after {label}, connector_counts()[{wrong!r}] is "
+        f"{_show_counts(_by_outcome(counted, wrong))}; {_TALLY} "
+        f"{_show_counts(_by_outcome(world.tally, wrong))}"
+    )
+
+
+def _by_outcome(
+    counted: Mapping[tuple[Outcome, str | None], int], name: str | None
+) -> dict[Outcome, int]:
+    """``counted`` summed by outcome: all of it (``name`` None), or that name's."""
+    out: dict[Outcome, int] = {}
+    for (outcome, n), k in counted.items():
+        if k and (name is None or n == name):
+            out[outcome] = out.get(outcome, 0) + k
+    return out
+
+
+_TALLY: Final = (
+    "the outcomes the events returned (and the requests unregistering abandoned) add up to"
+)
+
+
+def _show_counts(counts: Mapping[Outcome, int]) -> str:
+    return "{" + ", ".join(f"{o.value}: {n}" for o, n in sorted(counts.items())) + "}"
+
+
+def _callbacks(world: _World) -> str | None:
+    """on_finished and on_load_finished are called once for each applied report, and only then"""
+    last = world.last
+    if last is None:
+        return None
+    event = last.event
+    kind = event[0]
+    ids = world.scenario.ids
+    kinds = world.scenario.kinds
+    called: list[tuple[str, str]] = []
+    outcomes = last.outcomes or ()
+    if kind == "transfer_finished":
+        called = [(event[2], ids[event[1]]) for o in outcomes if o is _APPLIED]
+    elif kind == "transfer_finished_many":
+        called = [
+            (event[1], ids[i]) for i, o in zip(event[2], outcomes, strict=False) if o is _APPLIED
+        ]
+    if not called and not last.called and last.load is None:
+        return None  # nothing applied, nothing called: the common case
+    registry = dict(last.registry)
+    # Only a scripted saver registered under the name has the callbacks.
+    called = [(n, r) for n, r in called if kinds.get(n) == SAVER and registry.get(n)]
+    if tuple(called) != last.called:
+        label = _event_text(world, event)
+        return f"{label} called on_finished {_calls(last.called)}; {_expected_calls(called)}"
+    load = last.load
+    if load is not None:
+        name = load.name
+        due = load.outcome is _APPLIED and kinds.get(name) == SAVER and registry.get(name)
+        if load.callbacks != ((name,) if due else ()):
+            label = _event_text(world, event)
+            calls = [(n, load.request_id) for n in load.callbacks]
+            want = [(name, load.request_id)] if due else []
+            return f"{label} called on_load_finished {_calls(calls)}; {_expected_calls(want)}"
+    return None
+
+
+def _calls(calls: Collection[tuple[str, str]]) -> str:
+    if not calls:
+        return "never"
+    return ", ".join(f"of {n} for {r}" for n, r in calls)
+
+
+def _expected_calls(calls: Collection[tuple[str, str]]) -> str:
+    if not calls:
+        return "no call was due: no report was applied"
+    return f"due: {_calls(calls)} (once per applied report)"
+
+
+def _params_merged(world: _World) -> str | None:
+    """request_finished returns (and raises) what the reference merge says; inputs unchanged"""
+    last = world.last
+    if last is None or last.answers is None:
+        return None
+    scenario = world.scenario
+    event = last.event
+    choices, answered = last.answers
+    chosen = dict(choices)
+    fresh = [(name, scripted_params(name, chosen.get(name))) for name, _ in answered]
+    for (name, given), (_, was) in zip(answered, fresh, strict=True):
+        if given != was:
+            return f"{name} answered params {was!r}, which became {given!r}: an input was changed"
+    merged, clashing = reference_merge(fresh, scenario.allow_equal)
+    applies = event[0] == _APPLY_ANSWERS or scenario.atomic
+    clash: Any = last.clash
+    rid = scenario.ids[event[1]]
+    if clash is not None:
+        if not clashing:
+            return (
+                f"request_finished({rid}) raised {type(clash).__name__} ({clash}); no key clashes"
+            )
+        if not applies:
+            return (
+                f"request_finished({rid}) raised {type(clash).__name__} before applying its "
+                "answers: the connectors that promised a save are not recorded"
+            )
+        result = clash.result
+        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], Outcome)):
+            return (
+                f"request_finished({rid}) raised {type(clash).__name__} with result={result!r}: "
+                "not the (outcome, None) it applied, so the answers were not applied"
+            )
+        if result[1] is not None:
+            return f"request_finished({rid}) raised a clash and returned params {result[1]!r}"
+        if set(getattr(clash, "clashes", ())) != set(clashing):
+            return (
+                f"request_finished({rid}) raised a clash of {sorted(clash.clashes)}; the "
+                f"reference merge clashes on {sorted(clashing)}"
+            )
+        return None
+    if not applies or last.outcomes is None:
+        return None
+    if clashing:
+        return (
+            f"request_finished({rid}) raised no KeyClashError, though {', '.join(clashing)} "
+            f"clash{'es' if len(clashing) == 1 else ''} in {_answers(fresh)}"
+        )
+    result = last.result
+    params = result[1] if isinstance(result, tuple) and len(result) == 2 else result
+    want = merged if last.outcomes[0] is _APPLIED else None
+    if params != want:
+        return (
+            f"request_finished({rid}) returned params {params!r}; the reference merge of "
+            f"{_answers(fresh)} is {want!r}"
+        )
+    if params is not None and any(params is given for _, given in answered):
+        return f"request_finished({rid}) returned a connector's own params dict"
+    world.sync()
+    record = world.requests[event[1]].record
+    if last.outcomes[0] is _APPLIED and record is not None:
+        if record.params != merged:
+            return f"{rid} keeps params {record.params!r}; the reference merge is {merged!r}"
+        if params is not None and record.params is params:
+            return f"request_finished({rid}) returned the params dict its record keeps"
+    return None
+
+
+def _answers(answered: Collection[tuple[str, Any]]) -> str:
+    return ", ".join(f"{n}: {p!r}" for n, p in answered) or "no answers"
 
 
 def _no_live_request(world: _World) -> bool:

@@ -19,16 +19,24 @@ from ..errors import (
 from ..machine import build_machine
 from .fork import _fork
 from .properties import (
+    CALLBACKS,
+    COUNTERS,
     LOAD_ONCE,
     NO_EARLY_FREE,
     NO_LEAK,
+    PARAMS_MERGED,
+    RIGHT_OUTCOME,
     TERMINAL_ABSORBING,
+    _callbacks,
+    _counters,
     _fired,
     _load_once,
     _no_early_free,
     _no_leak,
     _no_live_request,
     _not_cancel,
+    _params_merged,
+    _right_outcome,
     _terminal_absorbing,
     reachable_in,
 )
@@ -39,6 +47,7 @@ from .scenario import (
     DEFAULT_CONNECTORS,
     DEFAULT_UNKNOWN,
     GARBAGE,
+    PARAM_CHOICES,
     RAISES,
     SAVER,
     _alike,
@@ -72,6 +81,7 @@ def check_aggregator(
     max_seconds: float | None = None,
     strict_coverage: bool = False,
     reduction: bool = True,
+    params: bool = False,
 ) -> CheckReport:
     """Model-check the real aggregator on a bounded scenario: every reachable state, every event.
 
@@ -94,13 +104,22 @@ def check_aggregator(
     commute (:func:`independent`), so their interleavings are not all applied; the verdicts,
     the states found and the counterexamples' lengths are the same without it.
 
+    ``params=True`` makes scripted savers answer transfer params: each ``request_finished``
+    event also picks, for every ready saver, one of :data:`PARAM_CHOICES` (nothing, a key of
+    its own, or that key plus a shared one with an equal or a different value), and the report
+    adds :data:`PARAMS_MERGED`: the merged params equal the checker's reference merge (which
+    follows the aggregator's ``allow_equal_params``), a ``KeyClashError`` is raised exactly when
+    it says so, once the answers were applied, and no saver's dict is changed. Off by default:
+    it multiplies the ``request_finished`` events by 4 per ready saver.
+
     Returns a :class:`CheckReport` with one result per name in :data:`PROPERTIES` (and
-    :data:`LOAD_ONCE` after ``no leak`` when the alphabet has a load event).
+    :data:`LOAD_ONCE` after ``no leak`` when the alphabet has a load event, and
+    :data:`PARAMS_MERGED` after ``callbacks`` with ``params``).
 
     .. versionadded:: 0.1.0
     .. versionchanged:: 0.1.0
        ``events`` may include the load side, :data:`LOAD_EVENTS`; ``max_seconds`` and
-       ``strict_coverage``.
+       ``strict_coverage``; ``params``; ``transfer_finished_many`` in :data:`ALPHABET`.
     """
     if connectors is None:
         connectors = DEFAULT_CONNECTORS
@@ -140,6 +159,7 @@ def check_aggregator(
     check_bool(symmetry, "symmetry")
     check_bool(strict_coverage, "strict_coverage")
     check_bool(reduction, "reduction")
+    check_bool(params, "params")
     pad = _Pad()
     made: dict[str, Any] = {}
     for name, kind in kinds.items():
@@ -160,11 +180,15 @@ def check_aggregator(
         connectors=made,
         symmetries=symmetries,
         interner=_Interner(symmetries),
-        registry_order=_registry_order(alphabet),
+        registry_order=_registry_order(alphabet, params),
+        params=params,
+        batchers=tuple(n for n, k in kinds.items() if k in (SAVER, GARBAGE)),
     )
     probe = scenario.fresh()
-    if type(probe.mc).request_finished is not MultiConnector.request_finished:
-        scenario = attrs.evolve(scenario, atomic=True)
+    allow_equal = getattr(probe.mc, "_allow_equal", False) is True
+    atomic = type(probe.mc).request_finished is not MultiConnector.request_finished
+    if atomic or allow_equal:
+        scenario = attrs.evolve(scenario, atomic=atomic, allow_equal=allow_equal)
     shown_kinds = {SAVER: "saver", RAISES: "raises", GARBAGE: "garbage", None: "None slot"}
     bounds = {
         "connectors": [f"{n} ({shown_kinds[k]})" for n, k in kinds.items()],
@@ -178,6 +202,8 @@ def check_aggregator(
         "max depth": max_depth if max_depth is not None else "unbounded",
         "reduction": "sleep sets (events of different requests commute)" if reduction else "off",
     }
+    if params:
+        bounds["params"] = "every saver answers one of: " + ", ".join(str(c) for c in PARAM_CHOICES)
     if max_seconds is not None:
         bounds["max seconds"] = max_seconds
     factory_name = getattr(factory, "__qualname__", type(probe).__qualname__)
@@ -188,6 +214,11 @@ def check_aggregator(
     }
     if alphabet & _LOADING:
         invariants[LOAD_ONCE] = _load_once
+    invariants[RIGHT_OUTCOME] = _right_outcome
+    invariants[COUNTERS] = _counters
+    invariants[CALLBACKS] = _callbacks
+    if params:
+        invariants[PARAMS_MERGED] = _params_merged
     return explore(
         scenario.fresh,
         _events,
@@ -215,6 +246,7 @@ def check_aggregator(
     )
 
 
-def _registry_order(alphabet: frozenset[str]) -> bool:
-    """Whether the registry's order is part of the state: only the load side reads it."""
-    return bool(alphabet & _LOADING)
+def _registry_order(alphabet: frozenset[str], params: bool) -> bool:
+    """Whether the registry's order is part of the state: the load side reads it (the first
+    connector with tokens loads), and params are merged in it."""
+    return params or bool(alphabet & _LOADING)

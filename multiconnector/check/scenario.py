@@ -20,6 +20,7 @@ from ..errors import (
     ConnectorFailures,
     InvalidAnswerError,
     InvalidArgumentError,
+    KeyClashError,
     UnknownRequestError,
 )
 from ..machine import TERMINAL, RequestTransferState, State
@@ -38,6 +39,7 @@ ALPHABET: Final[tuple[str, ...]] = (
     "unregister",
     "register",
     "take",
+    "transfer_finished_many",
 )
 #: The load side, opt-in (``events=ALPHABET + LOAD_EVENTS``, or ``--load``): ``match_tokens`` with
 #: every answer (0, 1 or ``None``) from each ready saver, and ``load_finished`` for every
@@ -56,6 +58,23 @@ GARBAGE: Final = "garbage"
 #: more still; the tests check both with one request.
 DEFAULT_CONNECTORS: Final[Mapping[str, str | None]] = {"a": SAVER, "b": SAVER}
 DEFAULT_UNKNOWN: Final[tuple[str, ...]] = ("ghost",)
+#: What a scripted saver may answer as params when the scenario checks them (``params=True``),
+#: each a symbol the ``request_finished`` event carries per saver: nothing, a key of its own
+#: (its name), that key plus the shared key ``=shared`` with the value 1 (equal across savers)
+#: or with its own name (different across savers). The keys and values are made from the
+#: saver's own name, so renaming savers renames the answers (symmetry stays sound), and no
+#: connector name is ``=shared`` (a name has no ``=``).
+PARAM_CHOICES: Final[tuple[str | None, ...]] = (None, "own", "equal", "differ")
+SHARED_KEY: Final = "=shared"
+
+
+def scripted_params(name: str, choice: str | None) -> dict[str, Any] | None:
+    """The params a scripted saver named ``name`` answers for ``choice`` (a new dict each call)."""
+    if choice is None:
+        return None
+    if choice == "own":
+        return {name: 1}
+    return {name: 1, SHARED_KEY: 1 if choice == "equal" else name}
 
 
 _UNBORN, _HELD, _TAKEN = 0, 1, 2
@@ -65,6 +84,7 @@ _CANCELLED: Final = State.cancelled
 _PENDING: Final = State.pending
 _APPLIED: Final = Outcome.applied
 _GONE: Final = Outcome.unregistered
+_ABANDONED: Final = Outcome.abandoned
 
 #: What the checker reads of a held record: state, awaiting, expected, abandoned.
 View = tuple[State, tuple[str, ...], tuple[str, ...], tuple[str, ...]]
@@ -87,6 +107,12 @@ class _Pad:
     matched: list[tuple[str, int | None]] = attrs.field(factory=list)
     #: Whose ``on_load_finished`` was called (an applied load's callback).
     loads: list[str] = attrs.field(factory=list)
+    #: The params choice of each saver for the current ``request_finished`` (absent: None).
+    params: Mapping[str, str | None] = attrs.field(factory=dict)
+    #: What each scripted saver answered as params, in the order asked: (name, the dict).
+    answered: list[tuple[str, dict[str, Any] | None]] = attrs.field(factory=list)
+    #: ``on_finished`` calls, (name, request id), in order (an applied report's callback).
+    finished: list[tuple[str, str]] = attrs.field(factory=list)
 
 
 class _Scripted:
@@ -95,10 +121,20 @@ class _Scripted:
     def __init__(self, name: str, pad: _Pad) -> None:
         self.name, self.pad = name, pad
 
-    def request_finished(self, request_id: str, blocks: Sequence[int]) -> tuple[bool, None]:
-        saves = self.name in self.pad.savers
-        self.pad.asked.append((self.name, saves))
-        return saves, None
+    def request_finished(
+        self, request_id: str, blocks: Sequence[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        pad = self.pad
+        saves = self.name in pad.savers
+        pad.asked.append((self.name, saves))
+        if not pad.params:
+            return saves, None
+        params = scripted_params(self.name, pad.params.get(self.name))
+        pad.answered.append((self.name, params))
+        return saves, params
+
+    def on_finished(self, request_id: str, blocks: Sequence[int]) -> None:
+        self.pad.finished.append((self.name, request_id))
 
     def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
         tokens = self.pad.tokens.get(self.name, 0)
@@ -173,11 +209,20 @@ class _Request:
     #: request_finished calls that asked and have not applied their answers yet (the first
     #: half's result, see MultiConnector._ask), oldest first.
     asking: tuple[tuple[Any, ...], ...] = ()
+    #: With params checked: for each call in ``asking``, what the savers answered, as
+    #: ``(choices, answered)``: each saver's params choice (sorted by name: part of the state)
+    #: and the dicts they returned, in the order asked (compared with fresh ones, never kept
+    #: in the state).
+    answers: tuple[tuple[tuple[tuple[str, str], ...], tuple[Any, ...]], ...] = ()
 
 
 @attrs.define(slots=True, eq=False)
 class _Last:
-    """What the latest event did, for the properties that concern a transition."""
+    """What the latest event did, for the properties that concern a transition.
+
+    Nothing here is part of the state: it is what one transition did (its outcomes, the
+    callbacks it made, what it raised), judged on that transition alone.
+    """
 
     event: Event
     before: tuple[View | None, ...]
@@ -186,6 +231,23 @@ class _Last:
     taken: list[RequestTransferState]
     fired: list[tuple[str, str, str]] = attrs.field(factory=list)
     load: _Load | None = None
+    #: The registry before the event: (name, ready) in order.
+    registry: tuple[tuple[str, bool], ...] = ()
+    #: Whether the event's request had a request_finished between its halves, before.
+    claimed: bool = False
+    #: The outcomes the event returned (a batch's list, request_finished's first), or ``None``
+    #: for an event that returns none (or a first half that asked the connectors: ``()``).
+    outcomes: tuple[Outcome, ...] | None = None
+    #: The params request_finished returned (or its error's ``result`` carried), when it did.
+    result: Any = None
+    #: The params error the event raised (a ``KeyClashError``, alone or in
+    #: ``ConnectorFailures``), if any.
+    clash: BaseException | None = None
+    #: The saver answers (choices, answered) of the request_finished this event asked or
+    #: applied, when params are checked.
+    answers: tuple[tuple[tuple[str, str], ...], tuple[Any, ...]] | None = None
+    #: The ``on_finished`` calls the event made, (name, request id), in order.
+    called: tuple[tuple[str, str], ...] = ()
 
 
 @attrs.frozen(slots=True)
@@ -204,6 +266,8 @@ class _Load:
     outcome: Outcome
     #: Whose ``on_load_finished`` the aggregator called.
     callbacks: tuple[str, ...]
+    #: The loader whose load the checker's ledger said was owed, before.
+    load_owed: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -223,8 +287,16 @@ class _Scenario:
     #: overrides request_finished itself: its halves may not be MultiConnector's).
     atomic: bool = False
     #: Whether the order names were registered in is part of the state (see
-    #: :func:`~multiconnector.check.snapshot._snapshot`): only the load side reads it.
+    #: :func:`~multiconnector.check.snapshot._snapshot`): the load side and params read it.
     registry_order: bool = True
+    #: Whether scripted savers answer params (``request_finished`` events carry the choices).
+    params: bool = False
+    #: The names ``transfer_finished_many`` reports under: the connectors that can be awaited
+    #: (savers, and connectors answering garbage).
+    batchers: tuple[str, ...] = ()
+    #: Whether the aggregator under check lets equal values of a key through (its
+    #: ``allow_equal_params``), which the reference merge follows.
+    allow_equal: bool = False
 
     def fresh(self) -> _World:
         registry = ConnectorRegistry({n: self.connectors[n] for n in self.names})
@@ -257,6 +329,7 @@ class _World:
         "registry",
         "requests",
         "scenario",
+        "tally",
     )
 
     def __init__(self, scenario: _Scenario, mc: MultiConnector) -> None:
@@ -281,6 +354,11 @@ class _World:
         #: The symmetries (their indices, identity left out) that map the state read at the
         #: last snapshot onto itself: see :func:`_alike`.
         self.fixed: tuple[int, ...] = ()
+        #: What the counters should show: the outcomes the events returned (and each request
+        #: an unregistering abandoned), by (outcome, connector name or ``None``), summed since
+        #: the start. Never part of the state: ``counters`` compares it with the aggregator's
+        #: counts after every transition.
+        self.tally: dict[tuple[Outcome, str | None], int] = {}
 
     def sync(self) -> None:
         """Read what the aggregator shows, if an event ran since the last read."""
@@ -341,10 +419,11 @@ def _apply(world: _World, event: Event) -> None:
     requests = world.requests
     kind = event[0]
     world.applied += 1
+    request = requests[event[1]] if kind in _PER_REQUEST else None
     if world.dirty:  # replaying a path: nothing reads what happened in between
-        world.last = None
+        last = world.last = None
     else:
-        world.last = _Last(
+        last = world.last = _Last(
             event=event,
             before=tuple(r.view for r in requests),
             phases=tuple(r.phase for r in requests),
@@ -352,66 +431,127 @@ def _apply(world: _World, event: Event) -> None:
                 len(r.record.history or ()) if r.record is not None else 0 for r in requests
             ),
             taken=[],
+            registry=world.registry,
+            claimed=request is not None and bool(request.asking),
         )
     world.dirty = True
     pad = scenario.pad
     pad.asked = []
-    request = requests[event[1]] if kind in _PER_REQUEST else None
-    taken: list[RequestTransferState] = []
+    if pad.finished:
+        pad.finished = []
     if kind in _LOADING:
         assert request is not None
         _apply_load(world, request, event)
         return
+    taken: list[RequestTransferState] = []
+    outcomes: tuple[Outcome, ...] | None = None
+    result: Any = None
+    clash: BaseException | None = None
+    answers: Any = None
+    abandoned = 0
     try:
         if kind == "transfer_finished":
             assert request is not None
-            mc.transfer_finished(request.request_id, event[2])
+            outcomes = (mc.transfer_finished(request.request_id, event[2]),)
         elif kind == "request_finished":
             assert request is not None
             pad.savers = frozenset(event[2])
+            if scenario.params:
+                pad.params = dict(event[3])
+                pad.answered = []
             if scenario.atomic:  # a subclass with its own request_finished: driven whole
-                mc.request_finished(request.request_id, ())
+                result = mc.request_finished(request.request_id, ())
+                outcomes = (result[0],)
             else:  # the first half: claim and ask; the answers are applied by a later event
                 asked = mc._ask(request.request_id, ())
                 if len(asked) != 2:
                     request.asking = (*request.asking, asked)
+                    if scenario.params:
+                        request.answers = (*request.answers, (event[3], tuple(pad.answered)))
+                    outcomes = ()
+                else:
+                    outcomes = (asked[0],)
         elif kind == _APPLY_ANSWERS:
             assert request is not None
             asked, request.asking = request.asking[0], request.asking[1:]
-            mc._answer(asked)
+            if request.answers:
+                answers, request.answers = request.answers[0], request.answers[1:]
+            result = mc._answer(asked)
+            outcomes = (result[0],)
+        elif kind == "transfer_finished_many":
+            ids = [requests[i].request_id for i in event[2]]
+            outcomes = tuple(mc.transfer_finished_many(event[1], ids))
         elif kind == "cancel":
             assert request is not None
-            mc.cancel(request.request_id)
+            outcomes = (mc.cancel(request.request_id),)
         elif kind == "begin":
             assert request is not None
             mc.begin(request.request_id)
         elif kind == "take":
             taken = mc.take()
         elif kind == "unregister":
-            mc.unregister(event[1])
+            name = event[1]
+            abandoned = sum(1 for r in _held(mc).values() if name in r.awaiting)
+            mc.unregister(name)
         elif kind == "register":
             mc.register(event[1], scenario.connectors[event[1]])
         else:  # pragma: no cover - events come from _events
             raise AssertionError(f"unknown event {event!r}")
     except ConnectorFailures as exc:
         # Documented: a connector that raises counts as not saving; the others are applied.
+        errors = list(exc.exceptions)
+        if scenario.params:
+            clashes = [e for e in errors if isinstance(e, KeyClashError)]
+            if len(clashes) == 1 and errors[-1] is clashes[0]:
+                clash = errors.pop()
         expected = all(
             (scenario.kinds.get(n) == RAISES and isinstance(e, ConnectorCrash))
             or (scenario.kinds.get(n) == GARBAGE and isinstance(e, InvalidAnswerError))
-            for n, e in zip(exc.failed, exc.exceptions, strict=False)
-        ) and len(exc.failed) == len(exc.exceptions)
+            for n, e in zip(exc.failed, errors, strict=False)
+        ) and len(exc.failed) == len(errors)
         if not expected:
             raise
+        result = exc.result
+        if isinstance(result, tuple) and len(result) == 2:
+            outcomes = (result[0],)
+    except KeyClashError as exc:
+        # Checked by "params merged": whether a clash was due, and raised by the right half.
+        if not scenario.params:
+            raise
+        clash = exc
+        result = exc.result
+        if isinstance(result, tuple) and len(result) == 2:
+            outcomes = (result[0],)
     finally:
         pad.savers = frozenset()
+        if pad.params:
+            pad.params = {}
     # What the checker saw, independently of the aggregator's bookkeeping.
+    tally = world.tally
     if kind == "request_finished":
         assert request is not None
         request.owed |= {name for name, saves in pad.asked if saves}
+        if scenario.params and answers is None:
+            answers = (event[3], tuple(pad.answered))
+        if outcomes:
+            tally[outcomes[0], None] = tally.get((outcomes[0], None), 0) + 1
     elif kind == "transfer_finished":
         assert request is not None
         request.owed -= {event[2]}
+        assert outcomes is not None
+        tally[outcomes[0], event[2]] = tally.get((outcomes[0], event[2]), 0) + 1
+    elif kind == _APPLY_ANSWERS:
+        if outcomes:
+            tally[outcomes[0], None] = tally.get((outcomes[0], None), 0) + 1
+    elif kind == "transfer_finished_many":
+        assert outcomes is not None
+        name = event[1]
+        for i, outcome in zip(event[2], outcomes, strict=False):
+            requests[i].owed -= {name}
+            tally[outcome, name] = tally.get((outcome, name), 0) + 1
     elif kind == "unregister":
+        if abandoned:
+            tally[_ABANDONED, event[1]] = tally.get((_ABANDONED, event[1]), 0) + abandoned
         for r in requests:
             r.owed -= {event[1]}
             if r.load_owed == event[1]:
@@ -420,7 +560,8 @@ def _apply(world: _World, event: Event) -> None:
                 r.loaded = True  # its load is over: the connector is gone
                 r.loader_gone = True
     elif kind == "cancel":
-        assert request is not None
+        assert request is not None and outcomes is not None
+        tally[outcomes[0], None] = tally.get((outcomes[0], None), 0) + 1
         if request.phase == _HELD:
             request.cancelled = True
     elif kind == "begin":
@@ -431,8 +572,13 @@ def _apply(world: _World, event: Event) -> None:
         if i is not None:
             requests[i].phase = _TAKEN
             requests[i].record = record
-    if world.last is not None:
-        world.last.taken = taken
+    if last is not None:
+        last.taken = taken
+        last.outcomes = outcomes
+        last.result = result
+        last.clash = clash
+        last.answers = answers
+        last.called = tuple(pad.finished)
 
 
 def _apply_load(world: _World, request: _Request, event: Event) -> None:
@@ -469,16 +615,34 @@ def _apply_load(world: _World, request: _Request, event: Event) -> None:
     name = event[2]
     pad.loads = []
     live = state is not None and state not in TERMINAL
-    loader, loaded, gone = request.loader, request.loaded, request.loader_gone
+    loader, loaded, gone, owed = (
+        request.loader,
+        request.loaded,
+        request.loader_gone,
+        request.load_owed,
+    )
     outcome = mc.load_finished(request.request_id, name)
+    tally = world.tally
+    tally[outcome, name] = tally.get((outcome, name), 0) + 1
     if live and name == loader and not gone:
         request.loaded = True
     if request.load_owed == name:  # delivered: that connector is done with the blocks
         request.load_owed = None
-    if world.last is not None:
-        world.last.load = _Load(
-            request.request_id, name, live, loader, loaded, gone, outcome, tuple(pad.loads)
+    last = world.last
+    if last is not None:
+        last.outcomes = (outcome,)
+        last.load = _Load(
+            request.request_id,
+            name,
+            live,
+            loader,
+            loaded,
+            gone,
+            outcome,
+            tuple(pad.loads),
+            owed,
         )
+        last.called = tuple(pad.finished)
 
 
 #: The second half of a request_finished: it applies the answers its first half gathered.
@@ -495,6 +659,13 @@ _PER_REQUEST: Final = frozenset(
     }
 )
 _LOADING: Final = frozenset(LOAD_EVENTS)
+#: The batches ``transfer_finished_many`` reports, by number of requests: the same request
+#: twice with one request, else every pair of two requests (as a set: two reports for different
+#: requests touch different records, so their order in the batch decides nothing but the
+#: order of ``take()``'s queue and of the callbacks, which are judged per event).
+_BATCHES: Final[Mapping[int, tuple[tuple[int, ...], ...]]] = {
+    n: ((0, 0),) if n == 1 else tuple(itertools.combinations(range(n), 2)) for n in range(1, 7)
+}
 _KINDS: Final = ALPHABET + LOAD_EVENTS
 
 
@@ -507,12 +678,18 @@ def _events(world: _World) -> list[Event]:
     if "begin" in alphabet:
         out += [("begin", i) for i in ids if world.requests[i].phase == _UNBORN]
     if "request_finished" in alphabet:
-        subsets = _subsets(world.registry, scenario.kinds)
-        out += [("request_finished", i, s) for i in ids for s in subsets]
+        out += [e for i in ids for e in _finishing(world, i)]
         out += [(_APPLY_ANSWERS, i) for i in ids if world.requests[i].asking]
     if "transfer_finished" in alphabet:
         names = scenario.names + scenario.unknown
         out += [("transfer_finished", i, n) for i in ids for n in names]
+    if "transfer_finished_many" in alphabet:
+        out += [
+            ("transfer_finished_many", n, b)
+            for n in scenario.batchers
+            for b in _BATCHES[len(ids)]
+            if _batched(world.requests, b, n)
+        ]
     if "cancel" in alphabet:
         out += [("cancel", i) for i in ids]
     if "match_tokens" in alphabet:
@@ -534,6 +711,18 @@ def _events(world: _World) -> list[Event]:
     if "take" in alphabet:
         out.append(("take",))
     return out
+
+
+def _batched(requests: Sequence[_Request], batch: tuple[int, ...], name: str) -> bool:
+    """Whether ``name`` reports ``batch`` in this state: when every request of it awaits
+    ``name``. So the batch events stay few, and each applies (or drains) its first report; the
+    second meets what the first left: another request's applied or drained report, or, for the
+    same request twice, a duplicate or a terminal request."""
+    for i in batch:
+        view = requests[i].view
+        if view is None or name not in view[1]:
+            return False
+    return True
 
 
 def _view(record: RequestTransferState) -> View:
@@ -580,8 +769,7 @@ def _alike(world: _World, event: Event) -> tuple[Event, ...]:
     scenario = world.scenario
     same: list[Event] = []
     if event[0] == "request_finished" and not scenario.pad.asked:
-        registry = tuple((n, c is not None) for n, c in world.mc.registry.items())
-        same += [("request_finished", event[1], s) for s in _subsets(registry, scenario.kinds)]
+        same += _finishing(world, event[1])
     if world.fixed:
         # A renaming that maps the state onto itself maps ``event`` to an event that leads to
         # the renamed next state, whose canonical snapshot is the same, with renamed verdicts.
@@ -604,6 +792,8 @@ def _image(
         return (kind, rename.get(event[1], event[1]))
     if kind == "take":
         return event
+    if kind == "transfer_finished_many":  # (name, the batch's request indices, sorted)
+        return (kind, rename.get(event[1], event[1]), tuple(sorted(perm[i] for i in event[2])))
     if kind not in _PER_REQUEST:
         return None
     i = perm[event[1]]
@@ -611,7 +801,12 @@ def _image(
         return (kind, i)
     if kind == "request_finished":
         names = sorted((rename.get(n, n) for n in event[2]), key=lambda n: position.get(n, -1))
-        return (kind, i, tuple(names))
+        if len(event) == 3:
+            return (kind, i, tuple(names))
+        choices = sorted(
+            ((rename.get(n, n), c) for n, c in event[3]), key=lambda nc: position.get(nc[0], -1)
+        )
+        return (kind, i, tuple(names), tuple(choices))
     if kind in ("transfer_finished", "load_finished"):
         return (kind, i, rename.get(event[2], event[2]))
     if kind == "match_tokens":
@@ -623,9 +818,17 @@ def _image(
     return None
 
 
-def _subsets(
-    registry: tuple[tuple[str, bool], ...], kinds: Mapping[str, str | None]
-) -> list[tuple[str, ...]]:
-    """Every subset of the ready scripted savers, each in registration order, smallest first."""
-    savers = [n for n, ready in registry if ready and kinds.get(n) == SAVER]
-    return [c for k in range(len(savers) + 1) for c in itertools.combinations(savers, k)]
+def _finishing(world: _World, i: int) -> list[Event]:
+    """The ``request_finished`` events of request ``i``: every subset of the ready scripted
+    savers saving (each in registration order, smallest first) and, with params, every choice of
+    their answers (``None`` ones left out)."""
+    scenario = world.scenario
+    savers = [n for n, ready in world.registry if ready and scenario.kinds.get(n) == SAVER]
+    subsets = [c for k in range(len(savers) + 1) for c in itertools.combinations(savers, k)]
+    if not scenario.params:
+        return [("request_finished", i, s) for s in subsets]
+    choices = [
+        tuple((n, c) for n, c in zip(savers, choice, strict=True) if c is not None)
+        for choice in itertools.product(PARAM_CHOICES, repeat=len(savers))
+    ]
+    return [("request_finished", i, s, c) for s in subsets for c in choices]

@@ -49,13 +49,15 @@ class _Interner:
 
 
 def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
-    kind, phase, view, owed, cancelled, load, asking = part
+    kind, phase, view, owed, cancelled, load, asking, *params = part
     if load is not None:  # (tag, names and flags): rename the names, keep the flags
         load = tuple(rename.get(x, x) if isinstance(x, str) else x for x in load)
     if asking:
         asking = tuple(
             tuple(sorted((rename.get(n, n), current) for n, current in one)) for one in asking
         )
+    if params:  # the params choices of the calls asking (see _part)
+        params = [tuple(tuple(sorted((rename.get(n, n), c) for n, c in one)) for one in params[0])]
     if view is not None:
         view = (
             view[0],
@@ -71,6 +73,7 @@ def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
         cancelled,
         load,
         asking,
+        *params,
     )
 
 
@@ -79,7 +82,8 @@ def _names_key(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(set(names)))
 
 
-#: Every field of a request :func:`_part` reads, but ``asking`` (which reads the registry too):
+#: Every field of a request :func:`_part` reads, but ``asking`` (which reads the registry too)
+#: and ``answers`` (the params dicts answered, while asking):
 #: requests with equal fields have equal parts, so a part is worked out once per distinct tuple.
 _raw: Final = operator.attrgetter(
     "phase",
@@ -117,8 +121,16 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
       ``terminal absorbing`` on that very event.
     * A request handed back keeps no promises: ``no early free`` judged them when ``take()``
       handed it back.
+    * With params checked, each call between its halves adds its savers' params choices (as a
+      set of (name, choice)): what its second half merges and returns, which ``params merged``
+      judges. The params a record keeps once applied are judged on that transition and read
+      by nothing later, so they are not part of the state.
+    * Counters, outcomes and callbacks are not part of the state: each is judged on the
+      transition that made it (``counters`` compares the counts with a tally of what the
+      events returned, kept outside the state), and nothing the aggregator does reads them.
 
-    Every field read here but ``asking`` is in :data:`_raw`, the key parts are cached under.
+    Every field read here but ``asking`` and ``answers`` is in :data:`_raw`, the key parts are
+    cached under.
     """
     view = r.view
     load: tuple[Any, ...] | None = None
@@ -139,6 +151,9 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
     )
     if r.phase == _TAKEN:
         return ("request", r.phase, view, _NOTHING, r.cancelled, None, asking)
+    if r.answers:  # params checked: what each call asking will merge (its savers' choices)
+        choices = tuple(tuple(sorted(choice)) for choice, _ in r.answers)
+        return ("request", r.phase, view, r.owed, r.cancelled, load, asking, choices)
     return ("request", r.phase, view, r.owed, r.cancelled, load, asking)
 
 
@@ -159,8 +174,9 @@ def _snapshot(world: _World) -> Hashable:
     numbers = scenario.interner
     requests = world.requests
     # The registry: which names are registered and which of them are ready. In what order
-    # only when the load side is on: match_tokens chooses the first connector, in registration
-    # order, with tokens to load. Otherwise the aggregator reads the order only to order the
+    # only when the load side is on (match_tokens chooses the first connector, in registration
+    # order, with tokens to load) or params are (the merge and its clash follow that order).
+    # Otherwise the aggregator reads the order only to order the
     # connectors it asks, and what it records of their answers (awaiting, expected, abandoned,
     # a call's asked savers) is part of the state as sets.
     if scenario.registry_order:
@@ -172,7 +188,7 @@ def _snapshot(world: _World) -> Hashable:
     entry = world.mc.registry.entry
     known_parts = numbers.parts
     for r in requests:
-        if r.asking:  # reads the registry: numbered from the part itself
+        if r.asking or r.answers:  # reads the registry: numbered from the part itself
             part_ids.append(numbers.number(_part(r, entry)))
             continue
         raw_part = _raw(r)

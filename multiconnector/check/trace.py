@@ -45,7 +45,13 @@ def _label(world: _World) -> Callable[[Event], str]:
         kind = event[0]
         if kind == "request_finished":
             savers = ", ".join(event[2]) or "none"
-            return f"request_finished({ids[event[1]]}) asks; saving: {savers}"
+            text = f"request_finished({ids[event[1]]}) asks; saving: {savers}"
+            if len(event) > 3:
+                params = ", ".join(f"{n} {c}" for n, c in event[3]) or "none"
+                text += f"; params: {params}"
+            return text
+        if kind == "transfer_finished_many":
+            return f"transfer_finished_many({event[1]}, [{', '.join(ids[i] for i in event[2])}])"
         if kind == _APPLY_ANSWERS:
             return f"request_finished({ids[event[1]]}) applies its answers"
         if kind in ("transfer_finished", "load_finished"):
@@ -66,6 +72,10 @@ def _data(ids: tuple[str, ...]) -> Callable[[Event], Any]:
     def data(event: Event) -> Any:
         if event[0] == "match_tokens":
             return [event[0], ids[event[1]], dict(event[2])]
+        if event[0] == "request_finished" and len(event) > 3:
+            return [event[0], ids[event[1]], list(event[2]), dict(event[3])]
+        if event[0] == "transfer_finished_many":
+            return [event[0], event[1], [ids[i] for i in event[2]]]
         if event[0] in _PER_REQUEST:
             return [event[0], ids[event[1]], *event[2:]]
         return list(event)

@@ -1,0 +1,149 @@
+"""The checker's own references: how each event's outcome is classified, how params merge.
+
+Written from the documentation (:class:`~multiconnector.Outcome`, ``request_finished``), not
+from the aggregator's code, and independent of :mod:`multiconnector.params`: the properties in
+:mod:`.properties` compare the aggregator with them. Each reads what one transition saw (the
+records and the registry as they were before the event, the checker's ledger, the answers the
+savers gave), never the state after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from ..machine import TERMINAL, State
+from ..outcome import Outcome
+from .scenario import _APPLY_ANSWERS, View, _Last
+
+_APPLIED: Final = Outcome.applied
+_DRAINED: Final = Outcome.drained
+_UNKNOWN_REQUEST: Final = Outcome.unknown_request
+_TERMINAL: Final = Outcome.terminal
+_DUPLICATE: Final = Outcome.duplicate
+#: What a report may do to a record: the outcomes that change it.
+_TAKEN_IN: Final = frozenset({_APPLIED, _DRAINED})
+
+
+def report_outcome(view: View | None, name: str, registry: Sequence[tuple[str, bool]]) -> Outcome:
+    """The outcome of a ``transfer_finished`` from ``name`` for a record in ``view``.
+
+    The documented rules, in order: not held; awaited (applied while live, drained while
+    terminal); terminal; unregistered while awaited (``abandoned``); reported already or
+    promised and reported (``expected``); not registered; registered as ``None``; phantom.
+    """
+    if view is None:
+        return _UNKNOWN_REQUEST
+    state, awaiting, expected, abandoned = view
+    if name in awaiting:
+        return _DRAINED if state in TERMINAL else _APPLIED
+    if state in TERMINAL:
+        return _TERMINAL
+    if name in abandoned:
+        return Outcome.unregistered
+    if name in expected:
+        return _DUPLICATE
+    return _by_registry(name, registry)
+
+
+def _by_registry(name: str, registry: Sequence[tuple[str, bool]]) -> Outcome:
+    """Why a report from ``name`` that nothing awaited or expected is ignored: by the registry
+    (``(name, ready)`` pairs)."""
+    for registered, ready in registry:
+        if registered == name:
+            return Outcome.phantom if ready else Outcome.not_ready
+    return Outcome.unknown_connector
+
+
+def _reported(view: View, name: str, outcome: Outcome) -> View:
+    """``view`` after a report from ``name`` with ``outcome``: a batch's next report sees it."""
+    if outcome not in _TAKEN_IN:
+        return view
+    state, awaiting, expected, abandoned = view
+    awaiting = tuple(n for n in awaiting if n != name)
+    if outcome is _APPLIED and not awaiting:
+        state = State.finished
+    return (state, awaiting, expected, abandoned)
+
+
+def expected_outcomes(last: _Last, atomic: bool) -> tuple[Outcome, ...] | None:
+    """The outcomes the event ``last`` applied should have returned, from what it saw before.
+
+    ``None`` for an event that returns none; ``()`` for request_finished's first half when it
+    asks the connectors (the outcome comes with its second half).
+    """
+    event = last.event
+    kind = event[0]
+    if kind not in _REQUEST_KINDS and kind not in _REPORTS:
+        return None
+    registry = last.registry
+    if kind == "transfer_finished":
+        return (report_outcome(last.before[event[1]], event[2], registry),)
+    if kind == "transfer_finished_many":
+        name = event[1]
+        views: list[View | None] = list(last.before)
+        out = []
+        for i in event[2]:
+            view = views[i]
+            outcome = report_outcome(view, name, registry)
+            out.append(outcome)
+            if view is not None:
+                views[i] = _reported(view, name, outcome)
+        return tuple(out)
+    before = last.before[event[1]]
+    if before is None:
+        return (_UNKNOWN_REQUEST,)
+    state = before[0]
+    if kind == "cancel":
+        return (_TERMINAL if state in TERMINAL else _APPLIED,)
+    if kind == "request_finished":
+        if state in TERMINAL:
+            return (_TERMINAL,)
+        if state is not State.pending or last.claimed:  # finishing, or being asked already
+            return (_DUPLICATE,)
+        return (_APPLIED,) if atomic else ()
+    if kind == _APPLY_ANSWERS:  # a cancel that came in between wins
+        return (Outcome.overtaken if state is State.cancelled else _APPLIED,)
+    if kind == "load_finished":
+        load = last.load
+        assert load is not None
+        name = event[2]
+        if state in TERMINAL:  # the drain of the load the ledger says is owed
+            return (_DRAINED if load.load_owed == name else _TERMINAL,)
+        if name == load.loader:
+            if load.loader_gone:
+                return (Outcome.unregistered,)
+            if not load.loaded:
+                return (_APPLIED,)
+            return (Outcome.unregistered if name in before[3] else _DUPLICATE,)
+        return (_by_registry(name, registry),)
+    raise AssertionError(kind)  # pragma: no cover - _REQUEST_KINDS has no other kind
+
+
+_REQUEST_KINDS: Final = frozenset({"cancel", "request_finished", _APPLY_ANSWERS, "load_finished"})
+_REPORTS: Final = frozenset({"transfer_finished", "transfer_finished_many"})
+
+
+def reference_merge(
+    answered: Iterable[tuple[str, Mapping[str, Any] | None]], allow_equal: bool
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """The merged params of ``answered`` ((name, params) in the order asked), and the keys
+    that clash (supplied twice, with different values when ``allow_equal``).
+
+    The documented merge: ``None`` contributes nothing; nothing at all contributed gives
+    ``None``; a key supplied by two connectors is a clash, unless ``allow_equal`` and the values
+    are equal. Merged is ``None`` when anything clashes.
+    """
+    merged: dict[str, Any] | None = None
+    clashing: list[str] = []
+    for _, params in answered:
+        if params is None:
+            continue
+        if merged is None:
+            merged = {}
+        for key, value in params.items():
+            if key not in merged:
+                merged[key] = value
+            elif not (allow_equal and merged[key] == value) and key not in clashing:
+                clashing.append(key)
+    return (None if clashing else merged), clashing
