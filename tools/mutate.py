@@ -58,12 +58,13 @@ def equivalents(doc: Path) -> dict[str, str]:
 
 
 def prepare(work: Path) -> None:
-    """A fresh copy of what the oracle needs: the package, the tests, the configuration."""
+    """A fresh copy of what the oracle needs: the package, the tests, the docs some tests read
+    (``also_copy`` in ``[tool.mutmut]`` copies them on into ``mutants/``), the configuration."""
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
-    for name in ("multiconnector", "tests"):
+    for name in ("multiconnector", "tests", "docs"):
         shutil.copytree(ROOT / name, work / name, ignore=ignore)
     shutil.copy2(ROOT / "pyproject.toml", work / "pyproject.toml")
 
