@@ -19,6 +19,7 @@ from multiconnector import (
     MultiConnector,
     Outcome,
     State,
+    UnknownConnectorError,
     UnknownRequestError,
 )
 from tests.connectors import Scripted
@@ -490,3 +491,162 @@ def test_a_finished_request_with_its_load_in_flight_is_held() -> None:
     assert mc.take() == []
     assert mc.load_finished("r", "a") is Outcome.drained
     assert [r.state for r in mc.take()] == [State.finished]
+
+
+# -- reading the books: held, oldest, peek, stats, shutdown ---------------------------------------
+
+
+class Bare:
+    """A connector with ``request_finished`` alone: no shutdown, stats, tokens or callbacks."""
+
+    def request_finished(self, request_id: str, blocks: Sequence[int]) -> tuple[bool, None]:
+        return False, None
+
+
+def six_requests() -> MultiConnector:
+    """p1, p2 pending; f finishing; c cancelled while a saves (draining); q finished (queued);
+    ld cancelled while its loader loads (draining)."""
+    mc = make(a=Scripted(), ld=Scripted(saves=False, tokens=3))
+    for rid in ("p1", "p2", "f", "c", "q", "ld"):
+        mc.begin(rid)
+    for rid in ("f", "c", "q"):
+        mc.request_finished(rid)
+    assert mc.cancel("c") is Outcome.applied
+    assert mc.transfer_finished("q", "a") is Outcome.applied
+    assert mc.match_tokens("ld") == 3
+    assert mc.cancel("ld") is Outcome.applied
+    return mc
+
+
+def test_held_tells_live_draining_and_queued_apart() -> None:
+    mc = six_requests()
+    assert mc.held() == {"live": 3, "draining": 2, "queued": 1}
+    assert len(mc) == 6
+
+
+def test_oldest_reads_in_begin_order_and_filters_the_draining() -> None:
+    mc = six_requests()
+    assert [r.request_id for r in mc.oldest()] == ["p1"]  # one by default
+    assert [r.request_id for r in mc.oldest(3)] == ["p1", "p2", "f"]
+    assert [r.request_id for r in mc.oldest(99)] == ["p1", "p2", "f", "c", "q", "ld"]
+    assert mc.oldest(0) == []
+    assert [r.request_id for r in mc.oldest(99, draining=True)] == ["c", "ld"]
+    assert [r.request_id for r in mc.oldest(draining=True)] == ["c"]
+    copy = mc.oldest(1, draining=True)[0]
+    copy.awaiting = ()  # a copy: the held record keeps awaiting a
+    assert mc.get("c").awaiting == ("a",)  # type: ignore[union-attr]
+
+
+def test_oldest_names_a_bad_argument() -> None:
+    mc = six_requests()
+    with pytest.raises(InvalidArgumentError) as info:
+        mc.oldest(-1)
+    assert str(info.value) == "count=-1 (type int) must be an int >= 0"
+    with pytest.raises(InvalidArgumentError) as info:
+        mc.oldest(1, draining=1)  # type: ignore[arg-type]
+    assert str(info.value) == "draining=1 (type int) must be a bool"
+
+
+def test_peek_refuses_an_empty_request_id() -> None:
+    mc = make(a=Scripted())
+    with pytest.raises(InvalidArgumentError, match="request_id=''"):
+        mc.peek("")
+
+
+def test_stats_skip_a_connector_without_them_and_report_a_failure_with_the_others() -> None:
+    down = RuntimeError("down")
+    mc = make(bare=Bare(), bad=Scripted(raises=down), one=Scripted(), dead=None)  # type: ignore[arg-type]
+    with pytest.raises(ConnectorFailures) as info:
+        mc.stats()
+    assert info.value.message == "connectors failed to give stats"
+    assert info.value.exceptions == (down,) and info.value.failed == ("bad",)
+    assert info.value.result == {"one": {"finished": 0}}
+
+
+def test_shutdown_skips_a_connector_without_shutdown_and_names_every_failure() -> None:
+    a, c, last = Scripted(raises=RuntimeError("one")), Scripted(raises=OSError("two")), Scripted()
+    mc = make(a=a, bare=Bare(), c=c, last=last)  # type: ignore[arg-type]
+    with pytest.raises(ConnectorFailures) as info:
+        mc.shutdown()
+    assert (a.shut, c.shut, last.shut) == (1, 1, 1)
+    assert info.value.message == "2 connector(s) failed to shut down: a, c"
+    assert info.value.failed == ("a", "c")
+
+
+# -- what is logged and recorded for the rarer paths -----------------------------------------------
+
+
+def test_ignored_load_reports_and_savers_given_are_logged_applied_ones_not(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    mc = make(a=Scripted(tokens=2))
+    mc.begin("r")
+    mc.match_tokens("r")
+    with caplog.at_level(logging.DEBUG, logger="multiconnector"):
+        assert mc.load_finished("r", "a") is Outcome.applied
+        assert mc.load_finished("r", "ghost") is Outcome.unknown_connector
+        assert mc.request_finished_by("r", ["a"]) is Outcome.applied
+        assert mc.request_finished_by("r", ["a"]) is Outcome.duplicate
+    assert [r.getMessage() for r in caplog.records] == [
+        "ignored load_finished for request 'r' from 'ghost': unknown_connector",
+        "ignored request_finished for request 'r' from None: duplicate",
+    ]
+
+
+def test_a_drained_report_is_in_the_history() -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted()}), trace=True)
+    finishing(mc)
+    mc.cancel("r")
+    assert mc.transfer_finished("r", "a") is Outcome.drained
+    (done,) = mc.take()
+    assert [(s.event, s.source, s.dest, s.name) for s in done.history or ()] == [
+        ("request_finished", State.pending, State.finishing, None),
+        ("cancel", State.finishing, State.cancelled, None),
+        ("transfer_finished", State.cancelled, State.cancelled, "a"),
+    ]
+
+
+def test_a_garbage_answer_is_explained_in_full() -> None:
+    class Garbage:
+        def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
+            return "yes"
+
+    mc = make(g=Garbage())  # type: ignore[arg-type]
+    mc.begin("r")
+    with pytest.raises(ConnectorFailures) as info:
+        mc.request_finished("r")
+    assert str(info.value.exceptions[0]) == (
+        "connector 'g' answered request_finished with 'yes' (type str); it must answer a "
+        "(saves: bool, params: Mapping | None) pair. It is awaited, in case it started a save, "
+        "and its params are dropped"
+    )
+
+
+def test_an_unregistered_saver_given_is_explained() -> None:
+    mc = make(a=Scripted())
+    mc.begin("r")
+    with pytest.raises(UnknownConnectorError) as info:
+        mc.request_finished_by("r", ["a", "ghost"])
+    assert str(info.value) == (
+        "an item of savers='ghost' is not registered (pass allow_unregistered=True if it may "
+        "have been unregistered)"
+    )
+    assert mc.get("r").state is State.pending  # type: ignore[union-attr]
+
+
+def test_request_finished_by_after_the_registry_changed_awaits_only_who_can_report() -> None:
+    # The ready names are cached per registry snapshot: a change must not reuse stale names.
+    mc = make(a=Scripted(), b=Scripted())
+    mc.begin("r1")
+    mc.request_finished("r1")
+    mc.unregister("b")
+    mc.begin("r2")
+    assert mc.request_finished_by("r2", ["a", "b"], allow_unregistered=True) is Outcome.applied
+    record = mc.get("r2")
+    assert record is not None
+    assert (record.awaiting, record.expected, record.abandoned) == (("a",), ("a", "b"), ("b",))
+    mc.begin("r3")  # every ready connector saves: the cached names, now (a,)
+    assert mc.request_finished("r3") == (Outcome.applied, None)
+    assert mc.get("r3").awaiting == ("a",)  # type: ignore[union-attr]
+    assert mc.transfer_finished("r2", "a") is Outcome.applied
+    assert [r.request_id for r in mc.take()] == ["r2"]
