@@ -418,3 +418,117 @@ def test_an_interrupt_right_after_the_claim_leaks_no_claim(
     assert dict(mc._asking) == {}
     outcome = finish(*args)
     assert (outcome[0] if isinstance(outcome, tuple) else outcome) is Outcome.applied
+
+
+@pytest.mark.parametrize("stripes", STRIPE_COUNTS)
+def test_the_load_side_and_given_savers_take_the_lock_of_the_requests_stripe(
+    stripes: int,
+) -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(tokens=2)}), stripes=stripes)
+    asked = tracked(mc)
+    for rid in ids_on(mc, range(stripes)):
+        mc.begin(rid)
+        for event, args in (
+            (mc.match_tokens, (rid,)),
+            (mc.load_finished, (rid, "a")),
+            (mc.request_finished_by, (rid, ["a"])),
+            (mc.request_finished_by, (rid, ["a"])),  # refused: counted under the lock too
+        ):
+            asked.clear()
+            event(*args)  # type: ignore[operator]
+            assert asked == [("MainThread", stripe_of(mc, rid))], event
+
+
+def test_a_request_taken_while_oldest_copies_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(saves=False)}))
+    for rid in ("r1", "r2", "r3"):
+        mc.begin(rid)
+    original = MultiConnector.get
+
+    def taken_meanwhile(self: MultiConnector, request_id: str) -> Any:
+        return None if request_id == "r1" else original(self, request_id)
+
+    monkeypatch.setattr(MultiConnector, "get", taken_meanwhile)
+    assert [r.request_id for r in mc.oldest(2)] == ["r2", "r3"]
+
+
+def test_a_loader_unregistered_just_after_its_load_applied_is_not_called_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loader = Scripted(tokens=2)
+    mc = MultiConnector(ConnectorRegistry({"a": loader}))
+    mc.begin("r")
+    mc.match_tokens("r")
+    original = ConnectorRegistry.entry
+
+    def unregistered_meanwhile(self: ConnectorRegistry, name: str) -> Any:
+        if self._entries.get(name) is not None:
+            self.unregister(name)  # between the update and the callback
+        return original(self, name)
+
+    monkeypatch.setattr(ConnectorRegistry, "entry", unregistered_meanwhile)
+    assert mc.load_finished("r", "a") is Outcome.applied
+    assert loader.loads == []
+
+
+def test_a_cancel_then_an_interrupt_while_asked_hands_the_request_back_once() -> None:
+    # The cancel parks the record (the call still asks); the interrupt's release hands it to
+    # take(), once, even when a later call claims and releases the same record.
+    mc: MultiConnector
+
+    class CancelThenInterrupt(Scripted):
+        def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
+            assert mc.cancel(request_id) is Outcome.applied
+            raise KeyboardInterrupt
+
+    mc = MultiConnector(ConnectorRegistry({"a": CancelThenInterrupt()}))
+    mc.begin("r")
+    with pytest.raises(KeyboardInterrupt):
+        mc.request_finished("r")
+    assert mc.request_finished_by("r", []) is Outcome.terminal  # claims, refused, releases
+    assert [(r.request_id, r.state) for r in mc.take()] == [("r", State.cancelled)]
+    assert mc.take() == [] and len(mc) == 0
+
+
+def test_a_cancel_between_the_claim_and_the_update_of_given_savers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted()}))
+    original = MultiConnector._finish_by
+
+    def cancelled_first(self: MultiConnector, request_id: str, *args: Any) -> Outcome:
+        assert self.cancel(request_id) is Outcome.applied  # parked: the call holds its claim
+        assert self.take() == []
+        return original(self, request_id, *args)
+
+    monkeypatch.setattr(MultiConnector, "_finish_by", cancelled_first)
+    mc.begin("r")
+    assert mc.request_finished_by("r", ["a"]) is Outcome.terminal
+    assert [(r.request_id, r.state, r.awaiting) for r in mc.take()] == [("r", State.cancelled, ())]
+
+
+def test_a_cancel_and_an_unregister_while_asked_abandon_the_gone_saver() -> None:
+    # a promised a save; b, asked next, cancels the request and unregisters a: the overtaken
+    # request drains b alone and names a as abandoned.
+    mc: MultiConnector
+
+    class CancelAndUnregister(Scripted):
+        def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
+            assert mc.cancel(request_id) is Outcome.applied
+            mc.unregister("a")
+            return super().request_finished(request_id, blocks)
+
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(), "b": CancelAndUnregister()}))
+    mc.begin("r")
+    assert mc.request_finished("r") == (Outcome.overtaken, None)
+    record = mc.get("r")
+    assert record is not None
+    assert (record.state, record.awaiting, record.expected, record.abandoned) == (
+        State.cancelled,
+        ("b",),
+        ("a", "b"),
+        ("a",),
+    )
+    assert mc.take() == []
+    assert mc.transfer_finished("r", "b") is Outcome.drained
+    assert [r.abandoned for r in mc.take()] == [("a",)]
