@@ -604,6 +604,8 @@ def test_a_drained_report_is_in_the_history() -> None:
         ("cancel", State.finishing, State.cancelled, None),
         ("transfer_finished", State.cancelled, State.cancelled, "a"),
     ]
+    assert mc.counts()[Outcome.drained] == 1
+    assert mc.connector_counts() == {"a": {Outcome.drained: 1}}
 
 
 def test_a_garbage_answer_is_explained_in_full() -> None:
@@ -650,3 +652,26 @@ def test_request_finished_by_after_the_registry_changed_awaits_only_who_can_repo
     assert mc.get("r3").awaiting == ("a",)  # type: ignore[union-attr]
     assert mc.transfer_finished("r2", "a") is Outcome.applied
     assert [r.request_id for r in mc.take()] == ["r2"]
+
+
+class _Id(str):
+    """A str subclass request id."""
+
+
+def test_contains_is_false_for_ids_not_held_and_for_non_str() -> None:
+    mc = make(a=Scripted())
+    mc.begin("3")
+    assert "3" in mc and _Id("3") in mc
+    assert "4" not in mc and _Id("4") not in mc
+    assert 3 not in mc and [] not in mc
+
+
+def test_a_loader_that_also_saves_is_abandoned_once_when_unregistered() -> None:
+    mc = make(a=Scripted(tokens=2), b=Scripted(saves=False))
+    mc.begin("r")
+    assert mc.match_tokens("r") == 2
+    mc.request_finished("r")
+    mc.unregister("a")
+    (record,) = mc.take()
+    assert (record.state, record.awaiting, record.loaded) == (State.finished, (), True)
+    assert record.abandoned == ("a",)

@@ -357,3 +357,19 @@ def test_str_subclass_names_are_plain_str_in_the_books() -> None:
     assert counts["a"][Outcome.applied] == 1
     assert counts["a"][Outcome.duplicate] == 1
     assert [taken.request_id for taken in m.take()] == ["r"]
+
+
+def test_str_subclass_savers_that_cannot_report_are_plain_str_in_the_books() -> None:
+    # A registered but not ready name, and one not registered: both abandoned, as plain str.
+    m = MultiConnector({"a": Scripted(saves=True), "dead": None})
+    m.begin("r")
+    given = (_Name("a"), _Name("dead"), _Name("gone"))
+    assert m.request_finished_by("r", given, allow_unregistered=True) is Outcome.applied
+    record = m.peek("r")
+    assert record is not None
+    assert (record.awaiting, record.expected, record.abandoned) == (
+        ("a",),
+        ("a", "dead", "gone"),
+        ("dead", "gone"),
+    )
+    assert all(n.__class__ is str for n in (*record.expected, *record.abandoned))
