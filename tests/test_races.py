@@ -532,3 +532,21 @@ def test_a_cancel_and_an_unregister_while_asked_abandon_the_gone_saver() -> None
     assert mc.take() == []
     assert mc.transfer_finished("r", "b") is Outcome.drained
     assert [r.abandoned for r in mc.take()] == [("a",)]
+
+
+def test_request_finisheds_two_halves_apply_as_one_call_would() -> None:
+    # The model check runs request_finished as two events, _ask then _answer, with any other
+    # event in between: the claim is held from the first half to the second.
+    a = Scripted(params={"k": 1})
+    mc = MultiConnector(ConnectorRegistry({"a": a}))
+    mc.begin("r")
+    assert mc._ask("nobody", []) == (Outcome.unknown_request, None)
+    asked = mc._ask("r", [4])
+    assert a.finished_calls == [("r", (4,))]
+    assert mc.get("r").state is State.pending  # type: ignore[union-attr]
+    assert mc.request_finished("r") == (Outcome.duplicate, None)  # the claim is held
+    assert mc._answer(asked) == (Outcome.applied, {"k": 1})
+    assert mc.get("r").awaiting == ("a",)  # type: ignore[union-attr]
+    mc.begin("s")  # one call again: both halves at once
+    assert mc.request_finished("s") == (Outcome.applied, {"k": 1})
+    assert len(a.finished_calls) == 2
