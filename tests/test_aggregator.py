@@ -675,3 +675,17 @@ def test_a_loader_that_also_saves_is_abandoned_once_when_unregistered() -> None:
     (record,) = mc.take()
     assert (record.state, record.awaiting, record.loaded) == (State.finished, (), True)
     assert record.abandoned == ("a",)
+
+
+def test_unregistered_savers_are_in_the_history_and_the_counts() -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(), "b": Scripted()}), trace=True)
+    finishing(mc)
+    mc.unregister("a")
+    mc.unregister("b")
+    (done,) = mc.take()
+    assert [(s.event, s.source, s.dest, s.name) for s in done.history or ()] == [
+        ("request_finished", State.pending, State.finishing, None),
+        ("connector_gone", State.finishing, State.finishing, "a"),
+        ("connector_gone", State.finishing, State.finished, "b"),
+    ]
+    assert mc.connector_counts() == {"a": {Outcome.abandoned: 1}, "b": {Outcome.abandoned: 1}}
