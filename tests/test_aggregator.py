@@ -689,3 +689,14 @@ def test_unregistered_savers_are_in_the_history_and_the_counts() -> None:
         ("connector_gone", State.finishing, State.finished, "b"),
     ]
     assert mc.connector_counts() == {"a": {Outcome.abandoned: 1}, "b": {Outcome.abandoned: 1}}
+
+
+def test_unregistering_the_last_saver_a_cancelled_request_awaits_hands_it_back() -> None:
+    mc = make(a=Scripted(), b=Scripted())
+    finishing(mc)
+    mc.cancel("r")
+    mc.unregister("a")
+    assert mc.take() == []  # b may still read its blocks
+    mc.unregister("b")
+    (record,) = mc.take()
+    assert (record.state, record.awaiting, record.abandoned) == (State.cancelled, (), ("a", "b"))

@@ -141,10 +141,18 @@ def test_any_iterable_of_ids() -> None:
     assert mc.transfer_finished_many("a", []) == []
 
 
+class _RequestId(str):
+    """A str subclass: a valid request id, but not a plain str."""
+
+
 @pytest.mark.parametrize(
     ("name", "request_ids", "blocks", "error", "argument"),
     [
         (3, ["r"], (), InvalidNameError, "name="),
+        ("", [], (), InvalidNameError, "name=''"),  # checked even for an empty batch
+        ("a", [""], (), InvalidArgumentError, "an item of request_ids=''"),
+        ("a", [_RequestId("r"), 3], (), InvalidArgumentError, "an item of request_ids=3 "),
+        ("a", ["r"], {1: 2}, InvalidArgumentError, r"^blocks=\{1: 2\} "),
         ("a", "r", (), InvalidArgumentError, "request_ids="),
         ("a", b"r", (), InvalidArgumentError, "request_ids="),
         ("a", 5, (), InvalidArgumentError, "request_ids="),
@@ -373,3 +381,13 @@ def test_str_subclass_savers_that_cannot_report_are_plain_str_in_the_books() -> 
         ("dead", "gone"),
     )
     assert all(n.__class__ is str for n in (*record.expected, *record.abandoned))
+
+
+def test_str_subclass_request_ids_are_called_back_as_plain_str() -> None:
+    saver = Scripted()
+    mc = MultiConnector(ConnectorRegistry({"a": saver}))
+    mc.begin("r")
+    mc.request_finished("r")
+    assert mc.transfer_finished_many("a", [_RequestId("r")], range(2)) == [Outcome.applied]
+    assert saver.on_finished_calls == [("r", (0, 1))]
+    assert saver.on_finished_calls[0][0].__class__ is str
