@@ -550,3 +550,22 @@ def test_request_finisheds_two_halves_apply_as_one_call_would() -> None:
     mc.begin("s")  # one call again: both halves at once
     assert mc.request_finished("s") == (Outcome.applied, {"k": 1})
     assert len(a.finished_calls) == 2
+
+
+@pytest.mark.parametrize("stripes", [n for n in STRIPE_COUNTS if n > 1])  # 1: always every lock
+def test_a_batch_of_half_the_stripes_takes_every_lock_once_a_smaller_one_its_own(
+    stripes: int,
+) -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted()}), stripes=stripes)
+    half = stripes >> 1
+    ids = ids_on(mc, range(stripes), per_stripe=2)
+    for rid in ids:
+        mc.begin(rid)
+        mc.request_finished(rid)
+    asked = tracked(mc)
+    small, large = ids[: half - 1], ids[half : 2 * half]
+    assert mc.transfer_finished_many("a", small) == [Outcome.applied] * len(small)
+    assert asked == [("MainThread", stripe_of(mc, rid)) for rid in small]
+    asked.clear()
+    assert mc.transfer_finished_many("a", large) == [Outcome.applied] * len(large)
+    assert asked == [("MainThread", stripe) for stripe in range(stripes)]
