@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -391,3 +392,28 @@ def test_str_subclass_request_ids_are_called_back_as_plain_str() -> None:
     assert mc.transfer_finished_many("a", [_RequestId("r")], range(2)) == [Outcome.applied]
     assert saver.on_finished_calls == [("r", (0, 1))]
     assert saver.on_finished_calls[0][0].__class__ is str
+
+
+def test_a_batch_drains_a_cancelled_request_and_logs_what_it_did_not_apply(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    a, b = Scripted(), Scripted()
+    mc = MultiConnector(ConnectorRegistry({"a": a, "b": b}))
+    mc.begin("r")
+    mc.request_finished("r")
+    mc.cancel("r")
+    with caplog.at_level(logging.DEBUG, logger="multiconnector"):
+        assert mc.transfer_finished_many("ghost", ["r", "nope"]) == [
+            Outcome.terminal,
+            Outcome.unknown_request,
+        ]
+        assert mc.transfer_finished_many("a", ["r"]) == [Outcome.drained]
+    assert [r.getMessage() for r in caplog.records] == [
+        "ignored transfer_finished for request 'r' from 'ghost': terminal",
+        "ignored transfer_finished for request 'nope' from 'ghost': unknown_request",
+        "ignored transfer_finished for request 'r' from 'a': drained",
+    ]
+    assert a.on_finished_calls == [] and mc.take() == []
+    assert mc.transfer_finished_many("b", ["r"]) == [Outcome.drained]
+    assert [(r.request_id, r.state) for r in mc.take()] == [("r", State.cancelled)]
+    assert mc.connector_counts()["a"] == {Outcome.drained: 1}
