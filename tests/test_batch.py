@@ -394,26 +394,40 @@ def test_str_subclass_request_ids_are_called_back_as_plain_str() -> None:
     assert saver.on_finished_calls[0][0].__class__ is str
 
 
+class NoCallback:
+    """Saves, and has no ``on_finished``."""
+
+    def request_finished(self, request_id: str, blocks: Any) -> tuple[bool, None]:
+        return True, None
+
+
 def test_a_batch_drains_a_cancelled_request_and_logs_what_it_did_not_apply(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    a, b = Scripted(), Scripted()
-    mc = MultiConnector(ConnectorRegistry({"a": a, "b": b}))
-    mc.begin("r")
-    mc.request_finished("r")
+    a = Scripted()
+    mc = MultiConnector(ConnectorRegistry({"a": a, "b": NoCallback()}), trace=True)
+    for rid in ("r", "s"):
+        mc.begin(rid)
+        mc.request_finished(rid)
     mc.cancel("r")
     with caplog.at_level(logging.DEBUG, logger="multiconnector"):
         assert mc.transfer_finished_many("ghost", ["r", "nope"]) == [
             Outcome.terminal,
             Outcome.unknown_request,
         ]
-        assert mc.transfer_finished_many("a", ["r"]) == [Outcome.drained]
+        assert mc.transfer_finished_many("a", ["r", "s"]) == [Outcome.drained, Outcome.applied]
+        assert mc.transfer_finished_many("b", ["r"]) == [Outcome.drained]
     assert [r.getMessage() for r in caplog.records] == [
         "ignored transfer_finished for request 'r' from 'ghost': terminal",
         "ignored transfer_finished for request 'nope' from 'ghost': unknown_request",
         "ignored transfer_finished for request 'r' from 'a': drained",
+        "ignored transfer_finished for request 'r' from 'b': drained",
     ]
-    assert a.on_finished_calls == [] and mc.take() == []
-    assert mc.transfer_finished_many("b", ["r"]) == [Outcome.drained]
-    assert [(r.request_id, r.state) for r in mc.take()] == [("r", State.cancelled)]
-    assert mc.connector_counts()["a"] == {Outcome.drained: 1}
+    assert a.on_finished_calls == [("s", ())]
+    (record,) = mc.take()
+    assert (record.request_id, record.state, record.awaiting) == ("r", State.cancelled, ())
+    assert [(s.event, s.source, s.dest, s.name) for s in record.history or ()][-2:] == [
+        ("transfer_finished", State.cancelled, State.cancelled, "a"),
+        ("transfer_finished", State.cancelled, State.cancelled, "b"),
+    ]
+    assert mc.connector_counts()["a"] == {Outcome.drained: 1, Outcome.applied: 1}
