@@ -431,3 +431,15 @@ def test_a_batch_drains_a_cancelled_request_and_logs_what_it_did_not_apply(
         ("transfer_finished", State.cancelled, State.cancelled, "b"),
     ]
     assert mc.connector_counts()["a"] == {Outcome.drained: 1, Outcome.applied: 1}
+
+
+def test_a_batch_that_finishes_a_request_whose_load_is_in_flight_holds_it() -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(tokens=2)}))
+    mc.begin("r")
+    assert mc.match_tokens("r") == 2
+    mc.request_finished("r")
+    assert mc.transfer_finished_many("a", ["r"]) == [Outcome.applied]
+    assert mc.get("r").state is State.finished  # type: ignore[union-attr]
+    assert mc.take() == []  # a may still be loading its blocks
+    assert mc.load_finished("r", "a") is Outcome.drained
+    assert [r.request_id for r in mc.take()] == ["r"]
