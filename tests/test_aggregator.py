@@ -700,3 +700,26 @@ def test_unregistering_the_last_saver_a_cancelled_request_awaits_hands_it_back()
     mc.unregister("b")
     (record,) = mc.take()
     assert (record.state, record.awaiting, record.abandoned) == (State.cancelled, (), ("a", "b"))
+
+
+def test_an_ignored_cancel_is_logged_an_applied_one_not(caplog: pytest.LogCaptureFixture) -> None:
+    mc = make(a=Scripted())
+    mc.begin("r")
+    with caplog.at_level(logging.DEBUG, logger="multiconnector"):
+        assert mc.cancel("r") is Outcome.applied
+        assert mc.cancel("r") is Outcome.terminal
+        assert mc.cancel("nope") is Outcome.unknown_request
+    assert [r.getMessage() for r in caplog.records] == [
+        "ignored cancel for request 'r' from None: terminal",
+        "ignored cancel for request 'nope' from None: unknown_request",
+    ]
+
+
+def test_get_copies_the_history_too() -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted()}), trace=True)
+    finishing(mc)
+    copy = mc.get("r")
+    assert copy is not None and copy.history is not None
+    assert [(s.event, s.dest) for s in copy.history] == [("request_finished", State.finishing)]
+    copy.history.clear()
+    assert len(mc.get("r").history or ()) == 1  # type: ignore[union-attr]

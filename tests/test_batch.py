@@ -370,9 +370,10 @@ def test_str_subclass_names_are_plain_str_in_the_books() -> None:
 
 def test_str_subclass_savers_that_cannot_report_are_plain_str_in_the_books() -> None:
     # A registered but not ready name, and one not registered: both abandoned, as plain str.
+    # (An unregistered subclass is made plain by the name check; registered ones skip it.)
     m = MultiConnector({"a": Scripted(saves=True), "dead": None})
     m.begin("r")
-    given = (_Name("a"), _Name("dead"), _Name("gone"))
+    given = (_Name("a"), _Name("dead"), "gone")  # the registered subclasses are made plain
     assert m.request_finished_by("r", given, allow_unregistered=True) is Outcome.applied
     record = m.peek("r")
     assert record is not None

@@ -485,8 +485,12 @@ def test_a_cancel_then_an_interrupt_while_asked_hands_the_request_back_once() ->
     mc.begin("r")
     with pytest.raises(KeyboardInterrupt):
         mc.request_finished("r")
-    assert mc.request_finished_by("r", []) is Outcome.terminal  # claims, refused, releases
     assert [(r.request_id, r.state) for r in mc.take()] == [("r", State.cancelled)]
+    mc.begin("s")
+    with pytest.raises(KeyboardInterrupt):
+        mc.request_finished("s")
+    assert mc.request_finished_by("s", []) is Outcome.terminal  # claims, refused, releases
+    assert [(r.request_id, r.state) for r in mc.take()] == [("s", State.cancelled)]
     assert mc.take() == [] and len(mc) == 0
 
 
@@ -569,3 +573,21 @@ def test_a_batch_of_half_the_stripes_takes_every_lock_once_a_smaller_one_its_own
     asked.clear()
     assert mc.transfer_finished_many("a", large) == [Outcome.applied] * len(large)
     assert asked == [("MainThread", stripe) for stripe in range(stripes)]
+
+
+def test_a_callback_that_changes_the_registry_does_not_stop_the_batchs_callbacks() -> None:
+    mc: MultiConnector
+
+    class Registering(Scripted):
+        def on_finished(self, request_id: str, blocks: Sequence[int]) -> None:
+            super().on_finished(request_id, blocks)
+            if request_id == "r1":
+                mc.register("z", Scripted())  # a new registry snapshot; "a" is unchanged
+
+    a = Registering()
+    mc = MultiConnector(ConnectorRegistry({"a": a}))
+    for rid in ("r1", "r2"):
+        mc.begin(rid)
+        mc.request_finished(rid)
+    assert mc.transfer_finished_many("a", ["r1", "r2"]) == [Outcome.applied] * 2
+    assert [rid for rid, _ in a.on_finished_calls] == ["r1", "r2"]
