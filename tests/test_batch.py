@@ -444,3 +444,15 @@ def test_a_batch_that_finishes_a_request_whose_load_is_in_flight_holds_it() -> N
     assert mc.take() == []  # a may still be loading its blocks
     assert mc.load_finished("r", "a") is Outcome.drained
     assert [r.request_id for r in mc.take()] == ["r"]
+
+
+def test_a_str_subclass_name_reporting_one_request_is_a_plain_str_in_the_books() -> None:
+    saver = Scripted()
+    m = MultiConnector({"a": saver})
+    m.begin("r")
+    m.request_finished("r")
+    assert m.transfer_finished("r", _Name("a")) is Outcome.applied
+    assert m.transfer_finished("r", _Name("a")) is Outcome.terminal
+    counts = m.connector_counts()
+    assert counts == {"a": {Outcome.applied: 1, Outcome.terminal: 1}}
+    assert all(name.__class__ is str for name in counts)
