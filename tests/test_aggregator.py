@@ -723,3 +723,27 @@ def test_get_copies_the_history_too() -> None:
     assert [(s.event, s.dest) for s in copy.history] == [("request_finished", State.finishing)]
     copy.history.clear()
     assert len(mc.get("r").history or ()) == 1  # type: ignore[union-attr]
+
+
+def test_an_ignored_report_is_logged_in_full(caplog: pytest.LogCaptureFixture) -> None:
+    mc = make(a=Scripted())
+    finishing(mc)
+    with caplog.at_level(logging.DEBUG, logger="multiconnector"):
+        assert mc.transfer_finished("r", "zz") is Outcome.unknown_connector
+    assert [r.getMessage() for r in caplog.records] == [
+        "ignored transfer_finished for request 'r' from 'zz': unknown_connector"
+    ]
+
+
+def test_the_last_report_of_a_request_whose_load_is_in_flight_holds_it() -> None:
+    mc = make(a=Scripted(tokens=2))
+    mc.begin("r")
+    assert mc.match_tokens("r") == 2
+    finishing(mc, "s")  # another request, no load: handed back at once
+    mc.request_finished("r")
+    assert mc.transfer_finished("r", "a") is Outcome.applied
+    assert mc.transfer_finished("s", "a") is Outcome.applied
+    assert mc.get("r").state is State.finished  # type: ignore[union-attr]
+    assert [r.request_id for r in mc.take()] == ["s"]  # a may still be loading r's blocks
+    assert mc.load_finished("r", "a") is Outcome.drained
+    assert [r.request_id for r in mc.take()] == ["r"]
