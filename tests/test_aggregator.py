@@ -747,3 +747,18 @@ def test_the_last_report_of_a_request_whose_load_is_in_flight_holds_it() -> None
     assert [r.request_id for r in mc.take()] == ["s"]  # a may still be loading r's blocks
     assert mc.load_finished("r", "a") is Outcome.drained
     assert [r.request_id for r in mc.take()] == ["r"]
+
+
+def test_a_clash_next_to_a_failing_connector_is_raised_inside_connector_failures() -> None:
+    boom = RuntimeError("boom")
+    mc = make(a=Scripted(params={"k": 1}), b=Scripted(params={"k": 2}), c=Scripted(raises=boom))
+    mc.begin("r")
+    with pytest.raises(ConnectorFailures) as info:
+        mc.request_finished("r")
+    first, clash = info.value.exceptions
+    assert first is boom and isinstance(clash, KeyClashError)
+    assert info.value.failed == ("c",)
+    assert info.value.result == (Outcome.applied, None)
+    assert clash.result == (Outcome.applied, None)
+    record = mc.get("r")
+    assert record is not None and (record.awaiting, record.params) == (("a", "b"), None)

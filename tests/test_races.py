@@ -591,3 +591,23 @@ def test_a_callback_that_changes_the_registry_does_not_stop_the_batchs_callbacks
         mc.request_finished(rid)
     assert mc.transfer_finished_many("a", ["r1", "r2"]) == [Outcome.applied] * 2
     assert [rid for rid, _ in a.on_finished_calls] == ["r1", "r2"]
+
+
+def test_a_request_cancelled_just_before_the_claim_asks_nobody_and_keeps_no_claim() -> None:
+    a = Scripted()
+    mc = MultiConnector(ConnectorRegistry({"a": a}))
+    mc.begin("r")
+    fire = [True]
+
+    class CancelledFirst(dict[object, object]):
+        def setdefault(self, key: object, default: object = None) -> object:
+            if fire:  # another thread's cancel, just before our claim
+                fire.clear()
+                assert mc.cancel("r") is Outcome.applied
+            return super().setdefault(key, default)
+
+    mc._asking = CancelledFirst()
+    assert mc.request_finished("r") == (Outcome.terminal, None)
+    assert a.finished_calls == [] and dict(mc._asking) == {}
+    assert mc.request_finished_by("r", []) is Outcome.terminal  # not a duplicate: unclaimed
+    assert [r.state for r in mc.take()] == [State.cancelled]
