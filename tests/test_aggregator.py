@@ -762,3 +762,12 @@ def test_a_clash_next_to_a_failing_connector_is_raised_inside_connector_failures
     assert clash.result == (Outcome.applied, None)
     record = mc.get("r")
     assert record is not None and (record.awaiting, record.params) == (("a", "b"), None)
+
+
+def test_a_refused_request_finished_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    mc = make(a=Scripted())
+    with caplog.at_level(logging.DEBUG, logger="multiconnector"):
+        assert mc.request_finished("nope") == (Outcome.unknown_request, None)
+    assert [r.getMessage() for r in caplog.records] == [
+        "ignored request_finished for request 'nope' from None: unknown_request"
+    ]
