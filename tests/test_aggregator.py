@@ -771,3 +771,49 @@ def test_a_refused_request_finished_is_logged(caplog: pytest.LogCaptureFixture) 
     assert [r.getMessage() for r in caplog.records] == [
         "ignored request_finished for request 'nope' from None: unknown_request"
     ]
+
+
+class Params(Mapping[str, Any]):
+    """A read-only Mapping that is not a dict (and has no ``copy``)."""
+
+    def __init__(self, **items: Any) -> None:
+        self._items = items
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Any:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def test_params_that_are_any_mapping_are_merged() -> None:
+    mc = make(a=Scripted(params=Params(k=1)), b=Scripted(params={"j": 2}))
+    mc.begin("r")
+    assert mc.request_finished("r") == (Outcome.applied, {"k": 1, "j": 2})
+
+
+def test_the_record_shares_no_params_with_a_connector() -> None:
+    theirs = {"k": 1}
+    mc = make(a=Scripted(params={}), b=Scripted(params=theirs))
+    mc.begin("r")
+    assert mc.request_finished("r") == (Outcome.applied, {"k": 1})
+    theirs["k"] = 2  # the connector reuses its dict
+    assert mc.get("r").params == {"k": 1}  # type: ignore[union-attr]
+
+
+def test_a_raising_connector_then_garbage_are_both_reported() -> None:
+    class Garbage:
+        def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
+            return None
+
+    boom = RuntimeError("boom")
+    mc = make(a=Scripted(raises=boom), g=Garbage())  # type: ignore[arg-type]
+    mc.begin("r")
+    with pytest.raises(ConnectorFailures) as info:
+        mc.request_finished("r")
+    assert info.value.failed == ("a", "g")
+    assert info.value.exceptions[0] is boom
+    assert isinstance(info.value.exceptions[1], InvalidAnswerError)
