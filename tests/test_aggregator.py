@@ -817,3 +817,20 @@ def test_a_raising_connector_then_garbage_are_both_reported() -> None:
     assert info.value.failed == ("a", "g")
     assert info.value.exceptions[0] is boom
     assert isinstance(info.value.exceptions[1], InvalidAnswerError)
+
+
+def test_equal_values_for_one_key_clash_unless_allowed() -> None:
+    mc = make(a=Scripted(params={"k": 1}), b=Scripted(params={"k": 1}))
+    mc.begin("r")
+    with pytest.raises(KeyClashError):
+        mc.request_finished("r")
+    registry = ConnectorRegistry({"a": Scripted(params={"k": 1}), "b": Scripted(params={"k": 1})})
+    allowing = MultiConnector(registry, allow_equal_params=True)
+    allowing.begin("r")
+    assert allowing.request_finished("r") == (Outcome.applied, {"k": 1})
+
+
+def test_a_bad_registry_is_explained() -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        MultiConnector(5)  # type: ignore[arg-type]
+    assert str(info.value) == "registry=5 (type int) must be a ConnectorRegistry, a Mapping or None"
