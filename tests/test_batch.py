@@ -369,20 +369,23 @@ def test_str_subclass_names_are_plain_str_in_the_books() -> None:
 
 
 def test_str_subclass_savers_that_cannot_report_are_plain_str_in_the_books() -> None:
-    # A registered but not ready name, and one not registered: both abandoned, as plain str.
-    # (An unregistered subclass is made plain by the name check; registered ones skip it.)
+    # Registered subclass names, one not ready (abandoned), alone or next to an unregistered
+    # plain name: the books hold plain str either way.
     m = MultiConnector({"a": Scripted(saves=True), "dead": None})
-    m.begin("r")
-    given = (_Name("a"), _Name("dead"), "gone")  # the registered subclasses are made plain
-    assert m.request_finished_by("r", given, allow_unregistered=True) is Outcome.applied
-    record = m.peek("r")
-    assert record is not None
-    assert (record.awaiting, record.expected, record.abandoned) == (
-        ("a",),
-        ("a", "dead", "gone"),
-        ("dead", "gone"),
-    )
-    assert all(n.__class__ is str for n in (*record.expected, *record.abandoned))
+    for rid, given, gone in [
+        ("r", (_Name("a"), _Name("dead")), ("dead",)),
+        ("s", (_Name("a"), _Name("dead"), "gone"), ("dead", "gone")),
+    ]:
+        m.begin(rid)
+        assert m.request_finished_by(rid, given, allow_unregistered=True) is Outcome.applied
+        record = m.peek(rid)
+        assert record is not None
+        assert (record.awaiting, record.expected, record.abandoned) == (
+            ("a",),
+            ("a", *gone),
+            gone,
+        )
+        assert all(n.__class__ is str for n in (*record.expected, *record.abandoned))
 
 
 def test_str_subclass_request_ids_are_called_back_as_plain_str() -> None:
