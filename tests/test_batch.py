@@ -372,12 +372,12 @@ def test_str_subclass_savers_that_cannot_report_are_plain_str_in_the_books() -> 
     # Registered subclass names, one not ready (abandoned), alone or next to an unregistered
     # plain name: the books hold plain str either way.
     m = MultiConnector({"a": Scripted(saves=True), "dead": None})
-    for rid, given, gone in [
+    for rid, savers, gone in [
         ("r", (_Name("a"), _Name("dead")), ("dead",)),
         ("s", (_Name("a"), _Name("dead"), "gone"), ("dead", "gone")),
     ]:
         m.begin(rid)
-        assert m.request_finished_by(rid, given, allow_unregistered=True) is Outcome.applied
+        assert m.request_finished_by(rid, savers, allow_unregistered=True) is Outcome.applied
         record = m.peek(rid)
         assert record is not None
         assert (record.awaiting, record.expected, record.abandoned) == (
