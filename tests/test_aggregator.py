@@ -19,6 +19,7 @@ from multiconnector import (
     MultiConnector,
     Outcome,
     State,
+    UnknownConnectorError,
     UnknownRequestError,
 )
 from tests.connectors import Scripted
@@ -490,3 +491,346 @@ def test_a_finished_request_with_its_load_in_flight_is_held() -> None:
     assert mc.take() == []
     assert mc.load_finished("r", "a") is Outcome.drained
     assert [r.state for r in mc.take()] == [State.finished]
+
+
+# -- reading the books: held, oldest, peek, stats, shutdown ---------------------------------------
+
+
+class Bare:
+    """A connector with ``request_finished`` alone: no shutdown, stats, tokens or callbacks."""
+
+    def request_finished(self, request_id: str, blocks: Sequence[int]) -> tuple[bool, None]:
+        return False, None
+
+
+def six_requests() -> MultiConnector:
+    """p1, p2 pending; f finishing; c cancelled while a saves (draining); q finished (queued);
+    ld cancelled while its loader loads (draining)."""
+    mc = make(a=Scripted(), ld=Scripted(saves=False, tokens=3))
+    for rid in ("p1", "p2", "f", "c", "q", "ld"):
+        mc.begin(rid)
+    for rid in ("f", "c", "q"):
+        mc.request_finished(rid)
+    assert mc.cancel("c") is Outcome.applied
+    assert mc.transfer_finished("q", "a") is Outcome.applied
+    assert mc.match_tokens("ld") == 3
+    assert mc.cancel("ld") is Outcome.applied
+    return mc
+
+
+def test_held_tells_live_draining_and_queued_apart() -> None:
+    mc = six_requests()
+    assert mc.held() == {"live": 3, "draining": 2, "queued": 1}
+    assert len(mc) == 6
+
+
+def test_oldest_reads_in_begin_order_and_filters_the_draining() -> None:
+    mc = six_requests()
+    assert [r.request_id for r in mc.oldest()] == ["p1"]  # one by default
+    assert [r.request_id for r in mc.oldest(3)] == ["p1", "p2", "f"]
+    assert [r.request_id for r in mc.oldest(99)] == ["p1", "p2", "f", "c", "q", "ld"]
+    assert mc.oldest(0) == []
+    assert [r.request_id for r in mc.oldest(99, draining=True)] == ["c", "ld"]
+    assert [r.request_id for r in mc.oldest(draining=True)] == ["c"]
+    copy = mc.oldest(1, draining=True)[0]
+    copy.awaiting = ()  # a copy: the held record keeps awaiting a
+    assert mc.get("c").awaiting == ("a",)  # type: ignore[union-attr]
+
+
+def test_oldest_names_a_bad_argument() -> None:
+    mc = six_requests()
+    with pytest.raises(InvalidArgumentError) as info:
+        mc.oldest(-1)
+    assert str(info.value) == "count=-1 (type int) must be an int >= 0"
+    with pytest.raises(InvalidArgumentError) as info:
+        mc.oldest(1, draining=1)  # type: ignore[arg-type]
+    assert str(info.value) == "draining=1 (type int) must be a bool"
+
+
+def test_peek_refuses_an_empty_request_id() -> None:
+    mc = make(a=Scripted())
+    with pytest.raises(InvalidArgumentError, match="request_id=''"):
+        mc.peek("")
+
+
+def test_stats_skip_a_connector_without_them_and_report_a_failure_with_the_others() -> None:
+    down = RuntimeError("down")
+    mc = make(bare=Bare(), bad=Scripted(raises=down), one=Scripted(), dead=None)  # type: ignore[arg-type]
+    with pytest.raises(ConnectorFailures) as info:
+        mc.stats()
+    assert info.value.message == "connectors failed to give stats"
+    assert info.value.exceptions == (down,) and info.value.failed == ("bad",)
+    assert info.value.result == {"one": {"finished": 0}}
+
+
+def test_shutdown_skips_a_connector_without_shutdown_and_names_every_failure() -> None:
+    a, c, last = Scripted(raises=RuntimeError("one")), Scripted(raises=OSError("two")), Scripted()
+    mc = make(a=a, bare=Bare(), c=c, last=last)  # type: ignore[arg-type]
+    with pytest.raises(ConnectorFailures) as info:
+        mc.shutdown()
+    assert (a.shut, c.shut, last.shut) == (1, 1, 1)
+    assert info.value.message == "2 connector(s) failed to shut down: a, c"
+    assert info.value.failed == ("a", "c")
+
+
+# -- what is logged and recorded for the rarer paths -----------------------------------------------
+
+
+def test_ignored_load_reports_and_savers_given_are_logged_applied_ones_not(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    mc = make(a=Scripted(tokens=2))
+    mc.begin("r")
+    mc.match_tokens("r")
+    with caplog.at_level(logging.DEBUG, logger="multiconnector"):
+        assert mc.load_finished("r", "a") is Outcome.applied
+        assert mc.load_finished("r", "ghost") is Outcome.unknown_connector
+        assert mc.request_finished_by("r", ["a"]) is Outcome.applied
+        assert mc.request_finished_by("r", ["a"]) is Outcome.duplicate
+    assert [r.getMessage() for r in caplog.records] == [
+        "ignored load_finished for request 'r' from 'ghost': unknown_connector",
+        "ignored request_finished for request 'r' from None: duplicate",
+    ]
+
+
+def test_a_drained_report_is_in_the_history() -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted()}), trace=True)
+    finishing(mc)
+    mc.cancel("r")
+    assert mc.transfer_finished("r", "a") is Outcome.drained
+    (done,) = mc.take()
+    assert [(s.event, s.source, s.dest, s.name) for s in done.history or ()] == [
+        ("request_finished", State.pending, State.finishing, None),
+        ("cancel", State.finishing, State.cancelled, None),
+        ("transfer_finished", State.cancelled, State.cancelled, "a"),
+    ]
+    assert mc.counts()[Outcome.drained] == 1
+    assert mc.connector_counts() == {"a": {Outcome.drained: 1}}
+
+
+def test_a_garbage_answer_is_explained_in_full() -> None:
+    class Garbage:
+        def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
+            return "yes"
+
+    mc = make(g=Garbage())  # type: ignore[arg-type]
+    mc.begin("r")
+    with pytest.raises(ConnectorFailures) as info:
+        mc.request_finished("r")
+    assert str(info.value.exceptions[0]) == (
+        "connector 'g' answered request_finished with 'yes' (type str); it must answer a "
+        "(saves: bool, params: Mapping | None) pair. It is awaited, in case it started a save, "
+        "and its params are dropped"
+    )
+
+
+def test_an_unregistered_saver_given_is_explained() -> None:
+    mc = make(a=Scripted())
+    mc.begin("r")
+    with pytest.raises(UnknownConnectorError) as info:
+        mc.request_finished_by("r", ["a", "ghost"])
+    assert str(info.value) == (
+        "an item of savers='ghost' is not registered (pass allow_unregistered=True if it may "
+        "have been unregistered)"
+    )
+    assert mc.get("r").state is State.pending  # type: ignore[union-attr]
+
+
+def test_request_finished_by_after_the_registry_changed_awaits_only_who_can_report() -> None:
+    # The ready names are cached per registry snapshot: a change must not reuse stale names.
+    mc = make(a=Scripted(), b=Scripted())
+    mc.begin("r1")
+    mc.request_finished("r1")
+    mc.unregister("b")
+    mc.begin("r2")
+    assert mc.request_finished_by("r2", ["a", "b"], allow_unregistered=True) is Outcome.applied
+    record = mc.get("r2")
+    assert record is not None
+    assert (record.awaiting, record.expected, record.abandoned) == (("a",), ("a", "b"), ("b",))
+    mc.begin("r3")  # every ready connector saves: the cached names, now (a,)
+    assert mc.request_finished("r3") == (Outcome.applied, None)
+    assert mc.get("r3").awaiting == ("a",)  # type: ignore[union-attr]
+    assert mc.transfer_finished("r2", "a") is Outcome.applied
+    assert [r.request_id for r in mc.take()] == ["r2"]
+
+
+class _Id(str):
+    """A str subclass request id."""
+
+
+def test_contains_is_false_for_ids_not_held_and_for_non_str() -> None:
+    mc = make(a=Scripted())
+    mc.begin("3")
+    assert "3" in mc and _Id("3") in mc
+    assert "4" not in mc and _Id("4") not in mc
+    assert 3 not in mc and [] not in mc
+
+
+def test_a_loader_that_also_saves_is_abandoned_once_when_unregistered() -> None:
+    mc = make(a=Scripted(tokens=2), b=Scripted(saves=False))
+    mc.begin("r")
+    assert mc.match_tokens("r") == 2
+    mc.request_finished("r")
+    mc.unregister("a")
+    (record,) = mc.take()
+    assert (record.state, record.awaiting, record.loaded) == (State.finished, (), True)
+    assert record.abandoned == ("a",)
+
+
+def test_unregistered_savers_are_in_the_history_and_the_counts() -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(), "b": Scripted()}), trace=True)
+    finishing(mc)
+    mc.unregister("a")
+    mc.unregister("b")
+    (done,) = mc.take()
+    assert [(s.event, s.source, s.dest, s.name) for s in done.history or ()] == [
+        ("request_finished", State.pending, State.finishing, None),
+        ("connector_gone", State.finishing, State.finishing, "a"),
+        ("connector_gone", State.finishing, State.finished, "b"),
+    ]
+    assert mc.connector_counts() == {"a": {Outcome.abandoned: 1}, "b": {Outcome.abandoned: 1}}
+
+
+def test_unregistering_the_last_saver_a_cancelled_request_awaits_hands_it_back() -> None:
+    mc = make(a=Scripted(), b=Scripted())
+    finishing(mc)
+    mc.cancel("r")
+    mc.unregister("a")
+    assert mc.take() == []  # b may still read its blocks
+    mc.unregister("b")
+    (record,) = mc.take()
+    assert (record.state, record.awaiting, record.abandoned) == (State.cancelled, (), ("a", "b"))
+
+
+def test_an_ignored_cancel_is_logged_an_applied_one_not(caplog: pytest.LogCaptureFixture) -> None:
+    mc = make(a=Scripted())
+    mc.begin("r")
+    with caplog.at_level(logging.DEBUG, logger="multiconnector"):
+        assert mc.cancel("r") is Outcome.applied
+        assert mc.cancel("r") is Outcome.terminal
+        assert mc.cancel("nope") is Outcome.unknown_request
+    assert [r.getMessage() for r in caplog.records] == [
+        "ignored cancel for request 'r' from None: terminal",
+        "ignored cancel for request 'nope' from None: unknown_request",
+    ]
+
+
+def test_get_copies_the_history_too() -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted()}), trace=True)
+    finishing(mc)
+    copy = mc.get("r")
+    assert copy is not None and copy.history is not None
+    assert [(s.event, s.dest) for s in copy.history] == [("request_finished", State.finishing)]
+    copy.history.clear()
+    assert len(mc.get("r").history or ()) == 1  # type: ignore[union-attr]
+
+
+def test_an_ignored_report_is_logged_in_full(caplog: pytest.LogCaptureFixture) -> None:
+    mc = make(a=Scripted())
+    finishing(mc)
+    with caplog.at_level(logging.DEBUG, logger="multiconnector"):
+        assert mc.transfer_finished("r", "zz") is Outcome.unknown_connector
+    assert [r.getMessage() for r in caplog.records] == [
+        "ignored transfer_finished for request 'r' from 'zz': unknown_connector"
+    ]
+
+
+def test_the_last_report_of_a_request_whose_load_is_in_flight_holds_it() -> None:
+    mc = make(a=Scripted(tokens=2))
+    mc.begin("r")
+    assert mc.match_tokens("r") == 2
+    finishing(mc, "s")  # another request, no load: handed back at once
+    mc.request_finished("r")
+    assert mc.transfer_finished("r", "a") is Outcome.applied
+    assert mc.transfer_finished("s", "a") is Outcome.applied
+    assert mc.get("r").state is State.finished  # type: ignore[union-attr]
+    assert [r.request_id for r in mc.take()] == ["s"]  # a may still be loading r's blocks
+    assert mc.load_finished("r", "a") is Outcome.drained
+    assert [r.request_id for r in mc.take()] == ["r"]
+
+
+def test_a_clash_next_to_a_failing_connector_is_raised_inside_connector_failures() -> None:
+    boom = RuntimeError("boom")
+    mc = make(a=Scripted(params={"k": 1}), b=Scripted(params={"k": 2}), c=Scripted(raises=boom))
+    mc.begin("r")
+    with pytest.raises(ConnectorFailures) as info:
+        mc.request_finished("r")
+    first, clash = info.value.exceptions
+    assert first is boom and isinstance(clash, KeyClashError)
+    assert info.value.failed == ("c",)
+    assert info.value.result == (Outcome.applied, None)
+    assert clash.result == (Outcome.applied, None)
+    record = mc.get("r")
+    assert record is not None and (record.awaiting, record.params) == (("a", "b"), None)
+
+
+def test_a_refused_request_finished_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    mc = make(a=Scripted())
+    with caplog.at_level(logging.DEBUG, logger="multiconnector"):
+        assert mc.request_finished("nope") == (Outcome.unknown_request, None)
+    assert [r.getMessage() for r in caplog.records] == [
+        "ignored request_finished for request 'nope' from None: unknown_request"
+    ]
+
+
+class Params(Mapping[str, Any]):
+    """A read-only Mapping that is not a dict (and has no ``copy``)."""
+
+    def __init__(self, **items: Any) -> None:
+        self._items = items
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Any:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def test_params_that_are_any_mapping_are_merged() -> None:
+    mc = make(a=Scripted(params=Params(k=1)), b=Scripted(params={"j": 2}))
+    mc.begin("r")
+    assert mc.request_finished("r") == (Outcome.applied, {"k": 1, "j": 2})
+
+
+def test_the_record_shares_no_params_with_a_connector() -> None:
+    theirs = {"k": 1}
+    mc = make(a=Scripted(params={}), b=Scripted(params=theirs))
+    mc.begin("r")
+    assert mc.request_finished("r") == (Outcome.applied, {"k": 1})
+    theirs["k"] = 2  # the connector reuses its dict
+    assert mc.get("r").params == {"k": 1}  # type: ignore[union-attr]
+
+
+def test_a_raising_connector_then_garbage_are_both_reported() -> None:
+    class Garbage:
+        def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
+            return None
+
+    boom = RuntimeError("boom")
+    mc = make(a=Scripted(raises=boom), g=Garbage())  # type: ignore[arg-type]
+    mc.begin("r")
+    with pytest.raises(ConnectorFailures) as info:
+        mc.request_finished("r")
+    assert info.value.failed == ("a", "g")
+    assert info.value.exceptions[0] is boom
+    assert isinstance(info.value.exceptions[1], InvalidAnswerError)
+
+
+def test_equal_values_for_one_key_clash_unless_allowed() -> None:
+    mc = make(a=Scripted(params={"k": 1}), b=Scripted(params={"k": 1}))
+    mc.begin("r")
+    with pytest.raises(KeyClashError):
+        mc.request_finished("r")
+    registry = ConnectorRegistry({"a": Scripted(params={"k": 1}), "b": Scripted(params={"k": 1})})
+    allowing = MultiConnector(registry, allow_equal_params=True)
+    allowing.begin("r")
+    assert allowing.request_finished("r") == (Outcome.applied, {"k": 1})
+
+
+def test_a_bad_registry_is_explained() -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        MultiConnector(5)  # type: ignore[arg-type]
+    assert str(info.value) == "registry=5 (type int) must be a ConnectorRegistry, a Mapping or None"

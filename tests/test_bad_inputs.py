@@ -200,7 +200,9 @@ CASES: list[Row] = [
 @pytest.mark.parametrize(
     ("call", "error", "words"),
     [c[2:] for c in CASES],
-    ids=[f"{c[0]} {c[1]}" for c in CASES],
+    # No backslash in an id: pytest escapes it, and a second pytest session in the same process
+    # (mutmut runs several) escapes the stored id again, so the id asked for is then not found.
+    ids=[f"{c[0]} {c[1]}".replace("\\", "(backslash)") for c in CASES],
 )
 def test_bad_argument_raises_typed_error_and_changes_nothing(
     call: Call, error: type[Exception], words: str
@@ -382,6 +384,7 @@ def test_allow_equal_with_a_raising_eq_is_invalid_params_not_a_clash() -> None:
     mc.begin("r")
     with pytest.raises(InvalidParamsError, match="key='k' from a, b") as info:
         mc.request_finished("r")
+    assert "allow_equal cannot compare its values (ValueError: " in str(info.value)
     assert not isinstance(info.value, KeyClashError)
     assert info.value.result == (Outcome.applied, None)
     assert mc.get("r").awaiting == ("a", "b")  # type: ignore[union-attr]

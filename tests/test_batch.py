@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -141,10 +142,18 @@ def test_any_iterable_of_ids() -> None:
     assert mc.transfer_finished_many("a", []) == []
 
 
+class _RequestId(str):
+    """A str subclass: a valid request id, but not a plain str."""
+
+
 @pytest.mark.parametrize(
     ("name", "request_ids", "blocks", "error", "argument"),
     [
         (3, ["r"], (), InvalidNameError, "name="),
+        ("", [], (), InvalidNameError, "name=''"),  # checked even for an empty batch
+        ("a", [""], (), InvalidArgumentError, "an item of request_ids=''"),
+        ("a", [_RequestId("r"), 3], (), InvalidArgumentError, "an item of request_ids=3 "),
+        ("a", ["r"], {1: 2}, InvalidArgumentError, r"^blocks=\{1: 2\} "),
         ("a", "r", (), InvalidArgumentError, "request_ids="),
         ("a", b"r", (), InvalidArgumentError, "request_ids="),
         ("a", 5, (), InvalidArgumentError, "request_ids="),
@@ -357,3 +366,96 @@ def test_str_subclass_names_are_plain_str_in_the_books() -> None:
     assert counts["a"][Outcome.applied] == 1
     assert counts["a"][Outcome.duplicate] == 1
     assert [taken.request_id for taken in m.take()] == ["r"]
+
+
+def test_str_subclass_savers_that_cannot_report_are_plain_str_in_the_books() -> None:
+    # Registered subclass names, one not ready (abandoned), alone or next to an unregistered
+    # plain name: the books hold plain str either way.
+    m = MultiConnector({"a": Scripted(saves=True), "dead": None})
+    for rid, savers, gone in [
+        ("r", (_Name("a"), _Name("dead")), ("dead",)),
+        ("s", (_Name("a"), _Name("dead"), "gone"), ("dead", "gone")),
+    ]:
+        m.begin(rid)
+        assert m.request_finished_by(rid, savers, allow_unregistered=True) is Outcome.applied
+        record = m.peek(rid)
+        assert record is not None
+        assert (record.awaiting, record.expected, record.abandoned) == (
+            ("a",),
+            ("a", *gone),
+            gone,
+        )
+        assert all(n.__class__ is str for n in (*record.expected, *record.abandoned))
+
+
+def test_str_subclass_request_ids_are_called_back_as_plain_str() -> None:
+    saver = Scripted()
+    mc = MultiConnector(ConnectorRegistry({"a": saver}))
+    mc.begin("r")
+    mc.request_finished("r")
+    assert mc.transfer_finished_many("a", [_RequestId("r")], range(2)) == [Outcome.applied]
+    assert saver.on_finished_calls == [("r", (0, 1))]
+    assert saver.on_finished_calls[0][0].__class__ is str
+
+
+class NoCallback:
+    """Saves, and has no ``on_finished``."""
+
+    def request_finished(self, request_id: str, blocks: Any) -> tuple[bool, None]:
+        return True, None
+
+
+def test_a_batch_drains_a_cancelled_request_and_logs_what_it_did_not_apply(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    a = Scripted()
+    mc = MultiConnector(ConnectorRegistry({"a": a, "b": NoCallback()}), trace=True)
+    for rid in ("r", "s"):
+        mc.begin(rid)
+        mc.request_finished(rid)
+    mc.cancel("r")
+    with caplog.at_level(logging.DEBUG, logger="multiconnector"):
+        assert mc.transfer_finished_many("ghost", ["r", "nope"]) == [
+            Outcome.terminal,
+            Outcome.unknown_request,
+        ]
+        assert mc.transfer_finished_many("a", ["r", "s"]) == [Outcome.drained, Outcome.applied]
+        assert mc.transfer_finished_many("b", ["r"]) == [Outcome.drained]
+    assert [r.getMessage() for r in caplog.records] == [
+        "ignored transfer_finished for request 'r' from 'ghost': terminal",
+        "ignored transfer_finished for request 'nope' from 'ghost': unknown_request",
+        "ignored transfer_finished for request 'r' from 'a': drained",
+        "ignored transfer_finished for request 'r' from 'b': drained",
+    ]
+    assert a.on_finished_calls == [("s", ())]
+    (record,) = mc.take()
+    assert (record.request_id, record.state, record.awaiting) == ("r", State.cancelled, ())
+    assert [(s.event, s.source, s.dest, s.name) for s in record.history or ()][-2:] == [
+        ("transfer_finished", State.cancelled, State.cancelled, "a"),
+        ("transfer_finished", State.cancelled, State.cancelled, "b"),
+    ]
+    assert mc.connector_counts()["a"] == {Outcome.drained: 1, Outcome.applied: 1}
+
+
+def test_a_batch_that_finishes_a_request_whose_load_is_in_flight_holds_it() -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(tokens=2)}))
+    mc.begin("r")
+    assert mc.match_tokens("r") == 2
+    mc.request_finished("r")
+    assert mc.transfer_finished_many("a", ["r"]) == [Outcome.applied]
+    assert mc.get("r").state is State.finished  # type: ignore[union-attr]
+    assert mc.take() == []  # a may still be loading its blocks
+    assert mc.load_finished("r", "a") is Outcome.drained
+    assert [r.request_id for r in mc.take()] == ["r"]
+
+
+def test_a_str_subclass_name_reporting_one_request_is_a_plain_str_in_the_books() -> None:
+    saver = Scripted()
+    m = MultiConnector({"a": saver})
+    m.begin("r")
+    m.request_finished("r")
+    assert m.transfer_finished("r", _Name("a")) is Outcome.applied
+    assert m.transfer_finished("r", _Name("a")) is Outcome.terminal
+    counts = m.connector_counts()
+    assert counts == {"a": {Outcome.applied: 1, Outcome.terminal: 1}}
+    assert all(name.__class__ is str for name in counts)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from multiconnector import ConnectorRegistry, MultiConnector, Outcome
+from multiconnector.aggregator import OTHER_NAMES
 from tests.connectors import Scripted
 from tests.stripes import STRIPE_COUNTS, ids_on
 
@@ -101,3 +102,20 @@ def test_a_batch_interrupted_half_way_counts_what_it_applied_and_releases_its_lo
     # hang here until the test's time limit).
     assert mc.transfer_finished_many("a", ids) == [Outcome.duplicate] * 5 + [Outcome.applied] * 3
     assert mc.connector_counts()["a"] == {Outcome.applied: 8, Outcome.duplicate: 5}
+
+
+@pytest.mark.parametrize("stripe", [0, 1])
+def test_an_abandoned_saver_is_counted_on_the_stripe_of_its_request(stripe: int) -> None:
+    # Each stripe keeps at most 1 024 (outcome, name) counters. The unregister scan counts an
+    # abandoned saver on its request's stripe: another stripe being full does not fold it away.
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted()}), stripes=2)
+    rid, other = ids_on(mc, [stripe, 1 - stripe])
+    mc.begin(rid)
+    mc.request_finished(rid)
+    mc.begin(other)
+    for i in range(1024):  # made-up names fill the other stripe's counters
+        assert mc.transfer_finished(other, f"ghost{i}") is Outcome.unknown_connector
+    assert mc.transfer_finished(other, "one-more") is Outcome.unknown_connector
+    assert mc.connector_counts()[OTHER_NAMES] == {Outcome.unknown_connector: 1}
+    mc.unregister("a")
+    assert mc.connector_counts()["a"] == {Outcome.abandoned: 1}

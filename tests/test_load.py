@@ -170,3 +170,81 @@ def test_load_reports_are_counted_and_called_back_once() -> None:
     assert mc.load_finished("r", "loader") is Outcome.unknown_request
     assert mc.counts()[Outcome.applied] == 2  # the load and the cancel
     assert loader.loads == ["r"]
+
+
+class Asked(Scripted):
+    """Records the ``num_computed_tokens`` each match asked with."""
+
+    def __init__(self, tokens: int | None) -> None:
+        super().__init__(tokens=tokens)
+        self.computed: list[int] = []
+
+    def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
+        self.computed.append(num_computed_tokens)
+        return super().get_num_new_matched_tokens(request_id, num_computed_tokens)
+
+
+def test_computed_tokens_default_to_zero_and_are_passed_on() -> None:
+    a = Asked(tokens=0)
+    mc = MultiConnector(ConnectorRegistry({"a": a}))
+    mc.begin("r")
+    assert mc.match_tokens("r") == 0
+    assert mc.match_tokens("r", 7) == 0
+    assert a.computed == [0, 7]
+
+
+def test_a_bad_token_count_is_explained() -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(tokens=-2), "b": Scripted(tokens=1)}))
+    mc.begin("r")
+    with pytest.raises(ConnectorFailures) as info:
+        mc.match_tokens("r")
+    (error,) = info.value.exceptions
+    assert isinstance(error, InvalidArgumentError)
+    assert str(error) == "connector 'a' answered tokens=-2 (type int); must be an int >= 0 or None"
+    assert info.value.result == 1 and info.value.failed == ("a",)
+
+
+def test_a_loader_that_unregisters_itself_while_asked_can_never_apply_its_load() -> None:
+    mc: MultiConnector
+
+    class Leaving(Scripted):
+        def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int:
+            mc.unregister("a")
+            mc.register("a", Scripted())  # a new connector under the same name
+            return 5
+
+    mc = MultiConnector(ConnectorRegistry({"a": Leaving()}))
+    mc.begin("r")
+    assert mc.match_tokens("r") == 5
+    record = mc.get("r")
+    assert record is not None and (record.loader, record.loader_gone) == ("a", True)
+    assert mc.load_finished("r", "a") is Outcome.unregistered
+
+
+def test_a_loader_chosen_again_after_it_was_unregistered() -> None:
+    # Chosen, unregistered (its load over), registered and chosen again while still pending:
+    # its new load applies once; a second report is from a name the request abandoned.
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(tokens=2)}))
+    mc.begin("r")
+    assert mc.match_tokens("r") == 2
+    mc.unregister("a")
+    again = Scripted(tokens=2)
+    mc.register("a", again)
+    assert mc.match_tokens("r") == 2
+    assert mc.load_finished("r", "a") is Outcome.applied
+    assert mc.load_finished("r", "a") is Outcome.unregistered
+    assert again.loads == ["r"]
+    assert mc.connector_counts()["a"] == {Outcome.applied: 1, Outcome.unregistered: 1}
+
+
+class _Id(str):
+    """A str subclass request id."""
+
+
+def test_a_str_subclass_request_id_is_called_back_as_a_plain_str() -> None:
+    loader = Scripted(tokens=2)
+    mc = MultiConnector(ConnectorRegistry({"a": loader}))
+    mc.begin("r")
+    mc.match_tokens("r")
+    assert mc.load_finished(_Id("r"), "a") is Outcome.applied
+    assert loader.loads == ["r"] and loader.loads[0].__class__ is str

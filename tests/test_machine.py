@@ -225,6 +225,16 @@ def test_build_machine_is_the_declaration_and_nothing_more() -> None:
     assert type(built) is Recording and built.name == "named: "
 
 
+def test_build_machine_drives_the_model_it_is_given() -> None:
+    class Model:
+        pass
+
+    model = Model()
+    machine = build_machine(model=model)
+    assert machine.models == [model]
+    assert model.state == State.pending.value  # type: ignore[attr-defined]
+
+
 def test_the_compiler_honours_unless_in_any_declaration_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

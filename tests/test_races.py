@@ -418,3 +418,196 @@ def test_an_interrupt_right_after_the_claim_leaks_no_claim(
     assert dict(mc._asking) == {}
     outcome = finish(*args)
     assert (outcome[0] if isinstance(outcome, tuple) else outcome) is Outcome.applied
+
+
+@pytest.mark.parametrize("stripes", STRIPE_COUNTS)
+def test_the_load_side_and_given_savers_take_the_lock_of_the_requests_stripe(
+    stripes: int,
+) -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(tokens=2)}), stripes=stripes)
+    asked = tracked(mc)
+    for rid in ids_on(mc, range(stripes)):
+        mc.begin(rid)
+        for event, args in (
+            (mc.match_tokens, (rid,)),
+            (mc.load_finished, (rid, "a")),
+            (mc.request_finished_by, (rid, ["a"])),
+            (mc.request_finished_by, (rid, ["a"])),  # refused: counted under the lock too
+        ):
+            asked.clear()
+            event(*args)  # type: ignore[operator]
+            assert asked == [("MainThread", stripe_of(mc, rid))], event
+
+
+def test_a_request_taken_while_oldest_copies_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(saves=False)}))
+    for rid in ("r1", "r2", "r3"):
+        mc.begin(rid)
+    original = MultiConnector.get
+
+    def taken_meanwhile(self: MultiConnector, request_id: str) -> Any:
+        return None if request_id == "r1" else original(self, request_id)
+
+    monkeypatch.setattr(MultiConnector, "get", taken_meanwhile)
+    assert [r.request_id for r in mc.oldest(2)] == ["r2", "r3"]
+
+
+def test_a_loader_unregistered_just_after_its_load_applied_is_not_called_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loader = Scripted(tokens=2)
+    mc = MultiConnector(ConnectorRegistry({"a": loader}))
+    mc.begin("r")
+    mc.match_tokens("r")
+    original = ConnectorRegistry.entry
+
+    def unregistered_meanwhile(self: ConnectorRegistry, name: str) -> Any:
+        if self._entries.get(name) is not None:
+            self.unregister(name)  # between the update and the callback
+        return original(self, name)
+
+    monkeypatch.setattr(ConnectorRegistry, "entry", unregistered_meanwhile)
+    assert mc.load_finished("r", "a") is Outcome.applied
+    assert loader.loads == []
+
+
+def test_a_cancel_then_an_interrupt_while_asked_hands_the_request_back_once() -> None:
+    # The cancel parks the record (the call still asks); the interrupt's release hands it to
+    # take(), once, even when a later call claims and releases the same record.
+    mc: MultiConnector
+
+    class CancelThenInterrupt(Scripted):
+        def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
+            assert mc.cancel(request_id) is Outcome.applied
+            raise KeyboardInterrupt
+
+    mc = MultiConnector(ConnectorRegistry({"a": CancelThenInterrupt()}))
+    mc.begin("r")
+    with pytest.raises(KeyboardInterrupt):
+        mc.request_finished("r")
+    assert [(r.request_id, r.state) for r in mc.take()] == [("r", State.cancelled)]
+    mc.begin("s")
+    with pytest.raises(KeyboardInterrupt):
+        mc.request_finished("s")
+    assert mc.request_finished_by("s", []) is Outcome.terminal  # claims, refused, releases
+    assert [(r.request_id, r.state) for r in mc.take()] == [("s", State.cancelled)]
+    assert mc.take() == [] and len(mc) == 0
+
+
+def test_a_cancel_between_the_claim_and_the_update_of_given_savers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted()}))
+    original = MultiConnector._finish_by
+
+    def cancelled_first(self: MultiConnector, request_id: str, *args: Any) -> Outcome:
+        assert self.cancel(request_id) is Outcome.applied  # parked: the call holds its claim
+        assert self.take() == []
+        return original(self, request_id, *args)
+
+    monkeypatch.setattr(MultiConnector, "_finish_by", cancelled_first)
+    mc.begin("r")
+    assert mc.request_finished_by("r", ["a"]) is Outcome.terminal
+    assert [(r.request_id, r.state, r.awaiting) for r in mc.take()] == [("r", State.cancelled, ())]
+
+
+def test_a_cancel_and_an_unregister_while_asked_abandon_the_gone_saver() -> None:
+    # a promised a save; b, asked next, cancels the request and unregisters a: the overtaken
+    # request drains b alone and names a as abandoned.
+    mc: MultiConnector
+
+    class CancelAndUnregister(Scripted):
+        def request_finished(self, request_id: str, blocks: Sequence[int]) -> Any:
+            assert mc.cancel(request_id) is Outcome.applied
+            mc.unregister("a")
+            return super().request_finished(request_id, blocks)
+
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(), "b": CancelAndUnregister()}))
+    mc.begin("r")
+    assert mc.request_finished("r") == (Outcome.overtaken, None)
+    record = mc.get("r")
+    assert record is not None
+    assert (record.state, record.awaiting, record.expected, record.abandoned) == (
+        State.cancelled,
+        ("b",),
+        ("a", "b"),
+        ("a",),
+    )
+    assert mc.take() == []
+    assert mc.transfer_finished("r", "b") is Outcome.drained
+    assert [r.abandoned for r in mc.take()] == [("a",)]
+
+
+def test_request_finisheds_two_halves_apply_as_one_call_would() -> None:
+    # The model check runs request_finished as two events, _ask then _answer, with any other
+    # event in between: the claim is held from the first half to the second.
+    a = Scripted(params={"k": 1})
+    mc = MultiConnector(ConnectorRegistry({"a": a}))
+    mc.begin("r")
+    assert mc._ask("nobody", []) == (Outcome.unknown_request, None)
+    asked = mc._ask("r", [4])
+    assert a.finished_calls == [("r", (4,))]
+    assert mc.get("r").state is State.pending  # type: ignore[union-attr]
+    assert mc.request_finished("r") == (Outcome.duplicate, None)  # the claim is held
+    assert mc._answer(asked) == (Outcome.applied, {"k": 1})
+    assert mc.get("r").awaiting == ("a",)  # type: ignore[union-attr]
+    mc.begin("s")  # one call again: both halves at once
+    assert mc.request_finished("s") == (Outcome.applied, {"k": 1})
+    assert len(a.finished_calls) == 2
+
+
+@pytest.mark.parametrize("stripes", [n for n in STRIPE_COUNTS if n > 1])  # 1: always every lock
+def test_a_batch_of_half_the_stripes_takes_every_lock_once_a_smaller_one_its_own(
+    stripes: int,
+) -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted()}), stripes=stripes)
+    half = stripes >> 1
+    ids = ids_on(mc, range(stripes), per_stripe=2)
+    for rid in ids:
+        mc.begin(rid)
+        mc.request_finished(rid)
+    asked = tracked(mc)
+    small, large = ids[: half - 1], ids[half : 2 * half]
+    assert mc.transfer_finished_many("a", small) == [Outcome.applied] * len(small)
+    assert asked == [("MainThread", stripe_of(mc, rid)) for rid in small]
+    asked.clear()
+    assert mc.transfer_finished_many("a", large) == [Outcome.applied] * len(large)
+    assert asked == [("MainThread", stripe) for stripe in range(stripes)]
+
+
+def test_a_callback_that_changes_the_registry_does_not_stop_the_batchs_callbacks() -> None:
+    mc: MultiConnector
+
+    class Registering(Scripted):
+        def on_finished(self, request_id: str, blocks: Sequence[int]) -> None:
+            super().on_finished(request_id, blocks)
+            if request_id == "r1":
+                mc.register("z", Scripted())  # a new registry snapshot; "a" is unchanged
+
+    a = Registering()
+    mc = MultiConnector(ConnectorRegistry({"a": a}))
+    for rid in ("r1", "r2"):
+        mc.begin(rid)
+        mc.request_finished(rid)
+    assert mc.transfer_finished_many("a", ["r1", "r2"]) == [Outcome.applied] * 2
+    assert [rid for rid, _ in a.on_finished_calls] == ["r1", "r2"]
+
+
+def test_a_request_cancelled_just_before_the_claim_asks_nobody_and_keeps_no_claim() -> None:
+    a = Scripted()
+    mc = MultiConnector(ConnectorRegistry({"a": a}))
+    mc.begin("r")
+    fire = [True]
+
+    class CancelledFirst(dict[object, object]):
+        def setdefault(self, key: object, default: object = None) -> object:
+            if fire:  # another thread's cancel, just before our claim
+                fire.clear()
+                assert mc.cancel("r") is Outcome.applied
+            return super().setdefault(key, default)
+
+    mc._asking = CancelledFirst()
+    assert mc.request_finished("r") == (Outcome.terminal, None)
+    assert a.finished_calls == [] and dict(mc._asking) == {}
+    assert mc.request_finished_by("r", []) is Outcome.terminal  # not a duplicate: unclaimed
+    assert [r.state for r in mc.take()] == [State.cancelled]

@@ -102,10 +102,12 @@ def test_listeners_are_held_weakly_and_all_called() -> None:
 
     registry.subscribe(failing)
     registry.subscribe(lambda entry: seen.append(entry.name))
+    a = registry["a"]
     with pytest.raises(ConnectorFailures) as info:
         registry.unregister("a")
     assert seen == ["a"] and registry.names() == ("b",)
     assert [str(e) for e in info.value.exceptions] == ["listener"]
+    assert info.value.result is a  # what unregister would have returned
     with pytest.raises(InvalidArgumentError, match="listener=5"):
         registry.subscribe(5)  # type: ignore[arg-type]
 

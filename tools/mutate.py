@@ -9,6 +9,7 @@ when a survivor is unexplained, 2 on a bad argument.
     python tools/mutate.py                  # machine, params, registry, aggregator
     python tools/mutate.py --module params  # one module
     python tools/mutate.py --module aggregator  # the whole subpackage multiconnector/aggregator/
+    python tools/mutate.py --report-only    # the report again, after re-testing some mutants
 """
 
 from __future__ import annotations
@@ -58,12 +59,13 @@ def equivalents(doc: Path) -> dict[str, str]:
 
 
 def prepare(work: Path) -> None:
-    """A fresh copy of what the oracle needs: the package, the tests, the configuration."""
+    """A fresh copy of what the oracle needs: the package, the tests, the docs some tests read
+    (``also_copy`` in ``[tool.mutmut]`` copies them on into ``mutants/``), the configuration."""
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
-    for name in ("multiconnector", "tests"):
+    for name in ("multiconnector", "tests", "docs"):
         shutil.copytree(ROOT / name, work / name, ignore=ignore)
     shutil.copy2(ROOT / "pyproject.toml", work / "pyproject.toml")
 
@@ -147,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--module", action="append", choices=MODULES, help="repeatable")
     parser.add_argument("--max-children", type=int, default=1, help="mutmut workers (default 1)")
     parser.add_argument("--build", type=Path, default=ROOT / "build")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="no mutmut run: report on the mutants already in BUILD/mutate (after re-testing "
+        "some with `mutmut run NAME...` there), each module's time taken from the last report",
+    )
     args = parser.parse_args(argv)
     if args.max_children < 1:
         parser.error(f"--max-children={args.max_children} must be at least 1")
@@ -155,10 +163,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     modules = tuple(args.module or MODULES)
     work = args.build / "mutate"
-    prepare(work)
     explained = equivalents(ROOT / "docs" / "mutation.md")
     result: dict[str, Any] = {"mutmut": MUTMUT_VERSION, "max_children": args.max_children}
     result["modules"] = {}
+    if args.report_only:
+        if not (work / "mutants").is_dir():
+            print(f"--report-only: no mutmut run in {work} to report on", file=sys.stderr)
+            return 2
+        last = args.build / "mutation.json"
+        before = json.loads(last.read_text())["modules"] if last.exists() else {}
+        for module in modules:
+            seconds = before.get(module, {}).get("seconds", 0.0)
+            result["modules"][module] = report_module(work, module, seconds, explained)
+        return write_report(args.build, result)
+    prepare(work)
     for module in modules:
         print(f"== mutating multiconnector/{sources(module)}", flush=True)
         started = time.monotonic()
@@ -170,11 +188,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mutmut run failed for {module} (exit {done.returncode})", file=sys.stderr)
             return done.returncode
         result["modules"][module] = report_module(work, module, seconds, explained)
+    return write_report(args.build, result)
+
+
+def write_report(build: Path, result: dict[str, Any]) -> int:
+    """Write build/mutation.json and build/mutation.txt, print the summary, and give the exit
+    status: 1 when a survivor is unexplained."""
     result["unexplained"] = sum(m["unexplained"] for m in result["modules"].values())
-    args.build.mkdir(parents=True, exist_ok=True)
-    (args.build / "mutation.json").write_text(json.dumps(result, indent=2) + "\n")
+    build.mkdir(parents=True, exist_ok=True)
+    (build / "mutation.json").write_text(json.dumps(result, indent=2) + "\n")
     text = summary(result)
-    (args.build / "mutation.txt").write_text(text)
+    (build / "mutation.txt").write_text(text)
     print(text, end="")
     return 1 if result["unexplained"] else 0
 
