@@ -18,8 +18,8 @@ from typing import Any
 import attrs
 
 from multiconnector import InvalidAnswerError, MultiConnector, Outcome, State
-from multiconnector import aggregator as aggregator_module
 from multiconnector import machine as machine_module
+from multiconnector.aggregator import saving as saving_module
 from multiconnector.check import ALPHABET, LOAD_EVENTS
 from multiconnector.machine import Compiled, RequestTransferState
 from multiconnector.params import merge_transfer_params
@@ -195,14 +195,16 @@ def mutant(name: str, method: str, *changes: tuple[str, str], doc: str) -> type[
 
     Each ``old`` must occur exactly once, so that a change to the real method shows here.
     """
-    source = textwrap.dedent(inspect.getsource(getattr(MultiConnector, method)))
+    real = getattr(MultiConnector, method)
+    source = textwrap.dedent(inspect.getsource(real))
     for old, new in changes:
         if source.count(old) != 1:
             raise AssertionError(f"{name}: {old!r} is not in {method} exactly once")
         source = source.replace(old, new)
     code = compile(source, f"<{name}.{method}>", "exec", __future__.annotations.compiler_flag, True)
     namespace: dict[str, Any] = {}
-    exec(code, vars(aggregator_module), namespace)  # the module's names; it is not changed
+    # Its module's names (the module is not changed), and State for the planted lines.
+    exec(code, {**real.__globals__, "State": State}, namespace)
     return type(name, (MultiConnector,), {method: namespace[method], "__doc__": doc})
 
 
@@ -351,7 +353,8 @@ class Broken:
     #: Connectors to check it with (``None``: the tests' bound).
     connectors: Mapping[str, str | None] | None = None
     table: Mapping[tuple[State, str], tuple[Compiled, ...]] = attrs.field(factory=dict)
-    #: Names of ``multiconnector.aggregator`` replaced while it is checked.
+    #: Names of ``multiconnector.aggregator.saving`` (request_finished's module) replaced while
+    #: it is checked.
     patch: Mapping[str, Any] = attrs.field(factory=dict)
     #: Whether to check it with the savers answering params (``params=True``).
     params: bool = False
@@ -361,15 +364,15 @@ class Broken:
     @contextmanager
     def installed(self) -> Iterator[Callable[..., MultiConnector]]:
         """The factory to check, with the table patch and the module patch (if any) in force."""
-        saved = {name: getattr(aggregator_module, name) for name in self.patch}
+        saved = {name: getattr(saving_module, name) for name in self.patch}
         try:
             for name, value in self.patch.items():
-                setattr(aggregator_module, name, value)
+                setattr(saving_module, name, value)
             with patched_table(self.table):
                 yield self.factory
         finally:
             for name, value in saved.items():
-                setattr(aggregator_module, name, value)
+                setattr(saving_module, name, value)
 
     def options(self) -> dict[str, Any]:
         """The check's keyword arguments besides the bound: alphabet, factory aside."""

@@ -772,7 +772,7 @@ def test_declared_transitions_reads_a_transitions_machine() -> None:
 def test_progress_prints_plain_lines_off_a_terminal(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(engine.search, "PROGRESS_AFTER", 0.0)
+    monkeypatch.setattr(engine.progress, "PROGRESS_AFTER", 0.0)
     report = check_aggregator(SMALL, requests=1, progress=True)
     err = capsys.readouterr().err
     assert report.ok
@@ -798,7 +798,7 @@ def test_progress_uses_rich_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> No
             self.texts.append("stopped")
 
     monkeypatch.setattr(rich_status, "Status", Status)
-    monkeypatch.setattr(engine.search, "PROGRESS_AFTER", 0.0)
+    monkeypatch.setattr(engine.progress, "PROGRESS_AFTER", 0.0)
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     assert check_aggregator(SMALL, requests=1, progress=True).ok
     (status,) = started
@@ -808,7 +808,7 @@ def test_progress_uses_rich_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> No
 def test_no_progress_when_not_asked(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(engine.search, "PROGRESS_AFTER", 0.0)
+    monkeypatch.setattr(engine.progress, "PROGRESS_AFTER", 0.0)
     check_aggregator(SMALL, requests=1)
     assert capsys.readouterr().err == ""
 

@@ -141,14 +141,14 @@ def test_the_params_bugs_pass_without_params() -> None:
 
 
 def test_the_module_patch_is_undone() -> None:
-    from multiconnector import aggregator as aggregator_module  # noqa: PLC0415
+    from multiconnector.aggregator import saving  # noqa: PLC0415
     from multiconnector.params import merge_transfer_params  # noqa: PLC0415
 
     for bug in CATALOG:
         if bug.patch:
             with bug.installed():
-                assert aggregator_module.merge_transfer_params is not merge_transfer_params
-    assert aggregator_module.merge_transfer_params is merge_transfer_params
+                assert saving.merge_transfer_params is not merge_transfer_params
+    assert saving.merge_transfer_params is merge_transfer_params
 
 
 def test_the_table_patch_is_undone() -> None:
