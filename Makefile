@@ -84,11 +84,13 @@ mutate: setup $(MUTATE)
 	  $(addprefix --module ,$(subst $(comma), ,$(MODULE)))
 
 ## check: the model check at its default bound, then with the savers answering params and
-#         with the load side (one request each)
+#         with the load side (one request each), then the realistic configuration of
+#         docs/check.md (four connectors, two of them ranks of one, a None slot; two requests)
 check: setup
 	$(VENV)/bin/multiconnector check
 	$(VENV)/bin/multiconnector check --params --requests 1
 	$(VENV)/bin/multiconnector check --load --requests 1
+	$(VENV)/bin/multiconnector check --connectors lmcache,p2p@0,p2p@1,mooncake=none --requests 2
 
 ## diagrams: the state diagrams, generated from the machine, into build/
 diagrams: setup
