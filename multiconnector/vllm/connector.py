@@ -221,14 +221,7 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
         super().bind_connector_metadata(connector_metadata)
 
     def clear_connector_metadata(self) -> None:
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:  # every step: no helper
-            try:
-                child.clear_connector_metadata()
-            except Exception as exc:
-                failures = _failed(failures, name, exc)
-        if failures is not None:
-            self._raise("clear_connector_metadata", failures)
+        self._each("clear_connector_metadata")
         super().clear_connector_metadata()
 
     def shutdown(self) -> None:

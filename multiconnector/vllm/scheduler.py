@@ -40,14 +40,7 @@ class SchedulerRole(ConnectorBase):
 
     def on_new_request(self, request: Any) -> None:
         self._ensure(request)
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:  # once per request: no helper
-            try:
-                child.on_new_request(request)
-            except Exception as exc:
-                failures = _failed(failures, name, exc)
-        if failures is not None:
-            self._raise("on_new_request", failures)
+        self._each("on_new_request", request)
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int

@@ -90,14 +90,7 @@ class WorkerRole(ConnectorBase):
             self._raise("save_kv_layer", failures)
 
     def wait_for_save(self) -> None:
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:  # every step: no helper
-            try:
-                child.wait_for_save()
-            except Exception as exc:
-                failures = _failed(failures, name, exc)
-        if failures is not None:
-            self._raise("wait_for_save", failures)
+        self._each("wait_for_save")
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         results = self.get_transfer_results(finished_req_ids)
@@ -170,19 +163,7 @@ class WorkerRole(ConnectorBase):
         return blocks
 
     def get_kv_connector_kv_cache_events(self) -> Any:
-        found: list[Any] = []
-        failures: list[tuple[str, Exception]] | None = None
-        answers: dict[str, Any] = {}
-        for name, child in self._items:  # every step: no helper
-            try:
-                answers[name] = events = child.get_kv_connector_kv_cache_events()
-            except Exception as exc:
-                failures = _failed(failures, name, exc)
-                continue
-            if events is not None:
-                found.append(events)
-        if failures is not None:
-            self._raise("get_kv_connector_kv_cache_events", failures, result=answers)
+        found = list(self._present("get_kv_connector_kv_cache_events").values())
         if not found:
             return None
         merged = found[0]
