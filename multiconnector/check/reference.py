@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from ..machine import TERMINAL, State
+from ..machine import TABLE, TERMINAL, RequestTransferState, State, step
 from ..outcome import Outcome
 from .scenario import _APPLY_ANSWERS, View, _Last
 
@@ -56,14 +56,17 @@ def _by_registry(name: str, registry: Sequence[tuple[str, bool]]) -> Outcome:
 
 
 def _reported(view: View, name: str, outcome: Outcome) -> View:
-    """``view`` after a report from ``name`` with ``outcome``: a batch's next report sees it."""
+    """``view`` after a report from ``name`` with ``outcome``: a batch's next report sees it.
+
+    The next state is the declared transition's (:func:`multiconnector.machine.step`, on a
+    scratch record): the machine is written down in one place only.
+    """
     if outcome not in _TAKEN_IN:
         return view
     state, awaiting, expected, abandoned = view
+    dest = step(RequestTransferState("", state=state, awaiting=awaiting), "transfer_finished", name)
     awaiting = tuple(n for n in awaiting if n != name)
-    if outcome is _APPLIED and not awaiting:
-        state = State.finished
-    return (state, awaiting, expected, abandoned)
+    return (state if dest is None else dest, awaiting, expected, abandoned)
 
 
 def expected_outcomes(last: _Last, atomic: bool) -> tuple[Outcome, ...] | None:
@@ -99,7 +102,8 @@ def expected_outcomes(last: _Last, atomic: bool) -> tuple[Outcome, ...] | None:
     if kind == "request_finished":
         if state in TERMINAL:
             return (_TERMINAL,)
-        if state is not State.pending or last.claimed:  # finishing, or being asked already
+        # No request_finished declared from its state (finishing), or being asked already.
+        if not TABLE[state].get("request_finished") or last.claimed:
             return (_DUPLICATE,)
         return (_APPLIED,) if atomic else ()
     if kind == _APPLY_ANSWERS:  # a cancel that came in between wins
