@@ -205,7 +205,7 @@ def measure(
     gc.unfreeze()
     ours = loops["ours"]
     assert len(ours.scheduler.connector.tracker) == 0, "the scheduler must release every request"
-    assert len(ours.worker.tracker) == 0, "the worker must release every request"
+    assert len(ours.worker.ledger) == 0, "the worker must release every request"
     return times
 
 

@@ -21,6 +21,7 @@ from ..errors import ConnectorFailures, InvalidArgumentError
 from ..registry import ConnectorRegistry
 from .config import ChildSpec, specs_of, without_hma
 from .errors import ChildStartError, HMAUnsupportedError, MetadataMismatchError
+from .ledger import SaveLedger
 from .sides import SchedulerSide, WorkerSide
 from .wire import NamedMultiConnectorMetadata
 
@@ -58,8 +59,10 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         registry = ConnectorRegistry(self._sides)
         # Scheduler: every request, from arrival to request_finished (and its load, if one is in
         # flight then); the saves it hands off are the workers' to await (see saving).
-        # Worker: the saves each finished request awaits.
+        # (Both roles: shutdown goes through it.)
         self._tracker = Aggregator(registry)
+        # Worker: the saves each finished request awaits; unused on the scheduler.
+        self._ledger = SaveLedger(self._children)
         # Worker: the load each request awaits; unused on the scheduler.
         self._loads = Aggregator(registry)
         # Scheduler state.
@@ -137,8 +140,19 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         )
 
     def _present(self, method: str) -> dict[str, Any]:
-        """Each child's no-argument ``method()``, keeping only answers that are not ``None``."""
-        answers = self._gather(method, lambda _, c: getattr(c, method)())
+        """Each child's no-argument ``method()``, keeping only answers that are not ``None``.
+
+        A plain loop, as :meth:`_each` (no closure per call): some of these calls come every step.
+        """
+        answers: dict[str, Any] = {}
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:
+            try:
+                answers[name] = getattr(child, method)()
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise(method, failures, result=answers)
         return {name: answer for name, answer in answers.items() if answer is not None}
 
     def _loader(self, request_id: str) -> str | None:

@@ -21,6 +21,7 @@ from ..errors import InvalidArgumentError
 from ..outcome import Outcome
 from ._base import _failed
 from .config import child_specs, connector_class, specs_of, without_hma
+from .ledger import SaveLedger
 from .scheduler import SchedulerRole
 from .wire import NamedMultiConnectorStats, NamedPromMetrics
 from .worker import WorkerRole
@@ -62,9 +63,17 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
         """Scheduler: each request from its arrival to ``request_finished`` (held longer only
         while a load is still in flight, or when a child answered ``request_finished`` with
         garbage). The saves it then hands off are awaited by the workers, not here: see
-        :attr:`saving`. Worker: the finished requests' awaited saves, each held until every
-        saver the scheduler named reported it (or is in flight to load)."""
+        :attr:`saving` and, on a worker, :attr:`ledger`. Worker: holds no request."""
         return self._tracker
+
+    @property
+    def ledger(self) -> SaveLedger:
+        """Worker: the finished requests' awaited saves, each held until every saver the
+        scheduler named reported it (unused on the scheduler).
+
+        .. versionadded:: 0.1.0
+        """
+        return self._ledger
 
     @property
     def saving(self) -> Mapping[str, tuple[str, ...]]:
@@ -87,8 +96,8 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
     def connector_counts(self) -> dict[str, dict[Outcome, int]]:
         """Outcomes of the children's reports, per child name: ignored ones included."""
         counts: dict[str, dict[Outcome, int]] = {}
-        for tracker in (self._tracker, self._loads):
-            for name, per in tracker.connector_counts().items():
+        for books in (self._tracker, self._ledger, self._loads):
+            for name, per in books.connector_counts().items():
                 mine = counts.setdefault(name, {})
                 for outcome, n in per.items():
                     mine[outcome] = mine.get(outcome, 0) + n
@@ -195,12 +204,9 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         metadata = self._check_metadata(connector_metadata)
-        tracker = self._tracker
-        for request_id, names in metadata.savers.items():
-            # The request finished on the scheduler; from now on it awaits exactly these names.
-            if request_id not in tracker:
-                tracker.begin(request_id)
-            tracker.request_finished_by(request_id, names)
+        if metadata.savers:
+            # These requests finished on the scheduler; each awaits exactly these names now.
+            self._ledger.expect(metadata.savers)
         for request_id, name in metadata.loads.items():
             if request_id not in self._loads:
                 self._loads.begin(request_id)

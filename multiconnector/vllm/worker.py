@@ -12,7 +12,6 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
-from ..machine import State
 from ..outcome import Outcome
 from ._base import ConnectorBase, _failed
 from .wire import NamedHandshakeMetadata, NamedMultiConnectorWorkerMetadata
@@ -111,10 +110,11 @@ class WorkerRole(ConnectorBase):
                 failures = _failed(failures, name, exc)
         results = KVConnectorTransferResults()
         loads = self._loads
-        tracker = self._tracker
+        ledger = self._ledger
+        sending = results.finished_sending
         for name, child_results in per_child.items():
             if child_results.finished_sending:
-                tracker.transfer_finished_many(name, child_results.finished_sending)
+                ledger.report(name, child_results.finished_sending, sending)
             failed = child_results.failed_recving
             if not failed and not child_results.finished_recving:
                 continue
@@ -138,10 +138,6 @@ class WorkerRole(ConnectorBase):
                 else:  # aborted while loading: the scheduler still needs that one completion
                     self._finished_while_loading.add(request_id)
             loads.take()
-        sending = results.finished_sending
-        for record in tracker.take():
-            if record.state is State.finished:
-                sending.add(record.request_id)
         if failures is not None:
             self._raise("get_transfer_results", failures, result=per_child)
         return results

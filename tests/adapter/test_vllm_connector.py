@@ -301,7 +301,7 @@ def test_a_request_is_released_once_every_saver_reported(model: Path) -> None:
     assert counts["a"] == {Outcome.applied: 1, Outcome.duplicate: 1}
     assert counts["b"] == {Outcome.applied: 1, Outcome.unknown_request: 1}
     assert counts["c"] == {Outcome.phantom: 1, Outcome.unknown_request: 1}
-    assert len(w.tracker) == 0
+    assert len(w.ledger) == 0
 
 
 def test_binding_the_same_metadata_twice_changes_nothing(model: Path) -> None:

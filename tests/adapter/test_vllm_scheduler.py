@@ -146,7 +146,7 @@ def test_blocks_are_held_until_every_saver_reported(model: Path) -> None:
     assert counts["a"][Outcome.duplicate] == 1
     assert counts["c"][Outcome.phantom] == 1
     assert len(engine.connector.tracker) == 0
-    assert len(engine.worker.tracker) == 0
+    assert len(engine.worker.ledger) == 0
 
 
 def test_an_async_load_completes_once(model: Path) -> None:
@@ -217,7 +217,7 @@ def test_the_scheduler_frees_blocks_only_once_every_saver_reported_on_every_work
     assert counts["c"] == {Outcome.phantom: 1}
     assert engine.connector.saving == {}
     assert len(engine.connector.tracker) == 0
-    assert [len(w.tracker) for w in workers] == [0, 0]
+    assert [len(w.ledger) for w in workers] == [0, 0]
 
 
 def test_a_garbage_save_answer_is_awaited_by_the_workers_and_the_scheduler(model: Path) -> None:
@@ -241,7 +241,7 @@ def test_a_garbage_save_answer_is_awaited_by_the_workers_and_the_scheduler(model
     assert not engine.held("r1")
     assert engine.connector.saving == {}
     assert len(engine.connector.tracker) == 0
-    assert len(engine.worker.tracker) == 0
+    assert len(engine.worker.ledger) == 0
 
 
 def test_a_second_request_finished_while_saving_asks_nobody(model: Path) -> None:

@@ -1,0 +1,169 @@
+"""A worker's saves: :class:`SaveLedger`, each finished request's awaited savers, by name.
+
+A vLLM worker does not decide who saves a request: the scheduler's connector metadata says so,
+by name, once the request finished. What is left to the worker is the report rule of
+:meth:`multiconnector.MultiConnector.transfer_finished` for a request in ``finishing``: a report
+from a name the request still awaits is applied (one name less; the last one releases the
+request), and any other report is ignored and counted under the same :class:`Outcome` the
+aggregator gives it. A worker's children are fixed, all started, never unregistered and never
+cancel a request, so no other rule of the aggregator can apply.
+
+The ledger is a plain dict of awaited names per request: one step's reports cost about what
+vLLM's own count of pending saves costs, which the aggregator's locks, records and state
+machine do not (see docs/bench.md, "The scheduler loop"). ``tests/adapter/test_ledger.py``
+checks it against the aggregator, event for event (outcomes, releases, counters), on every
+sequence of a bounded alphabet and on random longer ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+from .._validate import check_request_id
+from ..outcome import Outcome
+
+__all__ = ["SaveLedger"]
+
+logger: Final = logging.getLogger("multiconnector")
+
+_APPLIED: Final = Outcome.applied
+_UNKNOWN_REQUEST: Final = Outcome.unknown_request
+_DUPLICATE: Final = Outcome.duplicate
+_PHANTOM: Final = Outcome.phantom
+
+
+class SaveLedger:
+    """Each finished request's savers still owing a report, until all of them reported.
+
+    ``names`` are the worker's children, in configuration order: a request awaits its savers in
+    that order, as the aggregator awaits its registered connectors. Single-threaded, as a vLLM
+    worker's connector calls are.
+
+    .. versionadded:: 0.1.0
+    """
+
+    __slots__ = ("_applied", "_awaiting", "_canonical", "_expected", "_ignored", "_order", "_rest")
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self._order: dict[str, int] = {name: i for i, name in enumerate(names)}
+        #: Each held request's savers still owing a report (never empty).
+        self._awaiting: dict[str, tuple[str, ...]] = {}
+        #: Each held request's savers (what tells a duplicate report from a phantom one).
+        self._expected: dict[str, tuple[str, ...]] = {}
+        #: Each saver tuple as received, in configuration order, without repeats.
+        self._canonical: dict[tuple[str, ...], tuple[str, ...]] = {}
+        #: ``(awaited, name)`` -> awaited without name: few distinct tuples, shared.
+        self._rest: dict[tuple[tuple[str, ...], str], tuple[str, ...]] = {}
+        self._applied: dict[str, int] = {}
+        self._ignored: dict[tuple[Outcome, str | None], int] = {}
+
+    def expect(self, savers: Mapping[str, tuple[str, ...]]) -> None:
+        """Each request of ``savers`` finished; it awaits a report from each of its names.
+
+        The names must be children (the connector metadata was checked for that). A request
+        already held is a ``duplicate`` finish and changes nothing; a request with no savers
+        owes nothing and is not held (vLLM freed its blocks at once).
+        """
+        awaiting, expected, canonical = self._awaiting, self._expected, self._canonical
+        given: tuple[str, ...] | None = None
+        names: tuple[str, ...] = ()
+        for request_id, these in savers.items():
+            if request_id in awaiting:
+                self._ignore("request_finished", request_id, None, _DUPLICATE)
+                continue
+            if these is not given:  # a step's tuples are mostly one shared tuple
+                given = these
+                found = canonical.get(these)
+                names = self._canonicalize(these) if found is None else found
+            if names:
+                awaiting[request_id] = expected[request_id] = names
+
+    def report(self, name: str, request_ids: Iterable[str], released: set[str]) -> None:
+        """Child ``name`` finished saving each of ``request_ids``; a request that no longer
+        awaits anyone is added to ``released`` and forgotten.
+
+        Every id is checked before any report is applied (:class:`InvalidArgumentError` names
+        the first that is not a request id; nothing changes then).
+        """
+        ids = request_ids if request_ids.__class__ in (set, frozenset) else list(request_ids)
+        for request_id in ids:
+            if request_id.__class__ is not str or not request_id:
+                check_request_id(request_id, "an item of request_ids")
+        awaiting, rests = self._awaiting, self._rest
+        applied = 0
+        for request_id in ids:
+            owed = awaiting.get(request_id)
+            if owed is None or name not in owed:
+                self._ignored_report(request_id, name, owed)
+                continue
+            applied += 1
+            if len(owed) == 1:
+                del awaiting[request_id]
+                del self._expected[request_id]
+                released.add(request_id)
+                continue
+            rest = rests.get((owed, name))
+            if rest is None:
+                rest = rests.setdefault((owed, name), tuple([n for n in owed if n != name]))
+            awaiting[request_id] = rest
+        if applied:
+            self._applied[name] = self._applied.get(name, 0) + applied
+
+    def _ignored_report(self, request_id: str, name: str, owed: tuple[str, ...] | None) -> None:
+        if owed is None:
+            outcome = _UNKNOWN_REQUEST
+        elif name in self._expected[request_id]:
+            outcome = _DUPLICATE
+        else:
+            outcome = _PHANTOM
+        self._ignore("transfer_finished", request_id, name, outcome)
+
+    def _ignore(self, event: str, request_id: str, name: str | None, outcome: Outcome) -> None:
+        key = (outcome, name)
+        self._ignored[key] = self._ignored.get(key, 0) + 1
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "ignored %s for request %r from %r: %s", event, request_id, name, outcome.value
+            )
+
+    def _canonicalize(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        order = self._order
+        ordered = tuple(sorted(set(names), key=order.__getitem__))
+        if len(self._canonical) < 4096:  # few distinct tuples; garbage cannot grow it forever
+            self._canonical[names] = ordered
+        return ordered
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """How many requests are held (each awaits at least one saver)."""
+        return len(self._awaiting)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._awaiting
+
+    def awaiting(self, request_id: str) -> tuple[str, ...]:
+        """The savers ``request_id`` still awaits, in configuration order (``()`` when not
+        held)."""
+        return self._awaiting.get(request_id, ())
+
+    def held(self) -> dict[str, tuple[str, ...]]:
+        """Every held request with the savers it still awaits (a copy)."""
+        return dict(self._awaiting)
+
+    def connector_counts(self) -> dict[str, dict[Outcome, int]]:
+        """The outcomes of the reports, per child name, as the aggregator's
+        :meth:`~multiconnector.MultiConnector.connector_counts` gives them."""
+        counts: dict[str, dict[Outcome, int]] = {}
+        for name, n in self._applied.items():
+            counts.setdefault(name, {})[_APPLIED] = n
+        for (outcome, name), n in self._ignored.items():
+            if name is not None:
+                per = counts.setdefault(name, {})
+                per[outcome] = per.get(outcome, 0) + n
+        return counts
+
+    def __repr__(self) -> str:
+        return f"SaveLedger(held={len(self._awaiting)})"
