@@ -44,15 +44,17 @@ The bookkeeping is :class:`multiconnector.MultiConnector`'s (the core aggregator
 class of the same name): one on the scheduler tracks each request from arrival to
 ``request_finished``, where it hands the committed saves off to the workers
 (:attr:`MultiConnector.saving` lists them until the workers report them); on each worker one
-tracks the saves each finished request awaits and one the load each request awaits.
+tracks the load each request awaits, and a :class:`~multiconnector.vllm.ledger.SaveLedger` the
+saves each finished request awaits (the core's report rule for a finishing request, checked
+against the core event by event).
 
 The subpackage is layered: :mod:`~multiconnector.vllm.config` (the children),
 :mod:`~multiconnector.vllm.wire` (what crosses processes), :mod:`~multiconnector.vllm.sides`
-(each child as the core sees it), :mod:`~multiconnector.vllm._base` (the state and fan-out
-helpers both roles share), :mod:`~multiconnector.vllm.worker` and
-:mod:`~multiconnector.vllm.scheduler` (each role's calls) and
-:mod:`~multiconnector.vllm.connector` (the class, assembled from the roles), on top of the core,
-which never imports it.
+(each child as the core sees it), :mod:`~multiconnector.vllm.ledger` (a worker's saves),
+:mod:`~multiconnector.vllm._base` (the state and fan-out helpers both roles share),
+:mod:`~multiconnector.vllm.worker` and :mod:`~multiconnector.vllm.scheduler` (each role's
+calls) and :mod:`~multiconnector.vllm.connector` (the class, assembled from the roles), on top of
+the core, which never imports it.
 
 .. versionadded:: 0.1.0
 """
@@ -72,6 +74,7 @@ except ModuleNotFoundError as _missing:
 from .config import CHILDREN_KEY, NAME_KEY, ChildSpec, child_specs, default_name
 from .connector import MultiConnector
 from .errors import ChildStartError, HMAUnsupportedError, MetadataMismatchError
+from .ledger import SaveLedger
 from .wire import (
     NamedHandshakeMetadata,
     NamedMultiConnectorMetadata,
@@ -95,6 +98,7 @@ __all__ = [
     "NamedMultiConnectorStats",
     "NamedMultiConnectorWorkerMetadata",
     "NamedPromMetrics",
+    "SaveLedger",
     "child_specs",
     "default_name",
     "msgspec_dec_hook",

@@ -159,9 +159,9 @@ class SaveLedger:
         counts: dict[str, dict[Outcome, int]] = {}
         for name, n in self._applied.items():
             counts.setdefault(name, {})[_APPLIED] = n
-        for (outcome, name), n in self._ignored.items():
-            if name is not None:
-                per = counts.setdefault(name, {})
+        for (outcome, reporter), n in self._ignored.items():
+            if reporter is not None:
+                per = counts.setdefault(reporter, {})
                 per[outcome] = per.get(outcome, 0) + n
         return counts
 
