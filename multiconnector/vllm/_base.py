@@ -140,19 +140,8 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         )
 
     def _present(self, method: str) -> dict[str, Any]:
-        """Each child's no-argument ``method()``, keeping only answers that are not ``None``.
-
-        A plain loop, as :meth:`_each` (no closure per call): some of these calls come every step.
-        """
-        answers: dict[str, Any] = {}
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:
-            try:
-                answers[name] = getattr(child, method)()
-            except Exception as exc:
-                failures = _failed(failures, name, exc)
-        if failures is not None:
-            self._raise(method, failures, result=answers)
+        """Each child's no-argument ``method()``, keeping only answers that are not ``None``."""
+        answers = self._gather(method, lambda _, c: getattr(c, method)())
         return {name: answer for name, answer in answers.items() if answer is not None}
 
     def _loader(self, request_id: str) -> str | None:
