@@ -70,6 +70,9 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._tail_savers: dict[str, tuple[str, ...]] = {}
         self._new_savers: dict[str, tuple[str, ...]] = {}
         self._new_loads: dict[str, str] = {}
+        #: Scheduler: the requests whose asynchronous load was sent to the workers and has not
+        #: reported yet (a finished request's record is held for those only).
+        self._loads_in_flight: set[str] = set()
         #: Scheduler: the requests whose saves were handed off to the workers, with the names
         #: they await, until the workers report them finished sending.
         self._saving: dict[str, tuple[str, ...]] = {}

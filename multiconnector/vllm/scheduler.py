@@ -95,6 +95,7 @@ class SchedulerRole(ConnectorBase):
             and self._sides[loader].load_async.get(request_id, False)
         ):
             self._new_loads[request_id] = loader
+            self._loads_in_flight.add(request_id)
 
     def build_connector_meta(self, scheduler_output: Any) -> NamedMultiConnectorMetadata:
         children: dict[str, Any] = {}
@@ -155,6 +156,7 @@ class SchedulerRole(ConnectorBase):
             if self._awaited_here:
                 self._confirm_here(finished)
         for request_id in connector_output.finished_recving or ():
+            self._loads_in_flight.discard(request_id)
             loader = self._loader(request_id)
             if loader is not None:
                 tracker.load_finished(request_id, loader)
@@ -258,6 +260,17 @@ class SchedulerRole(ConnectorBase):
             for side in self._sides.values():
                 if side.load_async:
                     side.load_async.pop(request_id, None)
+            record = tracker.peek(request_id)
+            if (
+                record is not None
+                and record.loader is not None
+                and not record.loaded
+                and request_id not in self._loads_in_flight
+            ):
+                # No load of it is in flight, and no report of one will come: a synchronous load
+                # ends within the step that scheduled it (vLLM reports none), and a load never
+                # started never ends. The record would otherwise be held forever.
+                tracker.load_finished(request_id, record.loader)
             tracker.take()
         return bool(savers), params
 

@@ -256,6 +256,21 @@ def test_a_second_request_finished_while_saving_asks_nobody(model: Path) -> None
     assert engine.connector.saving == {"r1": ("a",)}
 
 
+def test_a_synchronously_loaded_request_leaves_the_schedulers_books(model: Path) -> None:
+    # vLLM reports no completion for a synchronous load (it ends within the step that scheduled
+    # it): once the request finished, the scheduler must not hold its record for that load.
+    a = script(tokens=32, load_async=False)
+    engine = Engine(make_config(model, [child("a", a), child("b", script())]))
+    engine.add(make_request("r1", num_tokens=40, max_tokens=2))
+    engine.step()
+    assert engine.connector.tracker.get("r1").loader == "a"
+    while engine.scheduler.has_requests():
+        engine.step()
+    assert engine.outputs["r1"].finish_reason is not None
+    assert len(engine.connector.tracker) == 0
+    assert len(engine.worker.load_tracker) == 0
+
+
 def test_a_request_aborted_while_loading_still_frees_its_blocks(model: Path) -> None:
     a = script(tokens=32, load_async=True)
     engine = Engine(make_config(model, [child("a", a), child("b", script())]))
