@@ -18,10 +18,11 @@ sequence of a bounded alphabet and on random longer ones.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Final
 
-from .._validate import check_request_id
+from .._validate import check_name, check_request_id, shown
+from ..errors import InvalidArgumentError, UnknownConnectorError
 from ..outcome import Outcome
 
 __all__ = ["SaveLedger"]
@@ -32,6 +33,8 @@ _APPLIED: Final = Outcome.applied
 _UNKNOWN_REQUEST: Final = Outcome.unknown_request
 _DUPLICATE: Final = Outcome.duplicate
 _PHANTOM: Final = Outcome.phantom
+_TERMINAL: Final = Outcome.terminal
+_UNKNOWN_CONNECTOR: Final = Outcome.unknown_connector
 
 
 class SaveLedger:
@@ -62,20 +65,28 @@ class SaveLedger:
     def expect(self, savers: Mapping[str, tuple[str, ...]]) -> None:
         """Each request of ``savers`` finished; it awaits a report from each of its names.
 
-        The names must be children (the connector metadata was checked for that). A request
-        already held is a ``duplicate`` finish and changes nothing; a request with no savers
-        owes nothing and is not held (vLLM freed its blocks at once).
+        A request already held is a ``duplicate`` finish and changes nothing; a request with no
+        savers owes nothing and is not held (vLLM freed its blocks at once). Every saver tuple is
+        checked before anything changes: a name that is not a connector name raises
+        :class:`InvalidNameError`, one that is not a child :class:`UnknownConnectorError`.
         """
-        awaiting, expected, canonical = self._awaiting, self._expected, self._canonical
+        canonical = self._canonical
         given: tuple[str, ...] | None = None
+        for these in savers.values():  # a step's tuples are mostly one shared tuple
+            if these is not given:
+                given = these
+                if these.__class__ is not tuple or these not in canonical:
+                    self._check(these)
+        awaiting, expected = self._awaiting, self._expected
+        given = None
         names: tuple[str, ...] = ()
         for request_id, these in savers.items():
             if request_id in awaiting:
                 self._ignore("request_finished", request_id, None, _DUPLICATE)
                 continue
-            if these is not given:  # a step's tuples are mostly one shared tuple
+            if these is not given:
                 given = these
-                found = canonical.get(these)
+                found = canonical.get(these)  # not there only once the cache is full
                 names = self._canonicalize(these) if found is None else found
             if names:
                 awaiting[request_id] = expected[request_id] = names
@@ -84,10 +95,23 @@ class SaveLedger:
         """Child ``name`` finished saving each of ``request_ids``; a request that no longer
         awaits anyone is added to ``released`` and forgotten.
 
-        Every id is checked before any report is applied (:class:`InvalidArgumentError` names
-        the first that is not a request id; nothing changes then).
+        ``released`` is the step's: the worker passes one set to every child's report of a step.
+        A report for a request in it is ``terminal``, as it is to the aggregator, which holds a
+        finished request until it is handed back at the end of the step. Every argument is
+        checked before any report is applied: :class:`InvalidNameError` for ``name``,
+        :class:`InvalidArgumentError` for ``request_ids`` that is a ``str`` or not iterable, or
+        for an item that is not a request id; nothing changes then.
         """
-        ids = request_ids if request_ids.__class__ in (set, frozenset) else list(request_ids)
+        if name.__class__ is not str or name not in self._order:
+            name = check_name(name)  # a child's name is a valid one: no scan
+        ids: Collection[str] = request_ids  # type: ignore[assignment]
+        kind = ids.__class__
+        if kind is not set and kind is not frozenset and kind is not list and kind is not tuple:
+            if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
+                raise InvalidArgumentError(
+                    f"request_ids={shown(ids)} must be an iterable of request ids (str)"
+                )
+            ids = list(ids)
         for request_id in ids:
             if request_id.__class__ is not str or not request_id:
                 check_request_id(request_id, "an item of request_ids")
@@ -96,7 +120,7 @@ class SaveLedger:
         for request_id in ids:
             owed = awaiting.get(request_id)
             if owed is None or name not in owed:
-                self._ignored_report(request_id, name, owed)
+                self._ignored_report(request_id, name, owed, released)
                 continue
             applied += 1
             if len(owed) == 1:
@@ -111,11 +135,17 @@ class SaveLedger:
         if applied:
             self._applied[name] = self._applied.get(name, 0) + applied
 
-    def _ignored_report(self, request_id: str, name: str, owed: tuple[str, ...] | None) -> None:
+    def _ignored_report(
+        self, request_id: str, name: str, owed: tuple[str, ...] | None, released: set[str]
+    ) -> None:
+        """Count why ``name``'s report for ``request_id`` is ignored, as the aggregator's
+        classification would."""
         if owed is None:
-            outcome = _UNKNOWN_REQUEST
+            outcome = _TERMINAL if request_id in released else _UNKNOWN_REQUEST
         elif name in self._expected[request_id]:
             outcome = _DUPLICATE
+        elif name not in self._order:
+            outcome = _UNKNOWN_CONNECTOR
         else:
             outcome = _PHANTOM
         self._ignore("transfer_finished", request_id, name, outcome)
@@ -128,9 +158,21 @@ class SaveLedger:
                 "ignored %s for request %r from %r: %s", event, request_id, name, outcome.value
             )
 
-    def _canonicalize(self, names: tuple[str, ...]) -> tuple[str, ...]:
+    def _check(self, names: tuple[str, ...]) -> None:
+        """Raise unless ``names`` is a tuple of children's names."""
         order = self._order
-        ordered = tuple(sorted(set(names), key=order.__getitem__))
+        if names.__class__ is not tuple:
+            raise InvalidArgumentError(f"savers={shown(names)} must be a tuple of child names")
+        for name in names:
+            if name not in order:
+                check_name(name, "an item of savers")
+                raise UnknownConnectorError(
+                    f"an item of savers={name!r} is not a child of this connector: {list(order)}"
+                )
+
+    def _canonicalize(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """Checked ``names`` in configuration order, without repeats (remembered)."""
+        ordered = tuple(sorted(set(names), key=self._order.__getitem__))
         if len(self._canonical) < 4096:  # few distinct tuples; garbage cannot grow it forever
             self._canonical[names] = ordered
         return ordered
@@ -142,7 +184,7 @@ class SaveLedger:
         return len(self._awaiting)
 
     def __contains__(self, request_id: object) -> bool:
-        return request_id in self._awaiting
+        return isinstance(request_id, str) and request_id in self._awaiting
 
     def awaiting(self, request_id: str) -> tuple[str, ...]:
         """The savers ``request_id`` still awaits, in configuration order (``()`` when not
