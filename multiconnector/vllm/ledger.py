@@ -192,7 +192,9 @@ class SaveLedger:
         return self._awaiting.get(request_id, ())
 
     def held(self) -> dict[str, tuple[str, ...]]:
-        """Every held request with the savers it still awaits (a copy)."""
+        """Every held request with the savers it still awaits (a copy), in the order the
+        requests finished: the first ones have waited longest (a saver that never reports keeps
+        its requests here, at the front)."""
         return dict(self._awaiting)
 
     def connector_counts(self) -> dict[str, dict[Outcome, int]]:
