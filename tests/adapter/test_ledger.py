@@ -512,3 +512,16 @@ def test_membership_of_what_is_no_request_id() -> None:
     for other in ([], 1, None, b"r1"):
         assert other not in ledger
         assert other not in MultiConnector()
+
+
+def test_held_lists_the_longest_waiting_first() -> None:
+    """``held()`` keeps the order the requests finished in, whatever reports came since."""
+    ledger = SaveLedger(CHILDREN)
+    ledger.expect({"r1": ("a", "b")})
+    ledger.expect({"r2": ("a",), "r3": ("b", "c")})
+    released: set[str] = set()
+    ledger.report("b", ["r3", "r1"], released)
+    ledger.report("a", ["r2"], released)
+    assert released == {"r2"}
+    assert list(ledger.held()) == ["r1", "r3"]
+    assert ledger.held() == {"r1": ("a",), "r3": ("c",)}
