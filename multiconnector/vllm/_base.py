@@ -13,7 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+)
 
 from .._validate import shown
 from ..aggregator import MultiConnector as Aggregator
@@ -90,6 +94,8 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         #: (the core takes a flat list of block ids, so they travel beside it); else None.
         self._all_groups: tuple[list[int], ...] | None = None
         # Worker state.
+        #: What get_transfer_results found due and has not returned yet (it raised).
+        self._due = KVConnectorTransferResults()
         self._load_plan: dict[str, str] = {}
         self._finished_while_loading: set[str] = set()
 

@@ -72,11 +72,21 @@ class SaveLedger:
         """
         canonical = self._canonical
         given: tuple[str, ...] | None = None
-        for these in savers.values():  # a step's tuples are mostly one shared tuple
-            if these is not given:
+        plain = True
+        for request_id, these in savers.items():
+            if request_id.__class__ is not str or not request_id:
+                check_request_id(request_id, "a request id of savers")
+                plain = False  # a str subclass: held as a plain str
+            if these is not given:  # a step's tuples are mostly one shared tuple
                 given = these
-                if these.__class__ is not tuple or these not in canonical:
+                try:
+                    known = these.__class__ is tuple and these in canonical
+                except TypeError:  # an unhashable item: _check names it
+                    known = False
+                if not known:
                     self._check(these)
+        if not plain:
+            savers = {str(request_id): these for request_id, these in savers.items()}
         awaiting, expected = self._awaiting, self._expected
         given = None
         names: tuple[str, ...] = ()
@@ -114,7 +124,9 @@ class SaveLedger:
             ids = list(ids)
         for request_id in ids:
             if request_id.__class__ is not str or not request_id:
-                check_request_id(request_id, "an item of request_ids")
+                # Raises unless every item is a request id; str subclasses become plain str.
+                ids = [check_request_id(i, "an item of request_ids") for i in ids]
+                break
         awaiting, rests = self._awaiting, self._rest
         applied = 0
         for request_id in ids:
@@ -161,18 +173,20 @@ class SaveLedger:
     def _check(self, names: tuple[str, ...]) -> None:
         """Raise unless ``names`` is a tuple of children's names."""
         order = self._order
-        if names.__class__ is not tuple:
+        if not isinstance(names, tuple):
             raise InvalidArgumentError(f"savers={shown(names)} must be a tuple of child names")
-        for name in names:
-            if name not in order:
-                check_name(name, "an item of savers")
+        for given in names:
+            if given.__class__ is not str or given not in order:
+                name = check_name(given, "an item of savers")
+                if name in order:
+                    continue  # a str subclass of a child's name
                 raise UnknownConnectorError(
                     f"an item of savers={name!r} is not a child of this connector: {list(order)}"
                 )
 
     def _canonicalize(self, names: tuple[str, ...]) -> tuple[str, ...]:
         """Checked ``names`` in configuration order, without repeats (remembered)."""
-        ordered = tuple(sorted(set(names), key=self._order.__getitem__))
+        ordered = tuple(sorted({str(name) for name in names}, key=self._order.__getitem__))
         if len(self._canonical) < 4096:  # few distinct tuples; garbage cannot grow it forever
             self._canonical[names] = ordered
         return ordered

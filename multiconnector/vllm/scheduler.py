@@ -8,10 +8,11 @@ workers, by name, which children save it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import suppress
 from typing import Any
 
 from .._validate import shown
-from ..errors import ConnectorFailures, InvalidArgumentError
+from ..errors import ConnectorFailures, InvalidArgumentError, ShutDownError
 from ..machine import State
 from ._base import ConnectorBase, _failed
 from .config import without_hma
@@ -269,8 +270,10 @@ class SchedulerRole(ConnectorBase):
             ):
                 # No load of it is in flight, and no report of one will come: a synchronous load
                 # ends within the step that scheduled it (vLLM reports none), and a load never
-                # started never ends. The record would otherwise be held forever.
-                tracker.load_finished(request_id, record.loader)
+                # started never ends. The record would otherwise be held forever. Counted as the
+                # loader's drained load; after shutdown() nothing is (the books stay as they are).
+                with suppress(ShutDownError):
+                    tracker.load_finished(request_id, record.loader)
             tracker.take()
         return bool(savers), params
 

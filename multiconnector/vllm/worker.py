@@ -12,6 +12,7 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
+from ..errors import InvalidArgumentError
 from ..outcome import Outcome
 from ._base import ConnectorBase, _failed
 from .wire import NamedHandshakeMetadata, NamedMultiConnectorWorkerMetadata
@@ -99,7 +100,10 @@ class WorkerRole(ConnectorBase):
         """Apply every child's completions to the bookkeeping; return only what is due.
 
         A request is reported finished sending once every name the scheduler said saves it has
-        reported; a load completion is passed on once, from the name chosen to load.
+        reported; a load completion is passed on once, from the name chosen to load. When a
+        child raises (or answers what is not a set of request ids), the others' completions are
+        still applied, and what became due is returned by the next call: the books have already
+        let go of those requests, so they must not be lost with the error.
         """
         per_child: dict[str, Any] = {}
         failures: list[tuple[str, Exception]] | None = None
@@ -108,13 +112,17 @@ class WorkerRole(ConnectorBase):
                 per_child[name] = child.get_transfer_results(finished_req_ids)
             except Exception as exc:
                 failures = _failed(failures, name, exc)
-        results = KVConnectorTransferResults()
+        # Due but not yet returned (a call that raised): returned by this one.
+        results = self._due
         loads = self._loads
         ledger = self._ledger
         sending = results.finished_sending
         for name, child_results in per_child.items():
             if child_results.finished_sending:
-                ledger.report(name, child_results.finished_sending, sending)
+                try:
+                    ledger.report(name, child_results.finished_sending, sending)
+                except InvalidArgumentError as exc:  # nothing of this child's was applied
+                    failures = _failed(failures, name, exc)
             failed = child_results.failed_recving
             if not failed and not child_results.finished_recving:
                 continue
@@ -140,6 +148,7 @@ class WorkerRole(ConnectorBase):
             loads.take()
         if failures is not None:
             self._raise("get_transfer_results", failures, result=per_child)
+        self._due = KVConnectorTransferResults()
         return results
 
     def get_block_ids_with_load_errors(self) -> set[int]:

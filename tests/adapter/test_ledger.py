@@ -497,6 +497,7 @@ def test_expect_checks_every_saver_before_anything_changes() -> None:
         (("a", ""), InvalidNameError),
         (("a", 3), InvalidNameError),
         (["a"], InvalidArgumentError),
+        ((["a"],), InvalidNameError),
     ]
     for bad, error in cases:
         with pytest.raises(error, match="savers"):
@@ -525,3 +526,30 @@ def test_held_lists_the_longest_waiting_first() -> None:
     assert released == {"r2"}
     assert list(ledger.held()) == ["r1", "r3"]
     assert ledger.held() == {"r1": ("a",), "r3": ("c",)}
+
+
+@pytest.mark.parametrize("bad", ["", 3, None], ids=repr)
+def test_expect_checks_the_request_ids_before_anything_changes(bad: Any) -> None:
+    ledger = SaveLedger(CHILDREN)
+    with pytest.raises(InvalidArgumentError, match="request id of savers"):
+        ledger.expect({"r1": ("a",), bad: ("a",)})
+    assert len(ledger) == 0
+
+
+class Id(str):
+    pass
+
+
+def test_str_subclasses_are_held_and_released_as_plain_str() -> None:
+    """As the aggregator keeps them: a subclass id or name (from a decoder, say) is a plain
+    ``str`` in the books and in what is released; savers may be a tuple subclass."""
+    ledger = SaveLedger(CHILDREN)
+    ledger.expect({Id("r1"): (Id("b"), "a")})
+    assert [type(k) for k in ledger.held()] == [str]
+    assert ledger.awaiting("r1") == ("a", "b")
+    assert all(type(name) is str for name in ledger.awaiting("r1"))
+    released: set[str] = set()
+    ledger.report("a", ["r1"], released)
+    ledger.report(Id("b"), [Id("r1")], released)
+    assert released == {"r1"}
+    assert [type(r) for r in released] == [str]

@@ -304,6 +304,35 @@ def test_a_request_is_released_once_every_saver_reported(model: Path) -> None:
     assert len(w.ledger) == 0
 
 
+@pytest.mark.parametrize("trouble", ["raises", "garbage ids"])
+def test_what_became_due_in_a_failing_step_is_returned_by_the_next(
+    model: Path, trouble: str
+) -> None:
+    # a's report releases r1 (and a's load completion is due) in the step where b fails: the
+    # books let go of both, so the next get_transfer_results must return them.
+    a = script()
+    b = (
+        script(raise_in={"get_transfer_results": RuntimeError("b")})
+        if trouble == "raises"
+        else script()
+    )
+    w = worker(model, a=a, b=b)
+    w.bind_connector_metadata(metadata(w, savers={"r1": ("a",)}, loads={"r2": "a"}))
+    a.sending.add("r1")
+    a.recving.add("r2")
+    if trouble == "garbage ids":
+        b.sending.add(3)  # type: ignore[arg-type]
+    with pytest.raises(ConnectorFailures) as caught:
+        w.get_finished(set())
+    assert caught.value.failed == ("b",)
+    if trouble == "garbage ids":
+        assert isinstance(caught.value.exceptions[0], InvalidArgumentError)
+    assert len(w.ledger) == 0
+    b.raise_in.clear()
+    assert w.get_finished(set()) == ({"r1"}, {"r2"})
+    assert w.get_finished(set()) == (None, None)  # returned once
+
+
 def test_binding_the_same_metadata_twice_changes_nothing(model: Path) -> None:
     a = script()
     w = worker(model, a=a, b=script())

@@ -34,6 +34,7 @@ from multiconnector import (  # noqa: E402
     InvalidAnswerError,
     KeyClashError,
     Outcome,
+    ShutDownError,
     State,
 )
 from multiconnector.vllm import MultiConnector, NamedMultiConnectorMetadata  # noqa: E402
@@ -269,6 +270,18 @@ def test_a_synchronously_loaded_request_leaves_the_schedulers_books(model: Path)
     assert engine.outputs["r1"].finish_reason is not None
     assert len(engine.connector.tracker) == 0
     assert len(engine.worker.load_tracker) == 0
+
+
+def test_request_finished_after_shutdown_is_refused_as_request_finished(model: Path) -> None:
+    a = script(tokens=32, load_async=False)
+    engine = Engine(make_config(model, [child("a", a), child("b", script())]))
+    request = engine.add(make_request("r1", num_tokens=40, max_tokens=4))
+    engine.step()
+    assert engine.connector.tracker.get("r1").loader == "a"
+    engine.connector.shutdown()
+    with pytest.raises(ShutDownError, match=r"request_finished\(\) refused"):
+        engine.connector.request_finished(request, [1])
+    assert engine.connector.tracker.get("r1").loader == "a"  # the books as they were
 
 
 def test_a_request_aborted_while_loading_still_frees_its_blocks(model: Path) -> None:
