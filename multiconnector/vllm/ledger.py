@@ -29,13 +29,6 @@ __all__ = ["SaveLedger"]
 
 logger: Final = logging.getLogger("multiconnector")
 
-_APPLIED: Final = Outcome.applied
-_UNKNOWN_REQUEST: Final = Outcome.unknown_request
-_DUPLICATE: Final = Outcome.duplicate
-_PHANTOM: Final = Outcome.phantom
-_TERMINAL: Final = Outcome.terminal
-_UNKNOWN_CONNECTOR: Final = Outcome.unknown_connector
-
 
 class SaveLedger:
     """Each finished request's savers still owing a report, until all of them reported.
@@ -92,7 +85,7 @@ class SaveLedger:
         names: tuple[str, ...] = ()
         for request_id, these in savers.items():
             if request_id in awaiting:
-                self._ignore("request_finished", request_id, None, _DUPLICATE)
+                self._ignore("request_finished", request_id, None, Outcome.duplicate)
                 continue
             if these is not given:
                 given = these
@@ -153,13 +146,13 @@ class SaveLedger:
         """Count why ``name``'s report for ``request_id`` is ignored, as the aggregator's
         classification would."""
         if owed is None:
-            outcome = _TERMINAL if request_id in released else _UNKNOWN_REQUEST
+            outcome = Outcome.terminal if request_id in released else Outcome.unknown_request
         elif name in self._expected[request_id]:
-            outcome = _DUPLICATE
+            outcome = Outcome.duplicate
         elif name not in self._order:
-            outcome = _UNKNOWN_CONNECTOR
+            outcome = Outcome.unknown_connector
         else:
-            outcome = _PHANTOM
+            outcome = Outcome.phantom
         self._ignore("transfer_finished", request_id, name, outcome)
 
     def _ignore(self, event: str, request_id: str, name: str | None, outcome: Outcome) -> None:
@@ -216,7 +209,7 @@ class SaveLedger:
         :meth:`~multiconnector.MultiConnector.connector_counts` gives them."""
         counts: dict[str, dict[Outcome, int]] = {}
         for name, n in self._applied.items():
-            counts.setdefault(name, {})[_APPLIED] = n
+            counts.setdefault(name, {})[Outcome.applied] = n
         for (outcome, reporter), n in self._ignored.items():
             if reporter is not None:
                 per = counts.setdefault(reporter, {})
