@@ -16,7 +16,7 @@ The rules (docs/bad-input.md lists every call's bad inputs and what each gets):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Final, NoReturn
 
 from .errors import InvalidArgumentError, InvalidNameError
@@ -78,6 +78,25 @@ def check_request_id(value: Any, argument: str = "request_id") -> str:
     if isinstance(value, str) and value:
         return value if type(value) is str else str(value)
     bad_request_id(value, argument)
+
+
+def check_request_ids(value: Any, argument: str = "request_ids") -> Collection[str]:
+    """``value`` as a collection of plain-``str`` request ids: a list, tuple, set or frozenset of
+    plain ``str`` as it is, any other iterable copied into a list, str subclasses made plain;
+    :class:`InvalidArgumentError` for a ``str``, something not iterable, or an item that is not a
+    request id."""
+    ids = value
+    kind = ids.__class__
+    if kind is not set and kind is not frozenset and kind is not list and kind is not tuple:
+        if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
+            raise InvalidArgumentError(
+                f"{argument}={_shown(ids)} must be an iterable of request ids (str)"
+            )
+        ids = list(ids)
+    for request_id in ids:
+        if request_id.__class__ is not str or not request_id:
+            return [check_request_id(i, f"an item of {argument}") for i in ids]
+    return ids  # type: ignore[no-any-return]
 
 
 def check_blocks(value: Any, argument: str = "blocks") -> Sequence[int]:

@@ -18,10 +18,10 @@ sequence of a bounded alphabet and on random longer ones.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Final
 
-from .._validate import check_name, check_request_id, shown
+from .._validate import check_name, check_request_id, check_request_ids, shown
 from ..errors import InvalidArgumentError, UnknownConnectorError
 from ..outcome import Outcome
 
@@ -107,19 +107,7 @@ class SaveLedger:
         """
         if name.__class__ is not str or name not in self._order:
             name = check_name(name)  # a child's name is a valid one: no scan
-        ids: Collection[str] = request_ids  # type: ignore[assignment]
-        kind = ids.__class__
-        if kind is not set and kind is not frozenset and kind is not list and kind is not tuple:
-            if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
-                raise InvalidArgumentError(
-                    f"request_ids={shown(ids)} must be an iterable of request ids (str)"
-                )
-            ids = list(ids)
-        for request_id in ids:
-            if request_id.__class__ is not str or not request_id:
-                # Raises unless every item is a request id; str subclasses become plain str.
-                ids = [check_request_id(i, "an item of request_ids") for i in ids]
-                break
+        ids = check_request_ids(request_ids)
         awaiting, rests = self._awaiting, self._rest
         applied = 0
         for request_id in ids:
