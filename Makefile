@@ -111,7 +111,7 @@ docs: setup
 ## bench: the benchmarks; prints a table and writes build/bench.json
 bench: setup
 	mkdir -p $(BUILD)
-	$(PY) bench/run.py --json $(BUILD)/bench.json
+	$(PY) -m bench.run --json $(BUILD)/bench.json
 
 lint: setup
 	$(VENV)/bin/ruff check multiconnector tests bench tools

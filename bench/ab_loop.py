@@ -9,8 +9,8 @@ Two separate runs of the row on a shared machine differ by a few percent; here e
 sees the same load, so a change of 1 % shows::
 
     git archive HEAD~1 | (mkdir -p /tmp/before && tar -x -C /tmp/before)
-    PYTHONPATH=$PWD .venv/bin/python bench/ab_loop.py /tmp/before            # the first size
-    PYTHONPATH=$PWD .venv/bin/python bench/ab_loop.py --size 1 /tmp/before   # full batches
+    .venv/bin/python -m bench.ab_loop /tmp/before            # the first size
+    .venv/bin/python -m bench.ab_loop --size 1 /tmp/before   # full batches
 
 It prints, for every version, the median ratio to vLLM's and the median ratio to this
 checkout's (per repeat), with interquartile ranges. ``--workload vllm-100`` (or ``vllm-1``)
@@ -30,12 +30,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import scheduler_loop as loop_row
-import vllm_rows
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+from . import scheduler_loop as loop_row
+from . import vllm_rows
 
 
 def quartiles(values: list[float]) -> str:

@@ -7,8 +7,8 @@ The contenders run interleaved, the order alternating; the figures are medians o
 repeats, in µs per request. The timers add about the same to every call of both contenders, so
 read the differences, not the absolute figures::
 
-    PYTHONPATH=$PWD .venv/bin/python bench/loop_calls.py            # the first size
-    PYTHONPATH=$PWD .venv/bin/python bench/loop_calls.py --size 1   # full batches
+    .venv/bin/python -m bench.loop_calls            # the first size
+    .venv/bin/python -m bench.loop_calls --size 1   # full batches
 """
 
 from __future__ import annotations
@@ -18,15 +18,12 @@ import gc
 import pickle
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import scheduler_loop as loop_row
+from . import scheduler_loop as loop_row
 
 #: The scheduler-role calls vLLM's scheduler makes (both contenders support HMA, so it calls
 #: ``request_finished_all_groups``), and the worker-role calls the loop makes.

@@ -18,103 +18,19 @@ import importlib.util
 import json
 import math
 import platform
-import statistics
 import sys
 import threading
 import time
 import tracemalloc
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from baselines import MachinePerRequest, TrivialConnector, VllmStyleBookkeeping
-
 from multiconnector import ConnectorRegistry, MultiConnector
 
-NAMES = ("a", "b", "c")
-BLOCKS = [0, 1, 2, 3]
-
-
-@dataclass(frozen=True)
-class Sizes:
-    lifecycle_batch: int = 4000
-    machine_batch: int = 200
-    lifecycle_repeats: int = 61
-    memory_requests: int = 100_000
-    flat_small: int = 1_000
-    flat_large: int = 1_000_000
-    flat_cycles: int = 4000
-    flat_repeats: int = 21
-    thread_requests: int = 16_000
-    threads: int = 8
-    thread_repeats: int = 11
-    vllm_steps: int = 40
-    vllm_repeats: int = 11
-    loop_requests: int = 128
-    loop_repeats: int = 21
-    check_states: int | None = None  # None: the default bound, to the end
-
-
-QUICK = Sizes(
-    lifecycle_batch=50,
-    machine_batch=5,
-    lifecycle_repeats=3,
-    memory_requests=500,
-    flat_small=100,
-    flat_large=1_000,
-    flat_cycles=50,
-    flat_repeats=3,
-    thread_requests=400,
-    threads=8,
-    thread_repeats=2,
-    vllm_steps=2,
-    vllm_repeats=2,
-    loop_requests=8,
-    loop_repeats=2,
-    check_states=300,
-)
-
-
-@dataclass
-class Row:
-    """One line of the table."""
-
-    name: str
-    median: float
-    p90: float
-    unit: str
-    target: str = ""
-    met: bool | None = None
-
-
-@dataclass
-class Report:
-    rows: list[Row] = field(default_factory=list)
-    figures: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-
-def p90(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
-
-
-def timed(fn: Callable[[], object]) -> float:
-    """Seconds ``fn`` took, with the collector off (and the garbage collected before)."""
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
-    finally:
-        gc.enable()
+from .baselines import MachinePerRequest, TrivialConnector, VllmStyleBookkeeping
+from .common import BLOCKS, NAMES, QUICK, Report, Row, Sizes, median, p90, timed
 
 
 def aggregator(trace: bool = False) -> MultiConnector:
@@ -531,7 +447,8 @@ def bench_vllm(sizes: Sizes, report: Report) -> None:
         report.notes.append(line)
         report.figures["lifecycle_ratio_vs_real_vllm"] = None
         return
-    vllm_rows = importlib.import_module("vllm_rows")
+    from . import vllm_rows  # noqa: PLC0415 - imports vLLM: only when it is there
+
     vllm_rows.bench(sizes, report)
 
 
@@ -542,7 +459,9 @@ def bench_scheduler_loop(sizes: Sizes, report: Report) -> None:
         report.notes.append(line + " (install the vllm extra)")
         report.figures["scheduler_loop_ratio_vs_real_vllm"] = None
         return
-    importlib.import_module("scheduler_loop").bench(sizes, report)
+    from . import scheduler_loop  # noqa: PLC0415 - imports vLLM: only when it is there
+
+    scheduler_loop.bench(sizes, report)
 
 
 def _importable(module: str) -> bool:

@@ -9,7 +9,7 @@ for each of the model's two layers, ``wait_for_save``, ``get_transfer_results``,
 ``get_block_ids_with_load_errors``, ``get_kv_connector_stats``,
 ``get_kv_connector_kv_cache_events``, ``build_connector_worker_meta``,
 ``clear_connector_metadata``; then ``update_from_output()``. The three trivial children of
-:mod:`trivial_children` save every finished request asynchronously and report each finished id
+:mod:`bench.trivial_children` save every finished request asynchronously and report each finished id
 as sent once, at the step where the workers learn it finished (``finished_req_ids``).
 
 Through vLLM's ``MultiConnector`` and through ours, each configured as a user would: vLLM's
@@ -28,18 +28,13 @@ import logging
 import os
 import pickle
 import random
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import trivial_children
-from run import NAMES, Report, Row, Sizes, median, p90
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "adapter"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is a local folder: never ask a hub
 
 from vllm import SamplingParams
 from vllm.config import (
@@ -56,7 +51,10 @@ from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
-from vllm_harness import (
+
+from . import trivial_children
+from .common import NAMES, Report, Row, Sizes, median, p90
+from .engine import (
     BLOCK,
     EOS,
     TINY_OPT,
@@ -78,7 +76,7 @@ LAYERS = tuple(
 CHILDREN = [
     {
         "kv_connector": "TrivialChild",
-        "kv_connector_module_path": "trivial_children",
+        "kv_connector_module_path": "bench.trivial_children",
         "kv_role": "kv_both",
         "kv_connector_extra_config": {"key": key, "multiconnector_name": key},
     }

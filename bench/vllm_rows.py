@@ -2,7 +2,7 @@
 (``multiconnector.vllm.MultiConnector``) and our core ``MultiConnector``.
 
 The workload, per scheduler step of ``batch`` requests, with three trivial children
-(:mod:`trivial_children`): the scheduler-side ``request_finished`` of every request,
+(:mod:`bench.trivial_children`): the scheduler-side ``request_finished`` of every request,
 ``build_connector_meta``; on the worker side ``bind_connector_metadata``, ``get_finished`` (every
 child reports every request as sent), ``clear_connector_metadata``; then the scheduler's
 ``update_connector_output`` with what the worker reported (vLLM's own forwards it to the children;
@@ -21,9 +21,6 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import trivial_children
-from baselines import UnguardedFloor
-from run import BLOCKS, NAMES, Report, Row, Sizes, median, p90, timed
 from vllm import SamplingParams
 from vllm.config import DeviceConfig, KVTransferConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
@@ -34,12 +31,16 @@ from vllm.v1.request import Request
 
 from multiconnector import MultiConnector
 
+from . import trivial_children
+from .baselines import UnguardedFloor
+from .common import BLOCKS, NAMES, Report, Row, Sizes, median, p90, timed
+
 logging.getLogger("vllm").setLevel(logging.ERROR)  # one warning per child built otherwise
 
 CHILDREN = [
     {
         "kv_connector": "TrivialChild",
-        "kv_connector_module_path": "trivial_children",
+        "kv_connector_module_path": "bench.trivial_children",
         "kv_role": "kv_both",
         "kv_connector_extra_config": {"key": key, "multiconnector_name": key},
     }
@@ -89,8 +90,9 @@ class Through:
 class Core:
     """Our core ``MultiConnector`` with three trivial children, the same bookkeeping.
 
-    ``floor=True`` runs the same calls on :class:`baselines.UnguardedFloor` instead: the core's
-    data layout with every safeguard taken out, the yardstick for what the guarantees cost.
+    ``floor=True`` runs the same calls on :class:`~bench.baselines.UnguardedFloor` instead: the
+    core's data layout with every safeguard taken out, the yardstick for what the guarantees
+    cost.
     """
 
     class Child:

@@ -13,7 +13,6 @@ import pytest
 from tests.adapter.vllm_support import missing_reason, require_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNNER = ROOT / "bench" / "run.py"
 KEYS = (
     "lifecycle_ratio_vs_vllm_baseline",
     "lifecycle_speedup_vs_machine_per_request",
@@ -27,7 +26,7 @@ KEYS = (
 def run(tmp_path: Path, *args: str) -> tuple[str, dict[str, object]]:
     out = tmp_path / "bench.json"
     done = subprocess.run(
-        [sys.executable, str(RUNNER), "--quick", "--json", str(out), *args],
+        [sys.executable, "-m", "bench.run", "--quick", "--json", str(out), *args],
         capture_output=True,
         text=True,
         timeout=300,

@@ -1,0 +1,82 @@
+"""vLLM's real v1 ``Scheduler`` on the CPU, for the scheduler-loop row: a tiny OPT model folder
+(only its ``config.json``: the scheduler side needs nothing else), the KV cache config, the
+scheduler, and what the model runner returns for a step.
+
+The adapter's tests build theirs the same way (``tests/adapter/vllm_harness.py``); the benchmarks
+keep their own, so that ``bench`` imports nothing from ``tests``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from vllm.config import VllmConfig
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.structured_output import StructuredOutputManager
+
+BLOCK = 16
+EOS = 2
+
+TINY_OPT = {
+    "architectures": ["OPTForCausalLM"],
+    "model_type": "opt",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "ffn_dim": 128,
+    "vocab_size": 1000,
+    "max_position_embeddings": 512,
+    "word_embed_proj_dim": 64,
+    "do_layer_norm_before": True,
+    "torch_dtype": "float32",
+}
+
+init_none_hash(sha256)
+
+
+def write_model(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(TINY_OPT))
+    return folder
+
+
+def make_kv_cache_config(num_blocks: int = 64) -> KVCacheConfig:
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
+    )
+
+
+def make_scheduler(
+    config: VllmConfig, num_blocks: int = 64, kv_cache_config: KVCacheConfig | None = None
+) -> Scheduler:
+    config.cache_config.num_gpu_blocks = num_blocks
+    return Scheduler(
+        vllm_config=config,
+        kv_cache_config=kv_cache_config or make_kv_cache_config(num_blocks),
+        log_stats=True,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=BLOCK,
+    )
+
+
+def runner_output(
+    scheduler_output: Any, kv_output: KVConnectorOutput | None, token: int = 7
+) -> ModelRunnerOutput:
+    """What the model runner returns for a step: ``token`` sampled for every scheduled request."""
+    ids = list(scheduler_output.num_scheduled_tokens)
+    return ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={rid: i for i, rid in enumerate(ids)},
+        sampled_token_ids=[[token] for _ in ids],
+        kv_connector_output=kv_output,
+    )
