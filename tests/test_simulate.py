@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from multiconnector import InvalidArgumentError, MultiConnector, Outcome, State
-from multiconnector._pool import BlockPool, Violations
+from multiconnector._workload.pool import BlockPool, Violations
 from multiconnector.simulate import FAULT_KINDS, SimulationConfig, render_summary, run_cli, simulate
 
 SMALL = 1500

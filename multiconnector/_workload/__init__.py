@@ -17,7 +17,13 @@ The scheduler acts only on what a real caller knows: what the library returns. I
 exactly the blocks of the requests :meth:`~multiconnector.MultiConnector.take` hands back, at
 once, with no ledger of its own: a cancelled request, or one whose load is still in flight, is
 handed back only once no connector may touch its blocks. The block pool checks every free
-against the simulated connectors' own ledgers (see :mod:`multiconnector._pool`).
+against the simulated connectors' own ledgers (see :mod:`multiconnector._workload.pool`).
+
+The simulator's parts, from the ground up: ``records.py`` (a simulated request, the tallies),
+``pool.py`` (the block pool, the violations), ``connectors.py`` (the simulated connectors and
+their ledgers), ``config.py``, ``deliveries.py`` (the reports' way back), ``simulation.py`` (the
+scheduler) and ``result.py``. ``multiconnector simulate`` (:mod:`multiconnector.simulate`) is its
+command line.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import attrs
 from .._validate import check_stripes, shown
 from ..errors import InvalidArgumentError
 
-__all__ = ["CONNECTORS", "FAULT_KINDS", "SimulationConfig"]
+__all__ = ["CONNECTORS", "FAULT_KINDS", "MAX_BLOCKS", "SimulationConfig"]
 
 #: The fault kinds ``--faults`` picks from, and what each injects.
 FAULT_KINDS: Final[dict[str, str]] = {
@@ -28,7 +28,7 @@ FAULT_KINDS: Final[dict[str, str]] = {
 #: The connectors, in registration order: ``None`` is one whose start failed.
 CONNECTORS: Final[tuple[str, ...]] = ("cache", "pd@0", "pd@1", "nixl")
 #: The most blocks a request takes: the pool must hold at least one such request.
-_MAX_BLOCKS: Final = 32
+MAX_BLOCKS: Final = 32
 
 
 def _check_rate(value: Any, argument: str) -> float:
@@ -81,7 +81,7 @@ class SimulationConfig:
         if type(self.seed) is not int:
             raise InvalidArgumentError(f"seed={shown(self.seed)} must be an int")
         _check_count(self.threads, "threads", 1)
-        _check_count(self.blocks, "blocks", _MAX_BLOCKS)
+        _check_count(self.blocks, "blocks", MAX_BLOCKS)
         check_stripes(self.stripes)
         _check_rate(self.fault_rate, "fault_rate")
         _check_rate(self.cancel_rate, "cancel_rate")

@@ -11,13 +11,13 @@ from __future__ import annotations
 import queue
 from typing import Any, Final
 
-from .._pool import Violations
 from ..aggregator import MultiConnector
 from ..errors import ConnectorFailures
 from ..outcome import Outcome
-from .records import Tally, _count
+from .pool import Violations
+from .records import Tally, count
 
-__all__ = ["Deliveries"]
+__all__ = ["D_LOAD", "D_LOAD_REPORT", "D_REPORT", "D_SAVE", "Deliveries"]
 
 _APPLIED: Final = Outcome.applied
 #: What a report a connector really made may meet: applied, or refused because the request was
@@ -43,8 +43,9 @@ _GENUINE_LOAD: Final = frozenset(
     }
 )
 
-# Deliveries, made by the scheduler (threads == 1) or a worker thread.
-_D_SAVE, _D_LOAD, _D_REPORT, _D_LOAD_REPORT = range(4)
+#: The kinds of delivery (an item's first field), made by the scheduler (threads == 1) or a
+#: worker thread.
+D_SAVE, D_LOAD, D_REPORT, D_LOAD_REPORT = range(4)
 
 
 class Deliveries:
@@ -74,9 +75,9 @@ class Deliveries:
     def _deliver_one(self, item: tuple[Any, ...], tally: Tally) -> None:
         code = item[0]
         mc = self.mc
-        if code in (_D_SAVE, _D_LOAD):
+        if code in (D_SAVE, D_LOAD):
             _, connector, req, dup = item
-            load = code == _D_LOAD
+            load = code == D_LOAD
             name, rid = connector.name, req.rid
             if not connector.complete(rid, load):
                 return  # aborted by its shutdown: a connector that is gone does not report
@@ -88,14 +89,14 @@ class Deliveries:
                 try:
                     outcome = mc.transfer_finished(rid, name)
                 except ConnectorFailures:  # its on_finished raised, after the report applied
-                    _count(tally, "callback", "failure")
+                    count(tally, "callback", "failure")
                     outcome = _APPLIED
             self._judge(tally, load, name, rid, outcome, dup=dup)
-        elif code in (_D_REPORT, _D_LOAD_REPORT):
+        elif code in (D_REPORT, D_LOAD_REPORT):
             _, name, rid, category, req = item
             if req is not None and name not in req.seen:
                 return  # a late copy of a report that was never made (its save was aborted)
-            self._injected(tally, code == _D_LOAD_REPORT, name, rid, category)
+            self._injected(tally, code == D_LOAD_REPORT, name, rid, category)
 
     def _judge(
         self,
@@ -109,7 +110,7 @@ class Deliveries:
     ) -> None:
         """Count a genuine report's outcome, flag a refused one, then send its duplicate."""
         what = "load" if load else "save"
-        _count(tally, what, outcome.value)
+        count(tally, what, outcome.value)
         if outcome not in (_GENUINE_LOAD if load else _GENUINE_SAVE):
             self.violations.add("report_refused", rid, f"{name}'s {what}: {outcome.value}")
         if dup:
@@ -123,7 +124,7 @@ class Deliveries:
             )
         except ConnectorFailures:
             outcome = _APPLIED
-        _count(tally, category, outcome.value)
+        count(tally, category, outcome.value)
         if outcome is _APPLIED or outcome is Outcome.drained:
             what = "load report" if load else "report"
             self.violations.add("fault_applied", rid, f"{category} {what} from {name} applied")
@@ -152,7 +153,7 @@ class Deliveries:
                 return
             run: list[tuple[Any, ...]] = []
             for item in batch:
-                if item[0] == _D_SAVE:
+                if item[0] == D_SAVE:
                     run.append(item)
                     continue
                 if run:
@@ -191,9 +192,9 @@ class Deliveries:
         try:
             outcomes = self.mc.transfer_finished_many(name, [item[2].rid for item in made])
         except ConnectorFailures as exc:  # on_finished raised, after every report applied
-            _count(tally, "callback", "failure", len(exc.exceptions))
+            count(tally, "callback", "failure", len(exc.exceptions))
             outcomes = exc.result
-        _count(tally, "batch", "calls")
-        _count(tally, "batch", "reports", len(made))
+        count(tally, "batch", "calls")
+        count(tally, "batch", "reports", len(made))
         for item, outcome in zip(made, outcomes, strict=True):
             self._judge(tally, False, name, item[2].rid, outcome, dup=item[3])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, final
 
-__all__ = ["SimRequest", "Tally"]
+__all__ = ["SimRequest", "Tally", "count"]
 
 
 @final
@@ -62,6 +62,7 @@ class SimRequest:
 Tally = dict[tuple[str, str], int]
 
 
-def _count(tally: Tally, category: str, what: str, n: int = 1) -> None:
+def count(tally: Tally, category: str, what: str, n: int = 1) -> None:
+    """Add ``n`` to the tally of ``what`` under ``category``."""
     key = (category, what)
     tally[key] = tally.get(key, 0) + n

@@ -18,17 +18,17 @@ import time
 from collections.abc import Callable
 from typing import Any, Final, final
 
-from .._pool import BlockPool, Violations
-from .._simconnector import SimCache, SimConnector
 from .._validate import shown
 from ..aggregator import MultiConnector
 from ..errors import ConnectorFailures, InvalidArgumentError, KeyClashError
 from ..machine import State
 from ..outcome import Outcome
 from ..registry import ConnectorRegistry
-from .config import _MAX_BLOCKS, CONNECTORS, FAULT_KINDS, SimulationConfig
-from .deliveries import _APPLIED, _D_LOAD, _D_LOAD_REPORT, _D_REPORT, _D_SAVE, Deliveries
-from .records import SimRequest, Tally, _count
+from .config import CONNECTORS, FAULT_KINDS, MAX_BLOCKS, SimulationConfig
+from .connectors import SimCache, SimConnector
+from .deliveries import D_LOAD, D_LOAD_REPORT, D_REPORT, D_SAVE, Deliveries
+from .pool import BlockPool, Violations
+from .records import SimRequest, Tally, count
 from .result import SimulationResult
 
 __all__ = ["Simulation"]
@@ -77,7 +77,7 @@ class Simulation(Deliveries):
         self.clock = rng.expovariate(_ARRIVAL_RATE)
         #: When the load the cache just committed to will be done (set by _committed).
         self.load_done = 0
-        self.next_size = rng.randint(1, _MAX_BLOCKS)
+        self.next_size = rng.randint(1, MAX_BLOCKS)
         self.handed_back = 0
         self.finished = 0
         self.cancelled = 0
@@ -147,7 +147,7 @@ class Simulation(Deliveries):
             req.loading = True
             done = now + rng.randint(*_LOAD)
             dup = bool(p["duplicate"]) and rng.random() < p["duplicate"]
-            self._at(done, _SEND, (req.index, (_D_LOAD, connector, req, dup)))
+            self._at(done, _SEND, (req.index, (D_LOAD, connector, req, dup)))
             self.load_done = done
             if dup:
                 self.faults["duplicate"] += 1
@@ -159,10 +159,10 @@ class Simulation(Deliveries):
         if req.callback_fail == connector.name:
             connector.fail_callbacks[req.rid] = None
             self.faults["raise"] += 1
-        self._at(done, _SEND, (req.index, (_D_SAVE, connector, req, dup)))
+        self._at(done, _SEND, (req.index, (D_SAVE, connector, req, dup)))
         if p["late"] and rng.random() < p["late"]:
             self.faults["late"] += 1
-            item = (_D_REPORT, connector.name, req.rid, "late", req)
+            item = (D_REPORT, connector.name, req.rid, "late", req)
             self._at(done + _LATE_AFTER, _SEND, (req.index, item))
 
     # -- the scheduler -------------------------------------------------------------------------
@@ -213,18 +213,18 @@ class Simulation(Deliveries):
             self.faults["unknown"] += 1
             which = rng.randrange(4)
             if which == 0:
-                item: tuple[Any, ...] = (_D_REPORT, _GHOST, rid, "unknown", None)
+                item: tuple[Any, ...] = (D_REPORT, _GHOST, rid, "unknown", None)
             elif which == 1:
-                item = (_D_REPORT, _NOT_READY, rid, "unknown", None)
+                item = (D_REPORT, _NOT_READY, rid, "unknown", None)
             elif which == 2:
-                item = (_D_REPORT, "cache", f"never-{index}", "unknown", None)
+                item = (D_REPORT, "cache", f"never-{index}", "unknown", None)
             else:
-                item = (_D_LOAD_REPORT, _GHOST, rid, "unknown", None)
+                item = (D_LOAD_REPORT, _GHOST, rid, "unknown", None)
             self._at(now + rng.randint(0, decode + 20), _SEND, (index, item))
         if p["unregister"] and rng.random() < p["unregister"] / 10:
             self._at(now + rng.randint(0, 50), _UNREGISTER, None)
         self.clock += rng.expovariate(_ARRIVAL_RATE)
-        self.next_size = rng.randint(1, _MAX_BLOCKS)
+        self.next_size = rng.randint(1, MAX_BLOCKS)
         return True
 
     def _finish(self, req: SimRequest) -> None:
@@ -234,8 +234,8 @@ class Simulation(Deliveries):
             if p["late"] and rng.random() < 0.5:  # ...unless it is late to notice
                 self.faults["late"] += 1
                 late, _ = mc.request_finished(rid, req.blocks)
-                _count(self.tally, "late", late.value)
-                if late is _APPLIED:
+                count(self.tally, "late", late.value)
+                if late is Outcome.applied:
                     self.violations.add("fault_applied", rid, "request_finished after cancel")
             return
         req.finished_once = True
@@ -254,22 +254,22 @@ class Simulation(Deliveries):
             for inner in exc.exceptions:
                 if isinstance(inner, KeyClashError):
                     clash = inner
-        _count(self.tally, "request_finished", "clash" if outcome is None else outcome.value)
+        count(self.tally, "request_finished", "clash" if outcome is None else outcome.value)
         self._check_fan_out(req, outcome, params, failed, clash)
         if p["duplicate"] and rng.random() < p["duplicate"]:
             self.faults["duplicate"] += 1
             again, _ = mc.request_finished(rid, req.blocks)
-            _count(self.tally, "duplicate", again.value)
-            if again is _APPLIED:
+            count(self.tally, "duplicate", again.value)
+            if again is Outcome.applied:
                 self.violations.add("fault_applied", rid, "request_finished applied twice")
         if p["phantom"] and rng.random() < p["phantom"]:
             others = [n for n in self.up if n not in req.committed and n != _NOT_READY]
             if others:
                 self.faults["phantom"] += 1
                 name = rng.choice(others)
-                item: tuple[Any, ...] = (_D_REPORT, name, rid, "phantom", None)
+                item: tuple[Any, ...] = (D_REPORT, name, rid, "phantom", None)
                 if name != "cache" and rng.random() < 0.5:  # the cache may be the loader
-                    item = (_D_LOAD_REPORT, name, rid, "phantom", None)
+                    item = (D_LOAD_REPORT, name, rid, "phantom", None)
                 self._at(self.now + rng.randint(0, 10), _SEND, (req.index, item))
 
     def _check_fan_out(
@@ -303,7 +303,7 @@ class Simulation(Deliveries):
         elif outcome is not None and outcome is not Outcome.overtaken and params != merged:
             add("fan_out", rid, f"params {params} merged from {req.answers}")
         # A cancel that landed while the connectors were asked overtakes the call (no params).
-        wanted = Outcome.overtaken if req.cancel_applied else _APPLIED
+        wanted = Outcome.overtaken if req.cancel_applied else Outcome.applied
         if outcome is not None and outcome is not wanted:
             add("fan_out", rid, f"request_finished of a live request was {outcome.value}")
 
@@ -311,13 +311,13 @@ class Simulation(Deliveries):
         mc, rid = self.mc, req.rid
         if req.handed_back:  # a cancel that comes too late
             outcome = mc.cancel(rid)
-            _count(self.tally, "cancel", outcome.value)
+            count(self.tally, "cancel", outcome.value)
             if outcome is not Outcome.unknown_request:
                 self.violations.add("cancel", rid, f"cancel after hand-back was {outcome.value}")
             return
         outcome = mc.cancel(rid)
-        _count(self.tally, "cancel", outcome.value)
-        if outcome is _APPLIED:
+        count(self.tally, "cancel", outcome.value)
+        if outcome is Outcome.applied:
             req.cancel_applied = True
         elif outcome is not Outcome.terminal:
             self.violations.add("cancel", rid, f"cancel of a held request was {outcome.value}")
@@ -325,8 +325,8 @@ class Simulation(Deliveries):
         if p and self.rng.random() < p:
             self.faults["duplicate"] += 1
             again = mc.cancel(rid)
-            _count(self.tally, "duplicate", again.value)
-            if again is _APPLIED:
+            count(self.tally, "duplicate", again.value)
+            if again is Outcome.applied:
                 self.violations.add("fault_applied", rid, "cancel applied twice")
 
     def _unregister_event(self) -> None:
@@ -348,7 +348,7 @@ class Simulation(Deliveries):
             self.mc.unregister(name)
             for rid in stale:
                 self.faults["late"] += 1
-                item = (_D_REPORT, name, rid, "late", None)
+                item = (D_REPORT, name, rid, "late", None)
                 self._at(self.now + rng.randint(0, 30), _SEND, (0, item))
             self._at(self.now + rng.randint(*_DOWN_FOR), _REGISTER, name)
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, final
+from typing import Any, final
 
-if TYPE_CHECKING:
-    from ._workload import SimRequest
+from .records import SimRequest
 
 __all__ = ["InjectedError", "SimCache", "SimConnector"]
 
