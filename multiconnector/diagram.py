@@ -33,9 +33,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, cast
 
 from transitions.extensions import GraphMachine
-from transitions.extensions.diagrams_base import BaseGraph
 
 from ._args import Parser, output_dir, output_file
+from ._drawing import (
+    FORMATS,
+    DiagramMachine,
+    Numbers,
+    cell,
+    machine_class,
+    mark_initial,
+    titled_mermaid,
+)
 from ._validate import shown
 from .errors import InvalidArgumentError
 from .machine import INITIAL, STATES, TERMINAL, RequestTransferState, State, Step, build_machine
@@ -52,8 +60,6 @@ __all__ = [
     "trace_numbers",
 ]
 
-#: The formats :func:`render` and the command know.
-FORMATS: Final[tuple[str, ...]] = ("mermaid", "dot", "svg", "md")
 #: The title every diagram of the machine carries.
 TITLE: Final = "request transfer"
 #: The committed diagrams (``docs/generated/``), file name -> format. ``make docs-diagrams``
@@ -65,99 +71,16 @@ GENERATED: Final[Mapping[str, str]] = {
     "machine.md": "md",
 }
 
-_VISITED_COLOUR: Final = "#1d4ed8"
-_FINAL_COLOUR: Final = "#b45309"
 
-# Styles per engine: mermaid's classDef speaks CSS, Graphviz speaks its own attributes. Only the
-# styles named here are emitted, so the mermaid text carries no unused classDef.
-_MERMAID_STYLES: Final[dict[str, Any]] = {
-    "node": {
-        "default": {"fillcolor": "white", "color": "black"},
-        "terminal": {"fillcolor": "white", "color": "black", "stroke-width": "3px"},
-        "visited": {"fillcolor": "#dbeafe", "color": "#1e3a8a", "stroke": _VISITED_COLOUR},
-        "final": {
-            "fillcolor": "#fde68a",
-            "color": "#78350f",
-            "stroke": _FINAL_COLOUR,
-            "stroke-width": "3px",
-        },
-    },
-    "edge": {"default": {}},
-    "graph": {"default": {}},
-}
-_DOT_STYLES: Final[dict[str, Any]] = {
-    "node": {
-        "default": {
-            "style": "rounded,filled",
-            "shape": "rectangle",
-            "fillcolor": "white",
-            "color": "black",
-            "fontname": "Helvetica",
-        },
-        "terminal": {"peripheries": "2"},
-        "visited": {"fillcolor": "#dbeafe", "color": _VISITED_COLOUR, "penwidth": "2"},
-        "final": {
-            "fillcolor": "#fde68a",
-            "color": _FINAL_COLOUR,
-            "penwidth": "3",
-            "peripheries": "2",
-        },
-    },
-    "edge": {
-        "default": {"color": "black", "fontname": "Helvetica", "fontsize": "11"},
-        "visited": {"color": _VISITED_COLOUR, "fontcolor": _VISITED_COLOUR, "penwidth": "2.5"},
-    },
-    "graph": {"default": {"fontname": "Helvetica"}},
-}
-
-#: (event, source, dest) -> 1-based step numbers, for one rendering.
-_Numbers = dict[tuple[str, str, str], list[int]]
-
-
-class _NumberedLabels(BaseGraph):
-    """Mixed into a ``transitions`` graph class: travelled transitions get their step numbers."""
-
-    def _transition_label(self, tran: dict[str, str]) -> str:
-        label = super()._transition_label(tran)
-        numbers: _Numbers = getattr(self.machine, "step_numbers", {})
-        found = numbers.get((tran["trigger"], tran["source"], tran.get("dest", tran["source"])))
-        if not found:
-            return label
-        noun = "step" if len(found) == 1 else "steps"
-        return f"{label} ({noun} {', '.join(map(str, found))})"
-
-
-class _DiagramMachine(GraphMachine):
-    """A ``GraphMachine`` whose graphs number the travelled transitions, styled per engine."""
-
-    step_numbers: _Numbers
-
-    def _init_graphviz_engine(self, graph_engine: str) -> type[BaseGraph]:
-        base = super()._init_graphviz_engine(graph_engine)
-        name = base.__module__.rsplit("_", 1)[-1]  # diagrams_mermaid -> mermaid
-        if name != graph_engine:  # transitions falls back to mermaid when graphviz is missing
-            raise ModuleNotFoundError(
-                f"the {graph_engine!r} diagram engine needs the 'graphviz' Python package: "
-                "install the 'diagrams' extra (pip install 'multiconnector[diagrams]')",
-                name="graphviz",
-            )
-        return type(f"Numbered{base.__name__}", (_NumberedLabels, base), {})
-
-
-def _machine(engine: str, numbers: _Numbers) -> _DiagramMachine:
-    styles = _MERMAID_STYLES if engine == "mermaid" else _DOT_STYLES
-    cls = cast(
-        type[_DiagramMachine],
-        type("_Machine", (_DiagramMachine,), {"style_attributes": styles}),
-    )
+def _machine(engine: str, numbers: Numbers) -> DiagramMachine:
     machine = build_machine(
-        machine_cls=cls,
+        machine_cls=machine_class(engine, "_Machine"),
         graph_engine=engine,
         show_conditions=True,
         show_state_attributes=False,
         title=TITLE,
     )
-    diagram_machine = cast(_DiagramMachine, machine)
+    diagram_machine = cast(DiagramMachine, machine)
     diagram_machine.step_numbers = numbers
     return diagram_machine
 
@@ -379,7 +302,7 @@ def trace_numbers(
 
 
 def _graph(engine: str, path: tuple[Step, ...] | None, at: Sequence[int] | None = None) -> Any:
-    numbers: _Numbers = {}
+    numbers: Numbers = {}
     for index, one in enumerate(path or ()):
         number = at[index] if at is not None else index + 1
         numbers.setdefault((one.event, one.source.value, one.dest.value), []).append(number)
@@ -399,30 +322,16 @@ def _graph(engine: str, path: tuple[Step, ...] | None, at: Sequence[int] | None 
 
 
 def _mermaid(path: tuple[Step, ...] | None, title: str, at: Sequence[int] | None = None) -> str:
-    lines = _graph("mermaid", path, at).source.splitlines()
-    # transitions writes the title as bare front matter; mermaid wants YAML with a `title` key.
-    if lines[:3] == ["---", TITLE, "---"]:
-        lines[1] = f"title: {json.dumps(title)}"
-    return "\n".join(line.rstrip() for line in lines) + "\n"
+    return titled_mermaid(_graph("mermaid", path, at).source, title)
 
 
 def _dot_graph(path: tuple[Step, ...] | None, title: str, at: Sequence[int] | None = None) -> Any:
-    graph = _graph("graphviz", path, at)
-    # The initial state's marker, as mermaid draws it with `[*] --> pending`.
-    graph.node("__initial__", label="", shape="point", width="0.15", fillcolor="black")
-    graph.edge("__initial__", INITIAL.value)
-    graph.name = title
-    graph.graph_attr["label"] = title
-    return graph
+    return mark_initial(_graph("graphviz", path, at), INITIAL.value, title)
 
 
 def _svg(path: tuple[Step, ...] | None, title: str, at: Sequence[int] | None = None) -> str:
     svg: str = _dot_graph(path, title, at).pipe(format="svg", encoding="utf-8")
     return svg
-
-
-def _cell(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "'")
 
 
 def _guard_text(tran: Mapping[str, Any]) -> str:
@@ -444,7 +353,7 @@ def _markdown(
             "`multiconnector diagram --format md`. Do not edit: run `make docs-diagrams`.",
         ]
     else:
-        who = "a request" if request is None else f"request `{_cell(request)}`"
+        who = "a request" if request is None else f"request `{cell(request)}`"
         final = path[-1].dest if path else INITIAL
         out += [
             f"# The path of {who}",
@@ -457,7 +366,7 @@ def _markdown(
         out += ["| step | event | from | to | connector |", "| --- | --- | --- | --- | --- |"]
         for index, one in enumerate(path):
             number = at[index] if at is not None else index + 1
-            name = "—" if one.name is None else f"`{_cell(one.name)}`"
+            name = "—" if one.name is None else f"`{cell(one.name)}`"
             out.append(
                 f"| {number} | `{one.event}` | `{one.source.value}` | `{one.dest.value}` | {name} |"
             )

@@ -23,25 +23,19 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final, cast, final
+from typing import Any, cast, final
 
 import attrs
 
+from .._drawing import FORMATS, DiagramMachine, cell, machine_class, mark_initial, titled_mermaid
 from .._explore import Counterexample
 from .._validate import shown
-from ..diagram import _DOT_STYLES, _MERMAID_STYLES, FORMATS, _DiagramMachine
 from ..errors import InvalidArgumentError
 from .declaration import Declared, declare, load
 
 __all__ = ["Diagram", "draw", "path_of", "run_cli"]
 
 Triple = tuple[str, str, str]
-
-_NUMBER_STYLES: Final = {"mermaid": _MERMAID_STYLES, "graphviz": _DOT_STYLES}
-
-
-def _cell(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "'")
 
 
 def path_of(declared: Declared, path: Any, argument: str = "path") -> tuple[Triple, ...]:
@@ -132,14 +126,10 @@ class Diagram:
         numbers: dict[Triple, list[int]] = {}
         for n, (source, trigger, dest) in enumerate(self.path, start=1):
             numbers.setdefault((trigger, source, dest), []).append(n)
-        cls = cast(
-            type[_DiagramMachine],
-            type("_UserMachine", (_DiagramMachine,), {"style_attributes": _NUMBER_STYLES[engine]}),
-        )
         machine = cast(
-            _DiagramMachine,
+            DiagramMachine,
             self.declared.build(
-                cls,
+                machine_class(engine, "_UserMachine"),
                 graph_engine=engine,
                 show_conditions=True,
                 show_state_attributes=False,
@@ -161,18 +151,10 @@ class Diagram:
         return graph.get_graph(title=self.title)
 
     def mermaid(self) -> str:
-        lines = self._graph("mermaid").source.splitlines()
-        if len(lines) >= 3 and lines[0] == "---" and lines[2] == "---":
-            lines[1] = f"title: {json.dumps(self.title)}"
-        return "\n".join(line.rstrip() for line in lines) + "\n"
+        return titled_mermaid(self._graph("mermaid").source, self.title)
 
     def _dot_graph(self) -> Any:
-        graph = self._graph("graphviz")
-        graph.node("__initial__", label="", shape="point", width="0.15", fillcolor="black")
-        graph.edge("__initial__", self.declared.initial)
-        graph.name = self.title
-        graph.graph_attr["label"] = self.title
-        return graph
+        return mark_initial(self._graph("graphviz"), self.declared.initial, self.title)
 
     def dot(self) -> str:
         return str(self._dot_graph().source)
@@ -196,19 +178,19 @@ class Diagram:
         if self.path:
             out += ["| step | event | from | to |", "| --- | --- | --- | --- |"]
             for n, (source, trigger, dest) in enumerate(self.path, start=1):
-                out.append(f"| {n} | `{_cell(trigger)}` | `{_cell(source)}` | `{_cell(dest)}` |")
+                out.append(f"| {n} | `{cell(trigger)}` | `{cell(source)}` | `{cell(dest)}` |")
             return "\n".join(out) + "\n"
         out += ["| state | event | guard | next state |", "| --- | --- | --- | --- |"]
         for t in d.transitions:
             guard = " and ".join(
                 [*(f"`{g}`" for g in t.conditions), *(f"not `{g}`" for g in t.unless)]
             )
-            dest = f"`{_cell(t.dest)}`" + (" (stays)" if t.dest == t.source else "")
+            dest = f"`{cell(t.dest)}`" + (" (stays)" if t.dest == t.source else "")
             out.append(
-                f"| `{_cell(t.source)}` | `{_cell(t.trigger)}` | {_cell(guard) or '—'} | {dest} |"
+                f"| `{cell(t.source)}` | `{cell(t.trigger)}` | {cell(guard) or '—'} | {dest} |"
             )
-        finals = ", ".join(f"`{_cell(s)}`" for s in d.states if s in d.final) or "none"
-        out += ["", f"The initial state is `{_cell(d.initial)}`; final states: {finals}."]
+        finals = ", ".join(f"`{cell(s)}`" for s in d.states if s in d.final) or "none"
+        out += ["", f"The initial state is `{cell(d.initial)}`; final states: {finals}."]
         return "\n".join(out) + "\n"
 
     def render(self, fmt: str = "mermaid") -> str:

@@ -1,0 +1,141 @@
+"""What every diagram of this package is drawn with: the ``transitions`` graph machine that numbers
+the travelled transitions, its styles per engine, and the text touches both drawings make.
+
+:mod:`multiconnector.diagram` draws the transfer machine with it and
+:mod:`multiconnector.usermachine.diagram` a user's own; neither imports the other for it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final, cast
+
+from transitions.extensions import GraphMachine
+from transitions.extensions.diagrams_base import BaseGraph
+
+__all__ = [
+    "DOT_STYLES",
+    "FORMATS",
+    "MERMAID_STYLES",
+    "DiagramMachine",
+    "Numbers",
+    "cell",
+    "machine_class",
+    "mark_initial",
+    "titled_mermaid",
+]
+
+#: The formats every diagram is drawn in.
+FORMATS: Final[tuple[str, ...]] = ("mermaid", "dot", "svg", "md")
+
+VISITED_COLOUR: Final = "#1d4ed8"
+FINAL_COLOUR: Final = "#b45309"
+
+# Styles per engine: mermaid's classDef speaks CSS, Graphviz speaks its own attributes. Only the
+# styles named here are emitted, so the mermaid text carries no unused classDef.
+MERMAID_STYLES: Final[dict[str, Any]] = {
+    "node": {
+        "default": {"fillcolor": "white", "color": "black"},
+        "terminal": {"fillcolor": "white", "color": "black", "stroke-width": "3px"},
+        "visited": {"fillcolor": "#dbeafe", "color": "#1e3a8a", "stroke": VISITED_COLOUR},
+        "final": {
+            "fillcolor": "#fde68a",
+            "color": "#78350f",
+            "stroke": FINAL_COLOUR,
+            "stroke-width": "3px",
+        },
+    },
+    "edge": {"default": {}},
+    "graph": {"default": {}},
+}
+DOT_STYLES: Final[dict[str, Any]] = {
+    "node": {
+        "default": {
+            "style": "rounded,filled",
+            "shape": "rectangle",
+            "fillcolor": "white",
+            "color": "black",
+            "fontname": "Helvetica",
+        },
+        "terminal": {"peripheries": "2"},
+        "visited": {"fillcolor": "#dbeafe", "color": VISITED_COLOUR, "penwidth": "2"},
+        "final": {
+            "fillcolor": "#fde68a",
+            "color": FINAL_COLOUR,
+            "penwidth": "3",
+            "peripheries": "2",
+        },
+    },
+    "edge": {
+        "default": {"color": "black", "fontname": "Helvetica", "fontsize": "11"},
+        "visited": {"color": VISITED_COLOUR, "fontcolor": VISITED_COLOUR, "penwidth": "2.5"},
+    },
+    "graph": {"default": {"fontname": "Helvetica"}},
+}
+_STYLES: Final = {"mermaid": MERMAID_STYLES, "graphviz": DOT_STYLES}
+
+#: (event, source, dest) -> 1-based step numbers, for one rendering.
+Numbers = dict[tuple[str, str, str], list[int]]
+
+
+class _NumberedLabels(BaseGraph):
+    """Mixed into a ``transitions`` graph class: travelled transitions get their step numbers."""
+
+    def _transition_label(self, tran: dict[str, str]) -> str:
+        label = super()._transition_label(tran)
+        numbers: Numbers = getattr(self.machine, "step_numbers", {})
+        found = numbers.get((tran["trigger"], tran["source"], tran.get("dest", tran["source"])))
+        if not found:
+            return label
+        noun = "step" if len(found) == 1 else "steps"
+        return f"{label} ({noun} {', '.join(map(str, found))})"
+
+
+class DiagramMachine(GraphMachine):
+    """A ``GraphMachine`` whose graphs number the travelled transitions, styled per engine."""
+
+    step_numbers: Numbers
+
+    def _init_graphviz_engine(self, graph_engine: str) -> type[BaseGraph]:
+        base = super()._init_graphviz_engine(graph_engine)
+        name = base.__module__.rsplit("_", 1)[-1]  # diagrams_mermaid -> mermaid
+        if name != graph_engine:  # transitions falls back to mermaid when graphviz is missing
+            raise ModuleNotFoundError(
+                f"the {graph_engine!r} diagram engine needs the 'graphviz' Python package: "
+                "install the 'diagrams' extra (pip install 'multiconnector[diagrams]')",
+                name="graphviz",
+            )
+        return type(f"Numbered{base.__name__}", (_NumberedLabels, base), {})
+
+
+def machine_class(engine: str, name: str) -> type[DiagramMachine]:
+    """A :class:`DiagramMachine` class named ``name``, styled for ``engine`` (``"mermaid"`` or
+    ``"graphviz"``)."""
+    return cast(
+        type[DiagramMachine],
+        type(name, (DiagramMachine,), {"style_attributes": _STYLES[engine]}),
+    )
+
+
+def titled_mermaid(source: str, title: str) -> str:
+    """Mermaid text with ``title`` in its front matter (``transitions`` writes the title as bare
+    front matter; mermaid wants YAML with a ``title`` key), no trailing blanks on a line."""
+    lines = source.splitlines()
+    if len(lines) >= 3 and lines[0] == "---" and lines[2] == "---":
+        lines[1] = f"title: {json.dumps(title)}"
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def mark_initial(graph: Any, initial: str, title: str) -> Any:
+    """A Graphviz graph with the initial state's marker (as mermaid draws ``[*] --> initial``)
+    and ``title`` as its name and label."""
+    graph.node("__initial__", label="", shape="point", width="0.15", fillcolor="black")
+    graph.edge("__initial__", initial)
+    graph.name = title
+    graph.graph_attr["label"] = title
+    return graph
+
+
+def cell(text: str) -> str:
+    """``text`` safe in a Markdown table cell (and in backticks)."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "'")
