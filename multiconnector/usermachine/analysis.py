@@ -221,12 +221,7 @@ def check_machine(
     if isinstance(machine, str):
         label_name = label_name or machine
         machine = load(machine, "machine")
-    if not isinstance(free_guards, bool):
-        raise InvalidArgumentError(f"free_guards={shown(free_guards)} must be a bool")
-    if model is not None and not callable(model):
-        raise InvalidArgumentError(f"model={shown(model)} must be a callable making a model")
-    if snapshot is not None and not callable(snapshot):
-        raise InvalidArgumentError(f"snapshot={shown(snapshot)} must be callable")
+    _check_options(free_guards, model, snapshot)
     checks = _invariant_list(invariants)
     built, own_factory = resolve(machine)
     declared = read(built)
@@ -242,13 +237,47 @@ def check_machine(
     else:
         scenario = _FreeScenario(declared)
         guards = "free choices (no model factory): each named guard may be true or false"
+    return explore(
+        scenario.initial,
+        scenario.events,
+        scenario.apply,
+        scenario.snapshot,
+        _invariant_checks(scenario, declared, checks),
+        goal=_final_goal(declared),
+        machine=declared.build(),
+        fired=_fired,
+        describe=lambda run: run.state,
+        label=scenario.label,
+        data=scenario.data,
+        annotate=scenario.annotate,
+        max_states=max_states,
+        max_depth=max_depth,
+        progress=progress,
+        bounds=_bounds(declared, label_name, guards, max_states, max_depth),
+        title=f"multiconnector check: the machine {label_name}",
+    )
+
+
+def _check_options(free_guards: Any, model: Any, snapshot: Any) -> None:
+    if not isinstance(free_guards, bool):
+        raise InvalidArgumentError(f"free_guards={shown(free_guards)} must be a bool")
+    if model is not None and not callable(model):
+        raise InvalidArgumentError(f"model={shown(model)} must be a callable making a model")
+    if snapshot is not None and not callable(snapshot):
+        raise InvalidArgumentError(f"snapshot={shown(snapshot)} must be callable")
+
+
+def _bounds(
+    declared: Declared, label: str, guards: str, max_states: int | None, max_depth: int | None
+) -> dict[str, Any]:
+    """What the report says was explored, and how."""
     finals = ", ".join(s for s in declared.states if s in declared.final)
     if not declared.final_declared:
         finals = "none declared; taken as the states with no way out: " + (
             finals or "none, so no trap check"
         )
     bounds: dict[str, Any] = {
-        "machine": label_name,
+        "machine": label,
         "guards": guards,
         "final states": finals,
         "max states": max_states if max_states is not None else "unbounded",
@@ -256,6 +285,13 @@ def check_machine(
     }
     if declared.skipped_auto:
         bounds["auto transitions"] = "to_<state> left out"
+    return bounds
+
+
+def _invariant_checks(
+    scenario: _Scenario, declared: Declared, checks: Mapping[str, Callable[[Any], object]]
+) -> dict[str, Callable[[_Run], object]]:
+    """The built-in invariants, then the user's (whose names must not be a built-in's)."""
     invariant_checks: dict[str, Callable[[_Run], object]] = {
         NO_DEADLOCK: scenario.no_deadlock,
         DETERMINISTIC: _deterministic(declared),
@@ -270,31 +306,20 @@ def check_machine(
         ):
             raise InvalidArgumentError(f"invariants: {key!r} is the name of a built-in property")
         invariant_checks[key] = _user_check(fn)
+    return invariant_checks
+
+
+def _final_goal(declared: Declared) -> Callable[[_Run], bool] | None:
+    """The goal every run must be able to reach: a final state (none: no trap check)."""
     finals_set = declared.final
+    if not finals_set:
+        return None
 
     def is_final(run: _Run) -> bool:
         return run.state in finals_set
 
-    is_final.__doc__ = f"a final state: {', '.join(sorted(finals_set)) or 'none'}"
-    return explore(
-        scenario.initial,
-        scenario.events,
-        scenario.apply,
-        scenario.snapshot,
-        invariant_checks,
-        goal=is_final if finals_set else None,
-        machine=declared.build(),
-        fired=_fired,
-        describe=lambda run: run.state,
-        label=scenario.label,
-        data=scenario.data,
-        annotate=scenario.annotate,
-        max_states=max_states,
-        max_depth=max_depth,
-        progress=progress,
-        bounds=bounds,
-        title=f"multiconnector check: the machine {label_name}",
-    )
+    is_final.__doc__ = f"a final state: {', '.join(sorted(finals_set))}"
+    return is_final
 
 
 def _fired(run: _Run) -> list[tuple[str, str, str]]:
