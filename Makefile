@@ -60,13 +60,16 @@ run: setup
 demo: setup
 	$(VENV)/bin/multiconnector demo
 
-## test: every test (the vLLM ones included)
+## test: every test (the vLLM ones included), on one worker per core (pytest-xdist); a test
+#        file's tests stay on one worker, so its module fixtures (a docs build, vLLM) run once
+TEST_WORKERS ?= auto
 test: setup $(VLLM)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 ## test-deep: the hypothesis properties with many more examples
 test-deep: setup
-	HYPOTHESIS_PROFILE=deep $(PY) -m pytest tests -m "not vllm" --timeout=1800
+	HYPOTHESIS_PROFILE=deep $(PY) -m pytest tests -m "not vllm" --timeout=1800 \
+	  -n $(TEST_WORKERS) --dist loadfile
 
 ## mutate: mutation testing of the core (slow: not part of `make test`; see docs/mutation.md).
 #          Writes build/mutation.json and build/mutation.txt; exits 1 on an unexplained survivor.

@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ KEYS = (
 )
 
 
-def run(tmp_path: Path, *args: str) -> tuple[str, dict[str, object]]:
+def run(tmp_path: Path, *args: str) -> tuple[str, dict[str, Any]]:
     out = tmp_path / "bench.json"
     done = subprocess.run(
         [sys.executable, "-m", "bench.run", "--quick", "--json", str(out), *args],
@@ -76,11 +77,26 @@ def test_vllm_rows_are_skipped_with_a_line_without_the_extra(tmp_path: Path) -> 
     assert figures["lifecycle_ratio_vs_real_vllm"] is None
 
 
-@pytest.mark.vllm
-@pytest.mark.timeout(300)  # three vLLM rows, each starting the engine
-def test_vllm_rows_run_through_all_three(tmp_path: Path) -> None:
+def test_scheduler_loop_rows_are_skipped_with_a_line_without_the_extra(tmp_path: Path) -> None:
+    if missing_reason() is None:
+        pytest.skip("the vLLM extra is installed: the rows run (see the vllm-marked test)")
+    table, figures = run(tmp_path, "--only", "scheduler-loop")
+    assert "scheduler-loop rows skipped" in table
+    assert figures["scheduler_loop_ratio_vs_real_vllm"] is None
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any]]:
+    """The vLLM rows and the scheduler-loop rows, from one run of the runner (vLLM and the
+    engine start once, for both)."""
     require_vllm()
-    table, figures = run(tmp_path, "--only", "vllm")
+    return run(tmp_path_factory.mktemp("bench-vllm"), "--only", "vllm,scheduler-loop")
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(300)
+def test_vllm_rows_run_through_all_three(vllm_run: tuple[str, dict[str, Any]]) -> None:
+    table, figures = vllm_run
     ratios = figures["lifecycle_ratio_vs_real_vllm"]
     assert isinstance(ratios, dict)
     assert set(ratios) == {"adapter", "core"}
@@ -90,18 +106,12 @@ def test_vllm_rows_run_through_all_three(tmp_path: Path) -> None:
         assert row in table
 
 
-def test_scheduler_loop_rows_are_skipped_with_a_line_without_the_extra(tmp_path: Path) -> None:
-    if missing_reason() is None:
-        pytest.skip("the vLLM extra is installed: the rows run (see the vllm-marked test)")
-    table, figures = run(tmp_path, "--only", "scheduler-loop")
-    assert "scheduler-loop rows skipped" in table
-    assert figures["scheduler_loop_ratio_vs_real_vllm"] is None
-
-
 @pytest.mark.vllm
-def test_scheduler_loop_rows_run_both_connectors_at_both_sizes(tmp_path: Path) -> None:
-    require_vllm()
-    table, figures = run(tmp_path, "--only", "scheduler-loop")
+@pytest.mark.timeout(300)
+def test_scheduler_loop_rows_run_both_connectors_at_both_sizes(
+    vllm_run: tuple[str, dict[str, Any]],
+) -> None:
+    table, figures = vllm_run
     ratio = figures["scheduler_loop_ratio_vs_real_vllm"]
     assert isinstance(ratio, float) and math.isfinite(ratio) and ratio > 0
     assert isinstance(figures["scheduler_loop_ratio_vs_real_vllm_full_batches"], float)
