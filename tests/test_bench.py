@@ -85,18 +85,13 @@ def test_scheduler_loop_rows_are_skipped_with_a_line_without_the_extra(tmp_path:
     assert figures["scheduler_loop_ratio_vs_real_vllm"] is None
 
 
-@pytest.fixture(scope="module")
-def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any]]:
-    """The vLLM rows and the scheduler-loop rows, from one run of the runner (vLLM and the
-    engine start once, for both)."""
-    require_vllm()
-    return run(tmp_path_factory.mktemp("bench-vllm"), "--only", "vllm,scheduler-loop")
-
-
 @pytest.mark.vllm
-@pytest.mark.timeout(300)
-def test_vllm_rows_run_through_all_three(vllm_run: tuple[str, dict[str, Any]]) -> None:
-    table, figures = vllm_run
+@pytest.mark.timeout(300)  # vLLM's import, the scheduler's start, in the runner's process
+def test_vllm_rows_and_scheduler_loop_rows_run(tmp_path: Path) -> None:
+    """The vLLM rows (all three contenders) and the scheduler-loop rows (both connectors, both
+    sizes), from one run of the runner: vLLM starts once for both."""
+    require_vllm()
+    table, figures = run(tmp_path, "--only", "vllm,scheduler-loop")
     ratios = figures["lifecycle_ratio_vs_real_vllm"]
     assert isinstance(ratios, dict)
     assert set(ratios) == {"adapter", "core"}
@@ -104,14 +99,6 @@ def test_vllm_rows_run_through_all_three(vllm_run: tuple[str, dict[str, Any]]) -
     assert isinstance(figures["yardstick_ratio_vs_real_vllm"], float)
     for row in ("vLLM MultiConnector", "our vLLM adapter", "our core MultiConnector", "yardstick"):
         assert row in table
-
-
-@pytest.mark.vllm
-@pytest.mark.timeout(300)
-def test_scheduler_loop_rows_run_both_connectors_at_both_sizes(
-    vllm_run: tuple[str, dict[str, Any]],
-) -> None:
-    table, figures = vllm_run
     ratio = figures["scheduler_loop_ratio_vs_real_vllm"]
     assert isinstance(ratio, float) and math.isfinite(ratio) and ratio > 0
     assert isinstance(figures["scheduler_loop_ratio_vs_real_vllm_full_batches"], float)
