@@ -13,11 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1,
-    KVConnectorRole,
-    KVConnectorTransferResults,
-)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
 from .._validate import shown
 from ..aggregator import MultiConnector as Aggregator
@@ -94,8 +90,9 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         #: (the core takes a flat list of block ids, so they travel beside it); else None.
         self._all_groups: tuple[list[int], ...] | None = None
         # Worker state.
-        #: What get_transfer_results found due and has not returned yet (it raised).
-        self._due = KVConnectorTransferResults()
+        #: What get_transfer_results found due and has not returned yet (it raised, or it was
+        #: due when the metadata was bound); None when nothing is.
+        self._due: Any = None
         self._load_plan: dict[str, str] = {}
         self._finished_while_loading: set[str] = set()
         #: Worker: requests whose saves all reported here while their load was still in flight

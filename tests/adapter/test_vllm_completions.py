@@ -150,6 +150,7 @@ def run(
     engine: Engine,
     workers: list[Any],
     aggregator: KVOutputAggregator,
+    *,
     scripts: dict[str, Script],
     plan: list[tuple[set[str], set[str]]],
     request_id: str = "r1",
@@ -196,7 +197,7 @@ def test_a_child_reporting_on_one_worker_is_counted_once_there(model: Path, plan
     assert workers[0].finished_counts == {"h": 1}
     engine.add(make_request("r1", max_tokens=1))
     steps, freed_at = PLANS[plan]
-    held = run(engine, workers, aggregator, {"a": a, "h": h}, steps)
+    held = run(engine, workers, aggregator, scripts={"a": a, "h": h}, plan=steps)
     # Held until every child's reporting workers reported, then freed, and not stranded.
     assert held == [True] * freed_at + [False] * (len(steps) - freed_at)
     assert engine.connector.saving == {}
@@ -215,8 +216,8 @@ def test_children_all_reporting_on_one_worker_strand_nothing(model: Path) -> Non
         engine,
         workers,
         aggregator,
-        {"a": a, "h": h},
-        [(set(), set()), ({"a"}, set()), ({"h"}, set())],
+        scripts={"a": a, "h": h},
+        plan=[(set(), set()), ({"a"}, set()), ({"h"}, set())],
     )
     assert held == [True, True, False]
     assert [len(w.ledger) for w in workers] == [0, 0]
