@@ -52,9 +52,14 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._children: dict[str, Any] = _start_children(specs, vllm_config, role, kv_cache_config)
         #: ``(name, child)`` pairs in configuration order, for the per-step fan-outs.
         self._items: tuple[tuple[str, Any], ...] = tuple(self._children.items())
-        side = SchedulerSide if role == KVConnectorRole.SCHEDULER else WorkerSide
+        #: Scheduler: the current match's "a child is still looking up" flag, which every
+        #: side of this connector shares (reset at each match).
+        self._lookup = [False]
         self._sides: dict[str, Any] = {
-            name: side(self, name, child) for name, child in self._children.items()
+            name: SchedulerSide(self, name, child, self._lookup)
+            if role == KVConnectorRole.SCHEDULER
+            else WorkerSide(self, name, child)
+            for name, child in self._children.items()
         }
         registry = ConnectorRegistry(self._sides)
         # Scheduler: every request, from arrival to request_finished (and its load, if one is in
@@ -76,16 +81,8 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         #: Scheduler: the requests whose saves were handed off to the workers, with the names
         #: they await, until the workers report them finished sending.
         self._saving: dict[str, tuple[str, ...]] = {}
-        #: Scheduler: the children that committed to a save during the current request_finished
-        #: (written by the sides; see SchedulerSide.request_finished).
-        self._handed_off: list[str] = []
-        #: Scheduler: requests whose record still awaits names on the scheduler's own books (a
-        #: child answered request_finished with garbage: the core awaits it, conservatively).
-        self._awaited_here: set[str] = set()
         #: Saver tuples shared by every request with the same savers (fewer objects to pickle).
         self._saver_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
-        # The current call's context, read by the sides.
-        self._lookup_pending = False  # a child answered None in this match: ask no more
         #: Every KV cache group's block ids while request_finished_all_groups asks the children
         #: (the core takes a flat list of block ids, so they travel beside it); else None.
         self._all_groups: tuple[list[int], ...] | None = None
@@ -95,9 +92,6 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._due: Any = None
         self._load_plan: dict[str, str] = {}
         self._finished_while_loading: set[str] = set()
-        #: Worker: requests whose saves all reported here while their load was still in flight
-        #: here: held back until the load reports (one completion per request).
-        self._sent_while_loading: set[str] = set()
         # Both roles: the children that report a transfer on fewer workers than all (their
         # get_finished_count), with how many; the scheduler counts their reports.
         self._counted: dict[str, int] = _finished_counts(self._items, vllm_config)
@@ -111,10 +105,6 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._unchosen_warned: dict[str, tuple[float | None, int]] = {}
         #: Scheduler: each handed-off request's counted savers with the reports still owed.
         self._counted_owed: dict[str, dict[str, int]] = {}
-        #: Scheduler: handed-off requests every worker reported, still owed counted reports.
-        self._workers_done: set[str] = set()
-        #: Scheduler: this output's load completions, read before vLLM's own handling.
-        self._recving: Any = ()
 
     # -- helpers -------------------------------------------------------------------------------
 

@@ -185,8 +185,6 @@ class WorkerRole(ConnectorBase):
                     failures = _failed(failures, name, exc)
             if child_results.failed_recving or child_results.finished_recving:
                 self._report_loaded(name, child_results, results)
-        if self._sent_while_loading or (results.finished_sending and len(self._loads)):
-            self._hold_back(results)
         if per_child:
             extra = _extra_fields(KVConnectorTransferResults)
             if extra:
@@ -278,23 +276,9 @@ class WorkerRole(ConnectorBase):
             f"; {quiet} more such report(s) since the last warning" if quiet else "",
         )
 
-    def _hold_back(self, results: Any) -> None:
-        """One completion per request: a request whose saves are all reported while its load
-        is still in flight on this worker is held back until the load reports (the load's own
-        completion is passed on, and the scheduler takes the save's as the one)."""
-        sending = results.finished_sending
-        waiting = self._sent_while_loading
-        for request_id in [r for r in waiting if not self._load_pending(r)]:
-            waiting.discard(request_id)
-            sending.add(request_id)
-        if len(self._loads):
-            for request_id in [r for r in sending if self._load_pending(r)]:
-                sending.discard(request_id)
-                waiting.add(request_id)
-
-    def _load_pending(self, request_id: str) -> bool:
-        record = self._loads.peek(request_id)
-        return record is not None and record.loader is not None and not record.loaded
+    def planned_loader(self, request_id: str) -> str | None:
+        """The child the scheduler chose to load ``request_id`` (while its plan is bound)."""
+        return self._load_plan.get(request_id)
 
     def _finish_loads(self, finished_req_ids: set[str]) -> None:
         loads = self._loads
