@@ -1,8 +1,8 @@
 """The state and fan-out helpers both roles share: :class:`ConnectorBase`, under the roles.
 
 It builds the children (shutting down those already built when one fails), the core's books and
-the per-role state, and holds the helpers every fan-out uses: :meth:`ConnectorBase._gather`,
-:meth:`ConnectorBase._each` and :meth:`ConnectorBase._raise`, and the metadata check.
+the per-role state, and holds the one fan-out every per-child call goes through,
+:meth:`ConnectorBase._each` (with :meth:`ConnectorBase._raise`), and the metadata check.
 :class:`~multiconnector.vllm.worker.WorkerRole` and
 :class:`~multiconnector.vllm.scheduler.SchedulerRole` build on it;
 :class:`~multiconnector.vllm.connector.MultiConnector` assembles them.
@@ -11,7 +11,7 @@ the per-role state, and holds the helpers every fan-out uses: :meth:`ConnectorBa
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Final
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
@@ -25,9 +25,10 @@ from .ledger import SaveLedger
 from .sides import SchedulerSide, WorkerSide
 from .wire import NamedMultiConnectorMetadata
 
-__all__ = ["ConnectorBase"]
+__all__ = ["SKIP", "ConnectorBase"]
 
-_T = TypeVar("_T")
+#: In :meth:`ConnectorBase._each`'s ``own``: this child is not called.
+SKIP: Final = object()
 
 
 class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
@@ -108,43 +109,49 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _gather(self, what: str, call: Callable[[str, Any], _T]) -> dict[str, _T]:
-        """``call(name, child)`` for every child; every failure raised together afterwards."""
-        results: dict[str, _T] = {}
-        errors: list[Exception] = []
-        failed: list[str] = []
-        for name, child in self._children.items():
-            try:
-                results[name] = call(name, child)
-            except Exception as exc:
-                errors.append(exc)
-                failed.append(name)
-        if errors:
-            raise ConnectorFailures(
-                f"{len(errors)} child connector(s) raised in {what}: {', '.join(failed)}",
-                errors,
-                failed=failed,
-                result=results,
-            )
-        return results
+    def _each(
+        self,
+        method: str,
+        *args: Any,
+        own: Mapping[str, Any] | None = None,
+        answers: bool = False,
+        then: Callable[[Any], Any] | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any] | None:
+        """``child.<method>(*args, **kwargs)`` for every child, in configuration order; every
+        failure raised together afterwards, as :class:`ConnectorFailures` (its ``result`` the
+        answers of the others). The one fan-out of the connector.
 
-    def _each(self, method: str, *args: Any) -> None:
-        """``child.<method>(*args)`` for every child; every failure raised together afterwards.
-
-        :meth:`_gather` for a call whose answers are not used, with no closure and no result
-        dict on the way (the per-step calls).
+        ``own`` maps a child's name to an argument of its own, passed after ``args``; a child
+        mapped to :data:`SKIP` is not called. With ``answers``, the answers by name are
+        returned (``None`` otherwise: no dict on the way for the per-layer calls); ``then`` is
+        applied to each answer inside the call's guard (``list`` for a generator's items).
         """
+        found: dict[str, Any] | None = {} if answers else None
         failures: list[tuple[str, Exception]] | None = None
         for name, child in self._items:
             try:
-                getattr(child, method)(*args)
+                if own is None:
+                    answer = getattr(child, method)(*args, **kwargs)
+                else:
+                    mine = own[name]
+                    if mine is SKIP:
+                        continue
+                    answer = getattr(child, method)(*args, mine, **kwargs)
+                if then is not None:
+                    answer = then(answer)
             except Exception as exc:
                 failures = _failed(failures, name, exc)
+                continue
+            if found is not None:
+                found[name] = answer
         if failures is not None:
-            self._raise(method, failures)
+            self._raise(method, failures, result=... if found is None else found)
+        return found
 
     def _raise(self, what: str, failures: list[tuple[str, Exception]], result: Any = ...) -> None:
-        """Raise :class:`ConnectorFailures` for ``failures``, as :meth:`_gather` does."""
+        """Raise :class:`ConnectorFailures` for ``failures`` (``result``: by default ``None``
+        for every child that did not fail)."""
         failed = [name for name, _ in failures]
         if result is ...:
             result = {name: None for name in self._children if name not in failed}
@@ -157,8 +164,8 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
 
     def _present(self, method: str) -> dict[str, Any]:
         """Each child's no-argument ``method()``, keeping only answers that are not ``None``."""
-        answers = self._gather(method, lambda _, c: getattr(c, method)())
-        return {name: answer for name, answer in answers.items() if answer is not None}
+        found = self._each(method, answers=True) or {}
+        return {name: answer for name, answer in found.items() if answer is not None}
 
     def _loader(self, request_id: str) -> str | None:
         record = self._tracker.peek(request_id)
@@ -204,6 +211,27 @@ def _all_known(metadata: NamedMultiConnectorMetadata, known: Mapping[str, Any]) 
                     return False
             checked = names
     return all(name in known for name in metadata.loads.values())
+
+
+class OneGets(Mapping[str, Any]):
+    """``own`` for :meth:`ConnectorBase._each`: ``value`` for the child ``name``, ``other``
+    for every other child (no dict built per call)."""
+
+    __slots__ = ("name", "other", "value")
+
+    def __init__(self, name: str | None, value: Any, other: Any) -> None:
+        self.name = name
+        self.value = value
+        self.other = other
+
+    def __getitem__(self, key: str) -> Any:
+        return self.value if key == self.name else self.other
+
+    def __iter__(self) -> Any:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
 
 
 def _finished_counts(items: Sequence[tuple[str, Any]], vllm_config: Any) -> dict[str, int]:

@@ -7,6 +7,7 @@ workers, by name, which children save it.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from contextlib import suppress
 from typing import Any
@@ -15,7 +16,7 @@ from .._validate import shown
 from ..errors import InvalidArgumentError, ShutDownError
 from ..machine import State
 from ..outcome import Outcome
-from ._base import ConnectorBase, _failed
+from ._base import SKIP, ConnectorBase, OneGets
 from .config import without_hma
 from .errors import HMAUnsupportedError
 from .wire import (
@@ -41,12 +42,10 @@ class SchedulerRole(ConnectorBase):
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
         # Not super(): it would bind the block pool to every child a second time.
         self._kv_cache_manager = kv_cache_manager
-        self._gather(
-            "bind_kv_cache_manager", lambda _, c: c.bind_kv_cache_manager(kv_cache_manager)
-        )
+        self._each("bind_kv_cache_manager", kv_cache_manager)
 
     def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
-        self._gather("bind_gpu_block_pool", lambda _, c: c.bind_gpu_block_pool(gpu_block_pool))
+        self._each("bind_gpu_block_pool", gpu_block_pool)
 
     def on_new_request(self, request: Any) -> None:
         self._ensure(request)
@@ -89,16 +88,9 @@ class SchedulerRole(ConnectorBase):
         """The loader gets ``num_external_tokens``; every other child gets 0 and the blocks."""
         request_id = request.request_id
         loader = self._loader(request_id)
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:  # once per scheduled request: no helper
-            try:
-                child.update_state_after_alloc(
-                    request, blocks, num_external_tokens if name == loader else 0
-                )
-            except Exception as exc:
-                failures = _failed(failures, name, exc)
-        if failures is not None:
-            self._raise("update_state_after_alloc", failures)
+        self._each(
+            "update_state_after_alloc", request, blocks, own=OneGets(loader, num_external_tokens, 0)
+        )
         if (
             num_external_tokens > 0
             and loader is not None
@@ -108,15 +100,7 @@ class SchedulerRole(ConnectorBase):
             self._loads_in_flight.add(request_id)
 
     def build_connector_meta(self, scheduler_output: Any) -> NamedMultiConnectorMetadata:
-        children: dict[str, Any] = {}
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:  # every step: no helper
-            try:
-                children[name] = child.build_connector_meta(scheduler_output)
-            except Exception as exc:
-                failures = _failed(failures, name, exc)
-        if failures is not None:
-            self._raise("build_connector_meta", failures, result=children)
+        children = self._each("build_connector_meta", scheduler_output, answers=True) or {}
         # Built by this connector: the dicts are new and the saver names tuples, so the
         # metadata takes them as they are instead of copying them.
         metadata = NamedMultiConnectorMetadata.owning(children, self._new_savers, self._new_loads)
@@ -156,24 +140,21 @@ class SchedulerRole(ConnectorBase):
         connector_output.finished_sending = self._completions()
 
     def _route_output(self, connector_output: Any, worker_meta: Any, events: Any) -> None:
-        """Every child's ``update_connector_output``, with its own entries of ``worker_meta``
-        and ``events`` in place of ours (put back afterwards); every failure raised together."""
-        failures: list[tuple[str, Exception]] | None = None
-        try:
-            for name, child in self._items:
-                try:
-                    if worker_meta is not None:
-                        connector_output.kv_connector_worker_meta = worker_meta.children.get(name)
-                    if events is not None:
-                        connector_output.kv_cache_events = events.children.get(name)
-                    child.update_connector_output(connector_output)
-                except Exception as exc:
-                    failures = _failed(failures, name, exc)
-        finally:
-            connector_output.kv_connector_worker_meta = worker_meta
-            connector_output.kv_cache_events = events
-        if failures is not None:
-            self._raise("update_connector_output", failures)
+        """Every child's ``update_connector_output``; with worker metadata or KV cache events,
+        each child gets a shallow copy of the output holding its own entries of them instead
+        of ours (the completion sets are shared)."""
+        if worker_meta is None and events is None:
+            self._each("update_connector_output", connector_output)
+            return
+        own: dict[str, Any] = {}
+        for name in self._children:
+            mine = copy.copy(connector_output)
+            if worker_meta is not None:
+                mine.kv_connector_worker_meta = worker_meta.children.get(name)
+            if events is not None:
+                mine.kv_cache_events = events.children.get(name)
+            own[name] = mine
+        self._each("update_connector_output", own=own)
 
     def _loads_done(self, recving: set[str]) -> None:
         """Every worker reported these loads (vLLM's aggregator): the loader's report, to the
@@ -254,13 +235,14 @@ class SchedulerRole(ConnectorBase):
         block_ids: tuple[list[int], ...],
         partial_tail_offloads: list[tuple[int, int, int]],
     ) -> bool:
-        accepted = self._gather(
+        accepted = self._each(
             "register_finished_partial_tail",
-            lambda _, c: c.register_finished_partial_tail(
-                request, block_ids, partial_tail_offloads
-            ),
+            request,
+            block_ids,
+            partial_tail_offloads,
+            answers=True,
         )
-        names = tuple(name for name, took in accepted.items() if took)
+        names = tuple(name for name, took in (accepted or {}).items() if took)
         if names:
             self._tail_savers[request.request_id] = names
         return bool(names)
@@ -383,17 +365,8 @@ class SchedulerRole(ConnectorBase):
 
     def take_events(self) -> list[Any]:
         events: list[Any] = []
-        failures: list[tuple[str, Exception]] | None = None
-        answers: dict[str, Any] = {}
-        for name, child in self._items:  # every step: no helper
-            try:
-                answers[name] = found = list(child.take_events())
-            except Exception as exc:
-                failures = _failed(failures, name, exc)
-                continue
+        for found in (self._each("take_events", answers=True, then=list) or {}).values():
             events.extend(found)
-        if failures is not None:
-            self._raise("take_events", failures, result=answers)
         return events
 
     def has_pending_block_frees(self) -> bool:
@@ -410,13 +383,12 @@ class SchedulerRole(ConnectorBase):
         self._route_handshake(metadata, "set_xfer_handshake_metadata_pp_aware")
 
     def _route_handshake(self, metadata: Mapping[Any, Any], method: str) -> None:
-        def route(name: str, child: Any) -> None:
+        own: dict[str, Any] = {}
+        for name in self._children:
             mine = {
                 rank: meta.children[name]
                 for rank, meta in metadata.items()
                 if isinstance(meta, NamedHandshakeMetadata) and name in meta.children
             }
-            if mine:
-                getattr(child, method)(mine)
-
-        self._gather(method, route)
+            own[name] = mine or SKIP  # a child with no entries is not called
+        self._each(method, own=own)

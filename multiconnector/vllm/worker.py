@@ -18,7 +18,7 @@ from typing import Any, Final
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
 from .._validate import check_request_ids, shown
-from ..errors import InvalidArgumentError
+from ..errors import ConnectorFailures, InvalidArgumentError
 from ..outcome import Outcome
 from ._base import ConnectorBase, _failed
 from .errors import ChildrenConflictError
@@ -96,61 +96,37 @@ class WorkerRole(ConnectorBase):
         return next(iter(contexts.values()), None)
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
-        self._gather("register_kv_caches", lambda _, c: c.register_kv_caches(kv_caches))
+        self._each("register_kv_caches", kv_caches)
 
     def unregister_kv_caches(self) -> None:
-        self._gather("unregister_kv_caches", lambda _, c: c.unregister_kv_caches())
+        self._each("unregister_kv_caches")
 
     def restore_kv_caches(self) -> None:
-        self._gather("restore_kv_caches", lambda _, c: c.restore_kv_caches())
+        self._each("restore_kv_caches")
 
     def set_host_xfer_buffer_ops(self, copy_operation: Any) -> None:
-        self._gather(
-            "set_host_xfer_buffer_ops", lambda _, c: c.set_host_xfer_buffer_ops(copy_operation)
-        )
+        self._each("set_host_xfer_buffer_ops", copy_operation)
 
     def finish_forward(self) -> None:
         self._each("finish_forward")
 
     def reset_capture_state(self) -> None:
-        self._gather("reset_capture_state", lambda _, c: c.reset_capture_state())
+        self._each("reset_capture_state")
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
         children = self._check_metadata(kv_connector_metadata).children
-        self._gather("handle_preemptions", lambda name, c: c.handle_preemptions(children[name]))
+        self._each("handle_preemptions", own=children)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:
-            try:
-                child.start_load_kv(forward_context, **kwargs)
-            except Exception as exc:
-                failures = _failed(failures, name, exc)
-        if failures is not None:
-            self._raise("start_load_kv", failures)
+        self._each("start_load_kv", forward_context, **kwargs)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        # Called for every attention layer of every step: a plain loop, no helper.
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:
-            try:
-                child.wait_for_layer_load(layer_name)
-            except Exception as exc:
-                failures = _failed(failures, name, exc)
-        if failures is not None:
-            self._raise("wait_for_layer_load", failures)
+        self._each("wait_for_layer_load", layer_name)
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
     ) -> None:
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:
-            try:
-                child.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
-            except Exception as exc:
-                failures = _failed(failures, name, exc)
-        if failures is not None:
-            self._raise("save_kv_layer", failures)
+        self._each("save_kv_layer", layer_name, kv_layer, attn_metadata, **kwargs)
 
     def wait_for_save(self) -> None:
         self._each("wait_for_save")
@@ -170,11 +146,11 @@ class WorkerRole(ConnectorBase):
         """
         per_child: dict[str, Any] = {}
         failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:  # every step: no helper
-            try:
-                per_child[name] = child.get_transfer_results(finished_req_ids)
-            except Exception as exc:
-                failures = _failed(failures, name, exc)
+        try:
+            per_child = self._each("get_transfer_results", finished_req_ids, answers=True) or {}
+        except ConnectorFailures as exc:  # the others' completions are still applied
+            per_child = dict(exc.result)
+            failures = list(zip(exc.failed, exc.exceptions, strict=True))
         # Due but not yet returned (a call that raised): returned by this one.
         results = self._due_results()
         for name, child_results in per_child.items():
@@ -294,18 +270,9 @@ class WorkerRole(ConnectorBase):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         blocks: set[int] = set()
-        failures: list[tuple[str, Exception]] | None = None
-        answers: dict[str, Any] = {}
-        for name, child in self._items:
-            try:
-                answers[name] = found = child.get_block_ids_with_load_errors()
-            except Exception as exc:
-                failures = _failed(failures, name, exc)
-                continue
+        for found in (self._each("get_block_ids_with_load_errors", answers=True) or {}).values():
             if found:
                 blocks |= found
-        if failures is not None:
-            self._raise("get_block_ids_with_load_errors", failures, result=answers)
         return blocks
 
     def get_kv_connector_kv_cache_events(self) -> NamedKVEvents | None:
@@ -322,27 +289,12 @@ class WorkerRole(ConnectorBase):
     def build_connector_worker_meta(self) -> NamedMultiConnectorWorkerMetadata | None:
         """Each child's worker metadata by name, and the reports of the children that report on
         fewer workers than all (:meth:`get_finished_count`), for the scheduler to count."""
-        found: dict[str, Any] | None = None
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:  # every step: no helper
-            try:
-                meta = child.build_connector_worker_meta()
-            except Exception as exc:
-                failures = _failed(failures, name, exc)
-                continue
-            if meta is not None:
-                if found is None:
-                    found = {}
-                found[name] = meta
+        found = self._present("build_connector_worker_meta")  # a failure: sent next time
         forward = self._forward
-        if forward:
-            self._forward = {}
-        if failures is not None:
-            self._forward = forward  # sent with the next call's metadata
-            self._raise("build_connector_worker_meta", failures, result=found or {})
-        if found is None and not forward:
+        if not found and not forward:
             return None
-        return NamedMultiConnectorWorkerMetadata(found or {}, sent=forward)
+        self._forward = {}
+        return NamedMultiConnectorWorkerMetadata(found, sent=forward)
 
     def get_finished_count(self) -> int | None:
         """``None``: vLLM's output aggregator awaits every worker's report of a request.
