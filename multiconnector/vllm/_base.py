@@ -1,8 +1,8 @@
 """The state and fan-out helpers both roles share: :class:`ConnectorBase`, under the roles.
 
 It builds the children (shutting down those already built when one fails), the core's books and
-the per-role state, and holds the one fan-out every per-child call goes through,
-:meth:`ConnectorBase._each` (with :meth:`ConnectorBase._raise`), and the metadata check.
+the per-role state, and holds the helpers every fan-out uses: :meth:`ConnectorBase._gather`,
+:meth:`ConnectorBase._each` and :meth:`ConnectorBase._raise`, and the metadata check.
 :class:`~multiconnector.vllm.worker.WorkerRole` and
 :class:`~multiconnector.vllm.scheduler.SchedulerRole` build on it;
 :class:`~multiconnector.vllm.connector.MultiConnector` assembles them.
@@ -11,7 +11,7 @@ the per-role state, and holds the one fan-out every per-child call goes through,
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, TypeVar
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
@@ -25,10 +25,9 @@ from .ledger import SaveLedger
 from .sides import SchedulerSide, WorkerSide
 from .wire import NamedMultiConnectorMetadata
 
-__all__ = ["SKIP", "ConnectorBase"]
+__all__ = ["ConnectorBase"]
 
-#: In :meth:`ConnectorBase._each`'s ``own``: this child is not called.
-SKIP: Final = object()
+_T = TypeVar("_T")
 
 
 class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
@@ -53,14 +52,9 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._children: dict[str, Any] = _start_children(specs, vllm_config, role, kv_cache_config)
         #: ``(name, child)`` pairs in configuration order, for the per-step fan-outs.
         self._items: tuple[tuple[str, Any], ...] = tuple(self._children.items())
-        #: Scheduler: the current match's "a child is still looking up" flag, which every
-        #: side of this connector shares (reset at each match).
-        self._lookup = [False]
+        side = SchedulerSide if role == KVConnectorRole.SCHEDULER else WorkerSide
         self._sides: dict[str, Any] = {
-            name: SchedulerSide(self, name, child, self._lookup)
-            if role == KVConnectorRole.SCHEDULER
-            else WorkerSide(self, name, child)
-            for name, child in self._children.items()
+            name: side(self, name, child) for name, child in self._children.items()
         }
         registry = ConnectorRegistry(self._sides)
         # Scheduler: every request, from arrival to request_finished (and its load, if one is in
@@ -82,8 +76,16 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         #: Scheduler: the requests whose saves were handed off to the workers, with the names
         #: they await, until the workers report them finished sending.
         self._saving: dict[str, tuple[str, ...]] = {}
+        #: Scheduler: the children that committed to a save during the current request_finished
+        #: (written by the sides; see SchedulerSide.request_finished).
+        self._handed_off: list[str] = []
+        #: Scheduler: requests whose record still awaits names on the scheduler's own books (a
+        #: child answered request_finished with garbage: the core awaits it, conservatively).
+        self._awaited_here: set[str] = set()
         #: Saver tuples shared by every request with the same savers (fewer objects to pickle).
         self._saver_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
+        # The current call's context, read by the sides.
+        self._lookup_pending = False  # a child answered None in this match: ask no more
         #: Every KV cache group's block ids while request_finished_all_groups asks the children
         #: (the core takes a flat list of block ids, so they travel beside it); else None.
         self._all_groups: tuple[list[int], ...] | None = None
@@ -93,6 +95,9 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._due: Any = None
         self._load_plan: dict[str, str] = {}
         self._finished_while_loading: set[str] = set()
+        #: Worker: requests whose saves all reported here while their load was still in flight
+        #: here: held back until the load reports (one completion per request).
+        self._sent_while_loading: set[str] = set()
         # Both roles: the children that report a transfer on fewer workers than all (their
         # get_finished_count), with how many; the scheduler counts their reports.
         self._counted: dict[str, int] = _finished_counts(self._items, vllm_config)
@@ -106,52 +111,50 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._unchosen_warned: dict[str, tuple[float | None, int]] = {}
         #: Scheduler: each handed-off request's counted savers with the reports still owed.
         self._counted_owed: dict[str, dict[str, int]] = {}
+        #: Scheduler: handed-off requests every worker reported, still owed counted reports.
+        self._workers_done: set[str] = set()
+        #: Scheduler: this output's load completions, read before vLLM's own handling.
+        self._recving: Any = ()
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _each(
-        self,
-        method: str,
-        *args: Any,
-        own: Mapping[str, Any] | None = None,
-        answers: bool = False,
-        then: Callable[[Any], Any] | None = None,
-        **kwargs: Any,
-    ) -> dict[str, Any] | None:
-        """``child.<method>(*args, **kwargs)`` for every child, in configuration order; every
-        failure raised together afterwards, as :class:`ConnectorFailures` (its ``result`` the
-        answers of the others). The one fan-out of the connector.
+    def _gather(self, what: str, call: Callable[[str, Any], _T]) -> dict[str, _T]:
+        """``call(name, child)`` for every child; every failure raised together afterwards."""
+        results: dict[str, _T] = {}
+        errors: list[Exception] = []
+        failed: list[str] = []
+        for name, child in self._children.items():
+            try:
+                results[name] = call(name, child)
+            except Exception as exc:
+                errors.append(exc)
+                failed.append(name)
+        if errors:
+            raise ConnectorFailures(
+                f"{len(errors)} child connector(s) raised in {what}: {', '.join(failed)}",
+                errors,
+                failed=failed,
+                result=results,
+            )
+        return results
 
-        ``own`` maps a child's name to an argument of its own, passed after ``args``; a child
-        mapped to :data:`SKIP` is not called. With ``answers``, the answers by name are
-        returned (``None`` otherwise: no dict on the way for the per-layer calls); ``then`` is
-        applied to each answer inside the call's guard (``list`` for a generator's items).
+    def _each(self, method: str, *args: Any) -> None:
+        """``child.<method>(*args)`` for every child; every failure raised together afterwards.
+
+        :meth:`_gather` for a call whose answers are not used, with no closure and no result
+        dict on the way (the per-step calls).
         """
-        found: dict[str, Any] | None = {} if answers else None
         failures: list[tuple[str, Exception]] | None = None
         for name, child in self._items:
             try:
-                if own is None:
-                    answer = getattr(child, method)(*args, **kwargs)
-                else:
-                    mine = own[name]
-                    if mine is SKIP:
-                        continue
-                    answer = getattr(child, method)(*args, mine, **kwargs)
-                if then is not None:
-                    answer = then(answer)
+                getattr(child, method)(*args)
             except Exception as exc:
                 failures = _failed(failures, name, exc)
-                continue
-            if found is not None:
-                found[name] = answer
         if failures is not None:
-            self._raise(method, failures, result=... if found is None else found)
-        return found
+            self._raise(method, failures)
 
     def _raise(self, what: str, failures: list[tuple[str, Exception]], result: Any = ...) -> None:
-        """Raise :class:`ConnectorFailures` for ``failures`` (``result``: by default ``None``
-        for every child that did not fail)."""
+        """Raise :class:`ConnectorFailures` for ``failures``, as :meth:`_gather` does."""
         failed = [name for name, _ in failures]
         if result is ...:
             result = {name: None for name in self._children if name not in failed}
@@ -164,8 +167,8 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
 
     def _present(self, method: str) -> dict[str, Any]:
         """Each child's no-argument ``method()``, keeping only answers that are not ``None``."""
-        found = self._each(method, answers=True) or {}
-        return {name: answer for name, answer in found.items() if answer is not None}
+        answers = self._gather(method, lambda _, c: getattr(c, method)())
+        return {name: answer for name, answer in answers.items() if answer is not None}
 
     def _loader(self, request_id: str) -> str | None:
         record = self._tracker.peek(request_id)
@@ -211,27 +214,6 @@ def _all_known(metadata: NamedMultiConnectorMetadata, known: Mapping[str, Any]) 
                     return False
             checked = names
     return all(name in known for name in metadata.loads.values())
-
-
-class OneGets(Mapping[str, Any]):
-    """``own`` for :meth:`ConnectorBase._each`: ``value`` for the child ``name``, ``other``
-    for every other child (no dict built per call)."""
-
-    __slots__ = ("name", "other", "value")
-
-    def __init__(self, name: str | None, value: Any, other: Any) -> None:
-        self.name = name
-        self.value = value
-        self.other = other
-
-    def __getitem__(self, key: str) -> Any:
-        return self.value if key == self.name else self.other
-
-    def __iter__(self) -> Any:
-        return iter(())
-
-    def __len__(self) -> int:
-        return 0
 
 
 def _finished_counts(items: Sequence[tuple[str, Any]], vllm_config: Any) -> dict[str, int]:

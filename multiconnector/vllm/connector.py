@@ -21,6 +21,7 @@ from .._validate import shown
 from ..aggregator import MultiConnector as Aggregator
 from ..errors import InvalidArgumentError
 from ..outcome import Outcome
+from ._base import _failed
 from .config import child_specs, connector_class, specs_of, without_hma
 from .errors import ChildrenConflictError
 from .ledger import SaveLedger
@@ -239,7 +240,15 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
                 self._loads.match_tokens(request_id, 0)
             finally:
                 del self._load_plan[request_id]
-        self._each("bind_connector_metadata", own=metadata.children)
+        children = metadata.children
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:
+            try:
+                child.bind_connector_metadata(children[name])
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("bind_connector_metadata", failures)
         super().bind_connector_metadata(connector_metadata)
 
     def clear_connector_metadata(self) -> None:
@@ -253,7 +262,7 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
     def reset_cache(self) -> bool:
         """Whether every child reset (vLLM's rule: an answer that is not ``False``); a child
         answering ``None`` (it does not say) is logged at WARNING: it may still serve blocks."""
-        results = self._each("reset_cache", answers=True) or {}
+        results = self._gather("reset_cache", lambda _, c: c.reset_cache())
         unsure = [name for name, result in results.items() if result is None]
         if unsure:
             logger.warning(
@@ -264,7 +273,18 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
         return all(result is not False for result in results.values())
 
     def get_kv_connector_stats(self) -> NamedMultiConnectorStats | None:
-        stats = self._present("get_kv_connector_stats")
+        stats: dict[str, Any] = {}
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # every step, on both roles: no helper
+            try:
+                found = child.get_kv_connector_stats()
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+                continue
+            if found is not None:
+                stats[name] = found
+        if failures is not None:
+            self._raise("get_kv_connector_stats", failures, result=stats)
         if not stats:
             return None
         sources = {

@@ -7,7 +7,6 @@ workers, by name, which children save it.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from contextlib import suppress
 from typing import Any
@@ -16,7 +15,7 @@ from .._validate import shown
 from ..errors import InvalidArgumentError, ShutDownError
 from ..machine import State
 from ..outcome import Outcome
-from ._base import SKIP, ConnectorBase, OneGets
+from ._base import ConnectorBase, _failed
 from .config import without_hma
 from .errors import HMAUnsupportedError
 from .wire import (
@@ -42,10 +41,12 @@ class SchedulerRole(ConnectorBase):
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
         # Not super(): it would bind the block pool to every child a second time.
         self._kv_cache_manager = kv_cache_manager
-        self._each("bind_kv_cache_manager", kv_cache_manager)
+        self._gather(
+            "bind_kv_cache_manager", lambda _, c: c.bind_kv_cache_manager(kv_cache_manager)
+        )
 
     def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
-        self._each("bind_gpu_block_pool", gpu_block_pool)
+        self._gather("bind_gpu_block_pool", lambda _, c: c.bind_gpu_block_pool(gpu_block_pool))
 
     def on_new_request(self, request: Any) -> None:
         self._ensure(request)
@@ -60,7 +61,7 @@ class SchedulerRole(ConnectorBase):
         ``(None, False)``, and the children after it are not asked.
         """
         request_id = self._ensure(request)
-        self._lookup[0] = False
+        self._lookup_pending = False
         tokens = self._tracker.match_tokens(request_id, num_computed_tokens)
         if not tokens:
             return tokens, False
@@ -88,9 +89,16 @@ class SchedulerRole(ConnectorBase):
         """The loader gets ``num_external_tokens``; every other child gets 0 and the blocks."""
         request_id = request.request_id
         loader = self._loader(request_id)
-        self._each(
-            "update_state_after_alloc", request, blocks, own=OneGets(loader, num_external_tokens, 0)
-        )
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # once per scheduled request: no helper
+            try:
+                child.update_state_after_alloc(
+                    request, blocks, num_external_tokens if name == loader else 0
+                )
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("update_state_after_alloc", failures)
         if (
             num_external_tokens > 0
             and loader is not None
@@ -100,7 +108,15 @@ class SchedulerRole(ConnectorBase):
             self._loads_in_flight.add(request_id)
 
     def build_connector_meta(self, scheduler_output: Any) -> NamedMultiConnectorMetadata:
-        children = self._each("build_connector_meta", scheduler_output, answers=True) or {}
+        children: dict[str, Any] = {}
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # every step: no helper
+            try:
+                children[name] = child.build_connector_meta(scheduler_output)
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("build_connector_meta", failures, result=children)
         # Built by this connector: the dicts are new and the saver names tuples, so the
         # metadata takes them as they are instead of copying them.
         metadata = NamedMultiConnectorMetadata.owning(children, self._new_savers, self._new_loads)
@@ -110,14 +126,12 @@ class SchedulerRole(ConnectorBase):
 
     def update_connector_output(self, connector_output: Any) -> None:
         """Each child sees the output with its own worker metadata and its own KV cache events
-        (by name); then the workers' reports go to the core's books, and vLLM is shown the
-        completions the core's rule makes due: one per request.
+        (by name); then the completions vLLM acts on next are made one per request.
 
-        vLLM calls this before it acts on ``finished_sending`` and ``finished_recving``. A
-        request whose saves were handed off is held by the core (``finishing``) until every
-        saver reported, and its load too if one is in flight: its one completion is the
-        "finished sending" shown in the step the last of them reported, and its load's
-        "finished recving" is taken out (the load is applied to the books).
+        vLLM calls this before it acts on ``finished_sending`` and ``finished_recving``: a
+        request that finished with saves handed off has its load's completion taken here (its
+        save's completion is the one vLLM sees), and one still owed reports by a child that
+        reports on fewer workers than all is held back until they arrived.
         """
         worker_meta = _named(
             connector_output.kv_connector_worker_meta,
@@ -126,95 +140,92 @@ class SchedulerRole(ConnectorBase):
         )
         events = _named(connector_output.kv_cache_events, NamedKVEvents, "kv_cache_events")
         self._route_output(connector_output, worker_meta, events)
-        recving = connector_output.finished_recving
-        if recving:
-            self._loads_done(recving)
-            saving = self._saving
-            if saving and not saving.keys().isdisjoint(recving):
-                connector_output.finished_recving = {r for r in recving if r not in saving} or None
-        sent = connector_output.finished_sending
-        if sent:
-            self._sent_everywhere(sent)
-        if worker_meta is not None and worker_meta.sent:
-            self._count_sent(worker_meta.sent)
-        connector_output.finished_sending = self._completions()
-
-    def _route_output(self, connector_output: Any, worker_meta: Any, events: Any) -> None:
-        """Every child's ``update_connector_output``; with worker metadata or KV cache events,
-        each child gets a shallow copy of the output holding its own entries of them instead
-        of ours (the completion sets are shared)."""
-        if worker_meta is None and events is None:
-            self._each("update_connector_output", connector_output)
-            return
-        own: dict[str, Any] = {}
-        for name in self._children:
-            mine = copy.copy(connector_output)
-            if worker_meta is not None:
-                mine.kv_connector_worker_meta = worker_meta.children.get(name)
-            if events is not None:
-                mine.kv_cache_events = events.children.get(name)
-            own[name] = mine
-        self._each("update_connector_output", own=own)
-
-    def _loads_done(self, recving: set[str]) -> None:
-        """Every worker reported these loads (vLLM's aggregator): the loader's report, to the
-        core's books."""
+        if self._saving:
+            self._one_completion(connector_output, worker_meta)
+        # The workers report a request finished sending only once every saver confirmed, and
+        # vLLM's output aggregator only once every worker did.
         tracker = self._tracker
-        in_flight = self._loads_in_flight
-        for request_id in recving:
-            in_flight.discard(request_id)
+        finished = connector_output.finished_sending
+        if finished:
+            saving = self._saving
+            for request_id in finished:
+                saving.pop(request_id, None)
+            if self._awaited_here:
+                self._confirm_here(finished)
+        for request_id in self._recving:
+            self._loads_in_flight.discard(request_id)
             loader = self._loader(request_id)
             if loader is not None:
                 tracker.load_finished(request_id, loader)
+        self._recving = ()
+        tracker.take()
 
-    def _sent_everywhere(self, sent: set[str]) -> None:
-        """Every worker reported these requests finished sending: each worker's ledger heard
-        every saver that reports on every worker. Those savers' reports, to the core's books,
-        one batch per saver (a step's requests mostly share one tuple of savers)."""
+    def _route_output(self, connector_output: Any, worker_meta: Any, events: Any) -> None:
+        """Every child's ``update_connector_output``, with its own entries of ``worker_meta``
+        and ``events`` in place of ours (put back afterwards); every failure raised together."""
+        failures: list[tuple[str, Exception]] | None = None
+        self._recving = connector_output.finished_recving or ()
+        try:
+            for name, child in self._items:
+                try:
+                    if worker_meta is not None:
+                        connector_output.kv_connector_worker_meta = worker_meta.children.get(name)
+                    if events is not None:
+                        connector_output.kv_cache_events = events.children.get(name)
+                    child.update_connector_output(connector_output)
+                except Exception as exc:
+                    failures = _failed(failures, name, exc)
+        finally:
+            connector_output.kv_connector_worker_meta = worker_meta
+            connector_output.kv_cache_events = events
+        if failures is not None:
+            self._recving = ()
+            self._raise("update_connector_output", failures)
+
+    def _one_completion(self, connector_output: Any, worker_meta: Any) -> None:
+        """Make ``connector_output``'s completions one per request for the requests handed off.
+
+        A load completion of a request whose saves were handed off is taken (the scheduler's
+        record of the load still drains): the request's one completion is its save's, which
+        each worker holds back until its load reported. A request every worker reported while
+        counted savers still owe reports is held back; it is passed on in the step their last
+        report arrives.
+        """
         saving = self._saving
-        counted = self._counted
-        by_savers: dict[tuple[str, ...], list[str]] = {}
-        for request_id in sent:
-            savers = saving.get(request_id)
-            if savers is not None:
-                by_savers.setdefault(savers, []).append(request_id)
-        tracker = self._tracker
-        for savers, request_ids in by_savers.items():
-            for name in savers:
-                if name not in counted:
-                    tracker.transfer_finished_many(name, request_ids)
-
-    def _count_sent(self, sent: Mapping[str, Mapping[str, int]]) -> None:
-        """``sent[name][r]`` workers reported counted saver ``name`` finished sending ``r``: its
-        report goes to the core's books once ``name``'s count of workers reported."""
+        recving = connector_output.finished_recving
+        if recving and not saving.keys().isdisjoint(recving):
+            connector_output.finished_recving = {r for r in recving if r not in saving} or None
+        if not self._counted_owed:
+            return
         owed = self._counted_owed
-        tracker = self._tracker
-        for name, counts in sent.items():
-            for request_id, n in counts.items():
-                mine = owed.get(request_id)
-                if mine is None or name not in mine:
-                    self._counted_outcome(name, request_id, mine)
-                    continue
-                left = mine[name] - n
-                if left > 0:
-                    mine[name] = left
-                    continue
-                del mine[name]
-                if not mine:
-                    del owed[request_id]
-                tracker.transfer_finished(request_id, name)
+        done = self._workers_done
+        sending = set(connector_output.finished_sending or ())
+        for request_id in [r for r in sending if r in owed]:
+            sending.discard(request_id)
+            done.add(request_id)
+        if worker_meta is not None:
+            for name, counts in worker_meta.sent.items():
+                self._count_sent(name, counts, sending)
+        connector_output.finished_sending = sending or None
 
-    def _completions(self) -> set[str] | None:
-        """The handed-off requests the core let go of: each one's one completion for vLLM."""
-        taken = self._tracker.take()
-        if not taken:
-            return None
-        saving = self._saving
-        done: set[str] = set()
-        for record in taken:
-            if saving.pop(record.request_id, None) is not None:
-                done.add(record.request_id)
-        return done or None
+    def _count_sent(self, name: str, counts: Mapping[str, int], sending: set[str]) -> None:
+        """``counts[r]`` workers reported counted saver ``name`` finished sending ``r``."""
+        owed = self._counted_owed
+        for request_id, n in counts.items():
+            mine = owed.get(request_id)
+            if mine is None or name not in mine:
+                self._counted_outcome(name, request_id, mine)
+                continue
+            left = mine[name]
+            if n < left:
+                mine[name] = left - n
+                continue
+            del mine[name]
+            if not mine:
+                del owed[request_id]
+                if request_id in self._workers_done:
+                    self._workers_done.discard(request_id)
+                    sending.add(request_id)
 
     def _counted_outcome(self, name: str, request_id: str, owed: dict[str, int] | None) -> None:
         """Count why a counted report is ignored: the request owes no counted report
@@ -229,20 +240,36 @@ class SchedulerRole(ConnectorBase):
         key = (outcome, name)
         self._counted_outcomes[key] = self._counted_outcomes.get(key, 0) + 1
 
+    def _confirm_here(self, finished: set[str]) -> None:
+        """Confirm, on the scheduler's own books, the names still awaited there for the
+        requests of ``finished`` (a garbage answer awaited conservatively: see
+        :meth:`_handed_off_savers`)."""
+        tracker = self._tracker
+        confirmed: dict[str, list[str]] = {}
+        for request_id in finished:
+            if request_id not in self._awaited_here:
+                continue
+            self._awaited_here.discard(request_id)
+            record = tracker.peek(request_id)
+            if record is not None:
+                for name in record.awaiting:
+                    confirmed.setdefault(name, []).append(request_id)
+        for name, request_ids in confirmed.items():
+            tracker.transfer_finished_many(name, request_ids)
+
     def register_finished_partial_tail(
         self,
         request: Any,
         block_ids: tuple[list[int], ...],
         partial_tail_offloads: list[tuple[int, int, int]],
     ) -> bool:
-        accepted = self._each(
+        accepted = self._gather(
             "register_finished_partial_tail",
-            request,
-            block_ids,
-            partial_tail_offloads,
-            answers=True,
+            lambda _, c: c.register_finished_partial_tail(
+                request, block_ids, partial_tail_offloads
+            ),
         )
-        names = tuple(name for name, took in (accepted or {}).items() if took)
+        names = tuple(name for name, took in accepted.items() if took)
         if names:
             self._tail_savers[request.request_id] = names
         return bool(names)
@@ -285,76 +312,66 @@ class SchedulerRole(ConnectorBase):
             # core refuses a second request_finished); vLLM still holds the blocks.
             return True, None
         request_id = self._ensure(request)
-        tracker = self._tracker
-        # Every group's block ids travel beside the core's call (it takes one flat list).
         self._all_groups = blocks if all_groups else None
+        tracker = self._tracker
+        handed = self._handed_off
+        handed.clear()
+        answered = False
         try:
             _, params = tracker.request_finished(request_id, () if all_groups else blocks)
+            answered = True
         finally:
             self._all_groups = None
-            savers = self._hand_off(request_id)
-            self._forget(request_id)
-            tracker.take()  # a request with no save and no load in flight: vLLM frees it now
+            # Answered without an error: no child answered garbage (the core raises for it), so
+            # nothing is awaited on the scheduler's books, only what the children handed off.
+            savers = (
+                self._shared_savers(tuple(handed))
+                if answered and handed
+                else self._handed_off_savers(request_id, handed)
+            )
+            if savers:
+                self._new_savers[request_id] = savers
+                self._saving[request_id] = savers
+                if self._counted:
+                    self._owe_counted(request_id, savers)
+            self._live.pop(request_id, None)
+            if self._tail_savers:
+                self._tail_savers.pop(request_id, None)
+            for side in self._sides.values():
+                if side.load_async:
+                    side.load_async.pop(request_id, None)
+            record = tracker.peek(request_id)
+            if (
+                record is not None
+                and record.loader is not None
+                and not record.loaded
+                and request_id not in self._loads_in_flight
+            ):
+                # No load of it is in flight, and no report of one will come: a synchronous load
+                # ends within the step that scheduled it (vLLM reports none), and a load never
+                # started never ends. The record would otherwise be held forever. Counted as the
+                # loader's drained load; after shutdown() nothing is (the books stay as they are).
+                with suppress(ShutDownError):
+                    tracker.load_finished(request_id, record.loader)
+            tracker.take()
         return bool(savers), params
-
-    def _hand_off(self, request_id: str) -> tuple[str, ...]:
-        """The core's record of a finished request awaits its savers (the children that
-        committed to a save, a garbage answer conservatively among them): the workers are told
-        them, by name, and the core holds the record until they reported."""
-        record = self._tracker.peek(request_id)
-        if record is None or record.state is not State.finishing or not record.awaiting:
-            return ()
-        savers = self._shared_savers(record.awaiting)
-        self._new_savers[request_id] = savers
-        self._saving[request_id] = savers
-        if self._counted:
-            self._owe_counted(request_id, savers)
-        return savers
-
-    def _forget(self, request_id: str) -> None:
-        """What the scheduler kept for a request while it ran; and a load that will not report
-        (a synchronous one ends within its step, one never started never ends), drained."""
-        self._live.pop(request_id, None)
-        if self._tail_savers:
-            self._tail_savers.pop(request_id, None)
-        for side in self._sides.values():
-            if side.load_async:
-                side.load_async.pop(request_id, None)
-        tracker = self._tracker
-        record = tracker.peek(request_id)
-        if (
-            record is not None
-            and record.loader is not None
-            and not record.loaded
-            and request_id not in self._loads_in_flight
-        ):
-            # Counted as the loader's drained load; after shutdown() nothing is (the books stay
-            # as they are).
-            with suppress(ShutDownError):
-                tracker.load_finished(request_id, record.loader)
-
-    # -- what the sides ask (SchedulerOwner) ----------------------------------------------------
-
-    def live_request(self, request_id: str) -> Any:
-        """The live vLLM ``Request`` of ``request_id``."""
-        return self._live[request_id]
-
-    def finish_groups(self) -> tuple[list[int], ...] | None:
-        """Every KV cache group's block ids while request_finished_all_groups asks the children;
-        else ``None``."""
-        return self._all_groups
-
-    def took_tail(self, request_id: str, name: str) -> bool:
-        """Whether child ``name`` took ``request_id``'s partial tail at finish (it owes a
-        "finished sending" report as a saver does)."""
-        tails = self._tail_savers
-        return bool(tails) and name in tails.get(request_id, ())
 
     def _owe_counted(self, request_id: str, savers: tuple[str, ...]) -> None:
         counted = self._counted
         owed = {name: counted[name] for name in savers if name in counted}
         if owed:
             self._counted_owed[request_id] = owed
+
+    def _handed_off_savers(self, request_id: str, handed: list[str]) -> tuple[str, ...]:
+        """The names the workers are to await for ``request_id``: the children that committed
+        to a save (``handed``), and any the scheduler's record awaits (a garbage answer), in
+        configuration order, as a shared tuple."""
+        record = self._tracker.peek(request_id)
+        if record is not None and record.state is State.finishing and record.awaiting:
+            self._awaited_here.add(request_id)
+            owing = {*handed, *record.awaiting}
+            return self._shared_savers(tuple([name for name in self._children if name in owing]))
+        return self._shared_savers(tuple(handed)) if handed else ()
 
     def _shared_savers(self, names: tuple[str, ...]) -> tuple[str, ...]:
         """The one tuple equal to ``names`` that every request with these savers shares."""
@@ -365,8 +382,17 @@ class SchedulerRole(ConnectorBase):
 
     def take_events(self) -> list[Any]:
         events: list[Any] = []
-        for found in (self._each("take_events", answers=True, then=list) or {}).values():
+        failures: list[tuple[str, Exception]] | None = None
+        answers: dict[str, Any] = {}
+        for name, child in self._items:  # every step: no helper
+            try:
+                answers[name] = found = list(child.take_events())
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+                continue
             events.extend(found)
+        if failures is not None:
+            self._raise("take_events", failures, result=answers)
         return events
 
     def has_pending_block_frees(self) -> bool:
@@ -383,12 +409,13 @@ class SchedulerRole(ConnectorBase):
         self._route_handshake(metadata, "set_xfer_handshake_metadata_pp_aware")
 
     def _route_handshake(self, metadata: Mapping[Any, Any], method: str) -> None:
-        own: dict[str, Any] = {}
-        for name in self._children:
+        def route(name: str, child: Any) -> None:
             mine = {
                 rank: meta.children[name]
                 for rank, meta in metadata.items()
                 if isinstance(meta, NamedHandshakeMetadata) and name in meta.children
             }
-            own[name] = mine or SKIP  # a child with no entries is not called
-        self._each(method, own=own)
+            if mine:
+                getattr(child, method)(mine)
+
+        self._gather(method, route)

@@ -8,35 +8,23 @@ connector), which keeps the live requests and the call's context.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, final
+from typing import TYPE_CHECKING, Any, final
 
 from .errors import WrongRoleError
 
-__all__ = ["SchedulerOwner", "SchedulerSide", "Side", "WorkerOwner", "WorkerSide"]
+if TYPE_CHECKING:
+    from .connector import MultiConnector
 
-
-class SchedulerOwner(Protocol):
-    """What a scheduler side asks the connector that owns it (and nothing else)."""
-
-    def live_request(self, request_id: str) -> Any: ...
-
-    def finish_groups(self) -> tuple[list[int], ...] | None: ...
-
-    def took_tail(self, request_id: str, name: str) -> bool: ...
-
-
-class WorkerOwner(Protocol):
-    """What a worker side asks the connector that owns it."""
-
-    def planned_loader(self, request_id: str) -> str | None: ...
+__all__ = ["SchedulerSide", "Side", "WorkerSide"]
 
 
 class Side:
     """One child as the core sees it; the stats and shutdown parts are the same on both roles."""
 
-    __slots__ = ("child", "name")
+    __slots__ = ("child", "name", "owner")
 
-    def __init__(self, name: str, child: Any) -> None:
+    def __init__(self, owner: MultiConnector, name: str, child: Any) -> None:
+        self.owner = owner
         self.name = name
         self.child = child
 
@@ -49,34 +37,26 @@ class Side:
 
 @final
 class SchedulerSide(Side):
-    """Scheduler role: asks the vLLM child, passing the live ``Request`` object.
+    """Scheduler role: asks the vLLM child, passing the live ``Request`` object."""
 
-    One match asks the children in configuration order; a child answering ``None`` (still
-    looking up) ends it: :attr:`lookup` is the match's flag, shared by every side of one owner
-    (like vLLM's, the later children are not asked).
-    """
+    __slots__ = ("load_async",)
 
-    __slots__ = ("load_async", "lookup", "owner")
-
-    def __init__(self, owner: SchedulerOwner, name: str, child: Any, lookup: list[bool]) -> None:
-        super().__init__(name, child)
-        self.owner = owner
-        #: ``[True]`` once a child of the current match answered ``None``; the owner resets it.
-        self.lookup = lookup
+    def __init__(self, owner: MultiConnector, name: str, child: Any) -> None:
+        super().__init__(owner, name, child)
         #: The requests this child's last match would load asynchronously (only those: the
         #: common case, no asynchronous load, writes nothing).
         self.load_async: dict[str, bool] = {}
 
     def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
-        lookup = self.lookup
-        if lookup[0]:
+        owner = self.owner
+        if owner._lookup_pending:
             # An earlier child is still looking up: like vLLM's, the later ones are not asked.
             return None
         tokens, load_async = self.child.get_num_new_matched_tokens(
-            self.owner.live_request(request_id), num_computed_tokens
+            owner._live[request_id], num_computed_tokens
         )
         if tokens is None:
-            lookup[0] = True
+            owner._lookup_pending = True
             return None
         if load_async:
             self.load_async[request_id] = True
@@ -84,39 +64,35 @@ class SchedulerSide(Side):
             self.load_async.pop(request_id, None)  # an earlier match's answer
         return int(tokens)
 
-    def request_finished(self, request_id: str, blocks: Sequence[Any]) -> tuple[Any, Any]:
-        """``blocks`` is one group's block ids; every group's come from the owner, if set.
-
-        The child's answer goes to the core as it is (a child that took the partial tail at
-        finish answers ``True``: it owes a report as a saver does); the core's record then
-        awaits the savers, and the owner tells the workers their names.
-        """
+    def request_finished(self, request_id: str, blocks: Sequence[Any]) -> tuple[bool, Any]:
+        """``blocks`` is one group's block ids; every group's are ``owner._all_groups``, if set."""
         owner = self.owner
-        request = owner.live_request(request_id)
-        groups = owner.finish_groups()
+        request = owner._live[request_id]
+        groups = owner._all_groups
         if groups is not None:
             saves, params = self.child.request_finished_all_groups(request, groups)
         else:
             saves, params = self.child.request_finished(request, blocks)
-        if saves is False and owner.took_tail(request_id, self.name):
-            return True, params
-        return saves, params
+        # A child that took the partial tail at finish also owes a "finished sending" report.
+        tails = owner._tail_savers
+        if saves is True or (saves is False and tails and self.name in tails.get(request_id, ())):
+            # The workers await this save (the metadata names it), not the scheduler's books:
+            # to the core it is no save here.
+            owner._handed_off.append(self.name)
+            return False, params
+        return saves, params  # False, or garbage the core awaits (on the scheduler) and reports
 
 
 @final
 class WorkerSide(Side):
     """Worker role: answers from the plan the scheduler sent in the connector metadata."""
 
-    __slots__ = ("owner",)
-
-    def __init__(self, owner: WorkerOwner, name: str, child: Any) -> None:
-        super().__init__(name, child)
-        self.owner = owner
+    __slots__ = ()
 
     def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int:
-        return 1 if self.owner.planned_loader(request_id) == self.name else 0
+        return 1 if self.owner._load_plan.get(request_id) == self.name else 0
 
     def request_finished(self, request_id: str, blocks: Sequence[int]) -> tuple[bool, None]:
-        # Never asked: a worker learns who saves a request from the connector metadata, and
-        # its ledger awaits them. Answering anything here could free blocks early.
+        # Never asked: a worker finishes a request with the names the scheduler sent, through
+        # MultiConnector.request_finished_by. Answering anything here could free blocks early.
         raise WrongRoleError("a worker learns who saves a request from the connector metadata")

@@ -18,7 +18,7 @@ from typing import Any, Final
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
 from .._validate import check_request_ids, shown
-from ..errors import ConnectorFailures, InvalidArgumentError
+from ..errors import InvalidArgumentError
 from ..outcome import Outcome
 from ._base import ConnectorBase, _failed
 from .errors import ChildrenConflictError
@@ -96,37 +96,61 @@ class WorkerRole(ConnectorBase):
         return next(iter(contexts.values()), None)
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
-        self._each("register_kv_caches", kv_caches)
+        self._gather("register_kv_caches", lambda _, c: c.register_kv_caches(kv_caches))
 
     def unregister_kv_caches(self) -> None:
-        self._each("unregister_kv_caches")
+        self._gather("unregister_kv_caches", lambda _, c: c.unregister_kv_caches())
 
     def restore_kv_caches(self) -> None:
-        self._each("restore_kv_caches")
+        self._gather("restore_kv_caches", lambda _, c: c.restore_kv_caches())
 
     def set_host_xfer_buffer_ops(self, copy_operation: Any) -> None:
-        self._each("set_host_xfer_buffer_ops", copy_operation)
+        self._gather(
+            "set_host_xfer_buffer_ops", lambda _, c: c.set_host_xfer_buffer_ops(copy_operation)
+        )
 
     def finish_forward(self) -> None:
         self._each("finish_forward")
 
     def reset_capture_state(self) -> None:
-        self._each("reset_capture_state")
+        self._gather("reset_capture_state", lambda _, c: c.reset_capture_state())
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
         children = self._check_metadata(kv_connector_metadata).children
-        self._each("handle_preemptions", own=children)
+        self._gather("handle_preemptions", lambda name, c: c.handle_preemptions(children[name]))
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        self._each("start_load_kv", forward_context, **kwargs)
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:
+            try:
+                child.start_load_kv(forward_context, **kwargs)
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("start_load_kv", failures)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        self._each("wait_for_layer_load", layer_name)
+        # Called for every attention layer of every step: a plain loop, no helper.
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:
+            try:
+                child.wait_for_layer_load(layer_name)
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("wait_for_layer_load", failures)
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
     ) -> None:
-        self._each("save_kv_layer", layer_name, kv_layer, attn_metadata, **kwargs)
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:
+            try:
+                child.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._raise("save_kv_layer", failures)
 
     def wait_for_save(self) -> None:
         self._each("wait_for_save")
@@ -146,11 +170,11 @@ class WorkerRole(ConnectorBase):
         """
         per_child: dict[str, Any] = {}
         failures: list[tuple[str, Exception]] | None = None
-        try:
-            per_child = self._each("get_transfer_results", finished_req_ids, answers=True) or {}
-        except ConnectorFailures as exc:  # the others' completions are still applied
-            per_child = dict(exc.result)
-            failures = list(zip(exc.failed, exc.exceptions, strict=True))
+        for name, child in self._items:  # every step: no helper
+            try:
+                per_child[name] = child.get_transfer_results(finished_req_ids)
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
         # Due but not yet returned (a call that raised): returned by this one.
         results = self._due_results()
         for name, child_results in per_child.items():
@@ -161,6 +185,8 @@ class WorkerRole(ConnectorBase):
                     failures = _failed(failures, name, exc)
             if child_results.failed_recving or child_results.finished_recving:
                 self._report_loaded(name, child_results, results)
+        if self._sent_while_loading or (results.finished_sending and len(self._loads)):
+            self._hold_back(results)
         if per_child:
             extra = _extra_fields(KVConnectorTransferResults)
             if extra:
@@ -252,9 +278,23 @@ class WorkerRole(ConnectorBase):
             f"; {quiet} more such report(s) since the last warning" if quiet else "",
         )
 
-    def planned_loader(self, request_id: str) -> str | None:
-        """The child the scheduler chose to load ``request_id`` (while its plan is bound)."""
-        return self._load_plan.get(request_id)
+    def _hold_back(self, results: Any) -> None:
+        """One completion per request: a request whose saves are all reported while its load
+        is still in flight on this worker is held back until the load reports (the load's own
+        completion is passed on, and the scheduler takes the save's as the one)."""
+        sending = results.finished_sending
+        waiting = self._sent_while_loading
+        for request_id in [r for r in waiting if not self._load_pending(r)]:
+            waiting.discard(request_id)
+            sending.add(request_id)
+        if len(self._loads):
+            for request_id in [r for r in sending if self._load_pending(r)]:
+                sending.discard(request_id)
+                waiting.add(request_id)
+
+    def _load_pending(self, request_id: str) -> bool:
+        record = self._loads.peek(request_id)
+        return record is not None and record.loader is not None and not record.loaded
 
     def _finish_loads(self, finished_req_ids: set[str]) -> None:
         loads = self._loads
@@ -270,9 +310,18 @@ class WorkerRole(ConnectorBase):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         blocks: set[int] = set()
-        for found in (self._each("get_block_ids_with_load_errors", answers=True) or {}).values():
+        failures: list[tuple[str, Exception]] | None = None
+        answers: dict[str, Any] = {}
+        for name, child in self._items:
+            try:
+                answers[name] = found = child.get_block_ids_with_load_errors()
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+                continue
             if found:
                 blocks |= found
+        if failures is not None:
+            self._raise("get_block_ids_with_load_errors", failures, result=answers)
         return blocks
 
     def get_kv_connector_kv_cache_events(self) -> NamedKVEvents | None:
@@ -289,12 +338,27 @@ class WorkerRole(ConnectorBase):
     def build_connector_worker_meta(self) -> NamedMultiConnectorWorkerMetadata | None:
         """Each child's worker metadata by name, and the reports of the children that report on
         fewer workers than all (:meth:`get_finished_count`), for the scheduler to count."""
-        found = self._present("build_connector_worker_meta")  # a failure: sent next time
+        found: dict[str, Any] | None = None
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:  # every step: no helper
+            try:
+                meta = child.build_connector_worker_meta()
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+                continue
+            if meta is not None:
+                if found is None:
+                    found = {}
+                found[name] = meta
         forward = self._forward
-        if not found and not forward:
+        if forward:
+            self._forward = {}
+        if failures is not None:
+            self._forward = forward  # sent with the next call's metadata
+            self._raise("build_connector_worker_meta", failures, result=found or {})
+        if found is None and not forward:
             return None
-        self._forward = {}
-        return NamedMultiConnectorWorkerMetadata(found, sent=forward)
+        return NamedMultiConnectorWorkerMetadata(found or {}, sent=forward)
 
     def get_finished_count(self) -> int | None:
         """``None``: vLLM's output aggregator awaits every worker's report of a request.

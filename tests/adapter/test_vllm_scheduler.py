@@ -177,11 +177,10 @@ def test_an_async_load_completes_once(model: Path) -> None:
 def test_the_scheduler_frees_blocks_only_once_every_saver_reported_on_every_worker(
     model: Path,
 ) -> None:
-    # Each worker reports a request finished sending only once every saver named in the
-    # metadata confirmed there; vLLM's output aggregator passes it on once every worker did;
-    # the scheduler applies those savers' reports to the core's record, and vLLM frees the
-    # blocks in the step the core lets go of it. Two workers, reports one by one, each step
-    # checked.
+    # The scheduler keeps no books of its own for the saves it hands off: vLLM frees the blocks
+    # when its output aggregator has "finished sending" from every worker, and each worker
+    # reports it only once every saver named in the metadata confirmed. Two workers, reports
+    # arriving one by one, each step checked.
     a, b, c = script(saves=True), script(saves=True), script()
     config = make_config(model, [child("a", a), child("b", b), child("c", c)])
     engine = Engine(config, worker=False)
@@ -234,7 +233,7 @@ def test_a_garbage_save_answer_is_awaited_by_the_workers_and_the_scheduler(model
     assert engine.connector.saving == {"r1": ("a", "b")}
     record = engine.connector.tracker.get("r1")
     assert record.state is State.finishing
-    assert record.awaiting == ("a", "b")  # the core awaits every saver, b conservatively
+    assert record.awaiting == ("b",)
     a.sending.add("r1")
     engine.step()  # the workers learn who saves r1; a reports
     assert engine.held("r1")
