@@ -296,6 +296,10 @@ class WorkerRole(ConnectorBase):
         record = self._loads.peek(request_id)
         return record is not None and record.loader is not None and not record.loaded
 
+    def planned_loader(self, request_id: str) -> str | None:
+        """The child the scheduler chose to load ``request_id`` (while its plan is bound)."""
+        return self._load_plan.get(request_id)
+
     def _finish_loads(self, finished_req_ids: set[str]) -> None:
         loads = self._loads
         for request_id in finished_req_ids:
