@@ -24,6 +24,7 @@ from .errors import (
     UnknownConnectorError,
     UnknownRequestError,
 )
+from .ledger import SaveLedger
 from .machine import RequestTransferState, State, Step
 from .outcome import Outcome
 from .params import merge_transfer_params
@@ -46,6 +47,7 @@ __all__ = [
     "MultiConnectorError",
     "Outcome",
     "RequestTransferState",
+    "SaveLedger",
     "ShutDownError",
     "State",
     "Step",

@@ -11,7 +11,7 @@ import __future__
 
 import inspect
 import textwrap
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -237,27 +237,6 @@ ClashRaisedBeforeRecorded = mutant(
     the request stays pending and the savers that promised a save are not recorded.""",
 )
 
-BatchDecidesFromStaleRecords = mutant(
-    "BatchDecidesFromStaleRecords",
-    "transfer_finished_many",
-    (
-        "    every = len(ids) >= len(locks) >> 1\n",
-        "    every = len(ids) >= len(locks) >> 1\n"
-        "    stale = {\n"
-        "        i: r.awaiting\n"
-        "        for i in ids\n"
-        "        if (r := requests.get(i)) is not None and r.state is State.finishing\n"
-        "    }\n",
-    ),
-    (
-        "if record is not None and name in record.awaiting:",
-        "if record is not None and (name in record.awaiting or name in stale.get(request_id, ())):",
-    ),
-    doc="""Decides whether a finishing request awaits each report of a batch from the records
-    as they were when the batch began: a request reported twice in one batch has the duplicate
-    applied again (counted, called back, returned as applied).""",
-)
-
 
 def _overwriting_merge(contributions: Any, *, allow_equal: bool = False) -> dict[str, Any] | None:
     """``merge_transfer_params`` that lets a later connector's value win a clash."""
@@ -273,14 +252,48 @@ def _inverted_merge(contributions: Any, *, allow_equal: bool = False) -> dict[st
     return merge_transfer_params(contributions, allow_equal=not allow_equal)
 
 
+class BatchDecidesFromStaleRecords(MultiConnector):  # type: ignore[misc]
+    """Decides whether a finishing request awaits each report of a batch from the records as
+    they were when the batch began: a request reported twice in one batch has the duplicate
+    applied again (counted, called back, returned as applied)."""
+
+    def _reports(self, name: str, ids: Collection[str]) -> list[Outcome]:
+        stale = {
+            i: r.awaiting
+            for i in ids
+            if (r := self._requests.get(i)) is not None and r.state is State.finishing
+        }
+        outcomes: list[Outcome] = []
+        for request_id in ids:
+            record = self._requests.get(request_id)
+            if (
+                record is not None
+                and record.state is State.finishing
+                and name not in record.awaiting
+                and name in stale.get(request_id, ())
+            ):
+                applied = self._applied[0]  # the bug: applied as the stale record says
+                applied[name] = applied.get(name, 0) + 1
+                outcomes.append(Outcome.applied)
+                continue
+            outcomes.extend(super()._reports(name, (request_id,)))
+        return outcomes
+
+
 class OutcomeRulesOutOfOrder(MultiConnector):  # type: ignore[misc]
     """Tests ``expected`` before ``abandoned`` when classifying an ignored report: a report from
     a saver unregistered while awaited is called a ``duplicate`` instead of ``unregistered``."""
 
-    def _classify(self, record: RequestTransferState, name: str) -> Outcome:
-        if record.state not in (State.finished, State.cancelled) and name in record.expected:
-            return Outcome.duplicate  # the bug: before the abandoned test
-        return super()._classify(record, name)
+    def _report(self, record: RequestTransferState | None, name: str, index: int) -> Outcome:
+        if (
+            record is not None
+            and record.state not in (State.finished, State.cancelled)
+            and name not in record.awaiting
+            and name in record.expected
+        ):
+            self._count(index, Outcome.duplicate, name)  # the bug: before the abandoned test
+            return Outcome.duplicate
+        return super()._report(record, name, index)
 
 
 class DrainCountedAsApplied(MultiConnector):  # type: ignore[misc]

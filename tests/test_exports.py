@@ -25,6 +25,7 @@ PUBLIC = [
     "MultiConnectorError",
     "Outcome",
     "RequestTransferState",
+    "SaveLedger",
     "ShutDownError",
     "State",
     "Step",

@@ -16,11 +16,8 @@ from ._books import (
     _APPLIED,
     _DRAINED,
     _DUPLICATE,
-    _NOT_READY,
     _PENDING,
-    _PHANTOM,
     _TERMINAL,
-    _UNKNOWN_CONNECTOR,
     _UNKNOWN_REQUEST,
     _UNREGISTERED,
     Books,
@@ -145,13 +142,7 @@ class Loading(Books):
                 else:
                     outcome = _DUPLICATE
             else:
-                entry = self._registry.entry(name)
-                if entry is None:
-                    outcome = _UNKNOWN_CONNECTOR
-                elif entry.connector is None:
-                    outcome = _NOT_READY
-                else:
-                    outcome = _PHANTOM
+                outcome = self._stranger(name)
             self._count(index, outcome, name)
         finally:
             lock.release()
