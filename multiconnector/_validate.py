@@ -63,12 +63,6 @@ def check_name(value: Any, argument: str = "name") -> str:
     raise InvalidNameError(f"{argument}={_shown(value)} must be a non-empty str")
 
 
-def bad_name(value: Any, argument: str = "name") -> NoReturn:
-    """Raise for a value known not to be a connector name."""
-    check_name(value, argument)
-    raise InvalidNameError(f"{argument}={_shown(value)} is not a connector name")
-
-
 def bad_request_id(value: Any, argument: str = "request_id") -> NoReturn:
     raise InvalidArgumentError(f"{argument}={_shown(value)} must be a non-empty str")
 

@@ -19,7 +19,7 @@ from typing import Any, Final, NoReturn
 
 from .._validate import check_stripes, shown
 from ..errors import ConnectorFailures, InvalidArgumentError, ShutDownError
-from ..machine import TERMINAL, RequestTransferState, State, Step, step
+from ..machine import DECISIONS, TERMINAL, RequestTransferState, State, Step
 from ..outcome import Outcome
 from ..registry import Connector, ConnectorRegistry, Entry
 from ..rule import COUNTER_LIMIT, OTHER_NAMES, Verdicts
@@ -45,6 +45,7 @@ _PENDING: Final = State.pending
 _CANCELLED: Final = State.cancelled
 #: Counter key for events that concern a request, not a connector.
 _NO_NAME: Final = None
+_ON_GONE: Final = DECISIONS["connector_gone"]
 #: Distinct (outcome, name) counters kept per lock stripe; later names count under OTHER_NAMES.
 _COUNTER_LIMIT: Final = COUNTER_LIMIT
 
@@ -146,9 +147,11 @@ class Books:
                             self._settle(record)  # a drain: take() may hand it back now
                 if name not in record.awaiting:
                     continue
-                dest = step(record, "connector_gone", name)
-                if dest is None:  # never: every state that awaits a name declares it
-                    continue
+                # A record awaits names only in finishing or cancelled, and DECISIONS (complete)
+                # gives both a connector_gone transition.
+                guard, yes, no = _ON_GONE[record.state]
+                dest = yes if guard is None or guard(record, name) else no
+                assert dest is not None
                 record.awaiting = tuple([n for n in record.awaiting if n != name])
                 record.abandoned = (*record.abandoned, name)
                 self._transition(record, "connector_gone", dest, name)

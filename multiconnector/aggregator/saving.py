@@ -28,7 +28,7 @@ from ..errors import (
     KeyClashError,
     UnknownConnectorError,
 )
-from ..machine import DECISIONS, STATES, TABLE, TERMINAL, RequestTransferState, step
+from ..machine import DECISIONS, STATES, TABLE, TERMINAL, RequestTransferState
 from ..outcome import Outcome
 from ..params import merge_transfer_params
 from ..registry import Entry
@@ -251,36 +251,33 @@ class Saving(Books):
         lock = self._locks[index]
         lock.acquire()
         try:
-            if self._requests.get(request_id) is not record:
-                outcome = _UNKNOWN_REQUEST  # never while we hold the claim: kept for safety
-            else:
-                # A saver unregistered while we asked it can never report: abandoned at once.
-                # While the registry publishes the snapshot we asked (every change publishes a
-                # new one), every saver is still registered.
-                if registry._ready is not ready:
-                    awaited = self._intern(
-                        tuple([e.name for e in savers if registry.entry(e.name) is e])
-                    )
-                elif len(savers) != len(ready):
-                    awaited = self._intern(tuple([e.name for e in savers]))
-                else:
-                    cached = self._ready_names
-                    if cached[0] is ready:
-                        awaited = cached[1]
-                    else:
-                        awaited = self._intern(tuple([e.name for e in ready]))
-                        self._ready_names = (ready, awaited)
-                expected = (
-                    awaited
-                    if len(awaited) == len(savers)
-                    else self._intern(tuple([e.name for e in savers]))
+            # Held while we hold the claim: a claimed record is pending, a cancel parks it
+            # instead of queueing it for take(), and a held id is never begun again.
+            # A saver unregistered while we asked it can never report: abandoned at once.
+            # While the registry publishes the snapshot we asked (every change publishes a
+            # new one), every saver is still registered.
+            if registry._ready is not ready:
+                awaited = self._intern(
+                    tuple([e.name for e in savers if registry.entry(e.name) is e])
                 )
-                if record.state is _CANCELLED:  # a cancel overtook us while we asked
-                    outcome = self._overtaken(record, awaited, expected, index)
+            elif len(savers) != len(ready):
+                awaited = self._intern(tuple([e.name for e in savers]))
+            else:
+                cached = self._ready_names
+                if cached[0] is ready:
+                    awaited = cached[1]
                 else:
-                    outcome = self._finish(record, awaited, expected, merged, index)
-            if outcome is _UNKNOWN_REQUEST:
-                self._count(index, outcome, _NO_NAME)
+                    awaited = self._intern(tuple([e.name for e in ready]))
+                    self._ready_names = (ready, awaited)
+            expected = (
+                awaited
+                if len(awaited) == len(savers)
+                else self._intern(tuple([e.name for e in savers]))
+            )
+            if record.state is _CANCELLED:  # a cancel overtook us while we asked
+                outcome = self._overtaken(record, awaited, expected, index)
+            else:
+                outcome = self._finish(record, awaited, expected, merged, index)
         finally:
             del self._asking[record]  # our claim, released after the state was written
             if self._parked:
@@ -476,12 +473,8 @@ class Saving(Books):
         :meth:`request_finished_by`: ``awaited`` are the savers that can still report,
         ``expected`` every saver (``awaited`` itself when they are the same).
         """
-        decision = _ON_REQUEST_FINISHED.get(record.state)
-        if decision is None:
-            dest = step(record, "request_finished", awaited)
-        else:
-            guard, yes, no = decision
-            dest = yes if guard is None or guard(record, awaited) else no
+        guard, yes, no = _ON_REQUEST_FINISHED[record.state]
+        dest = yes if guard is None or guard(record, awaited) else no
         if dest is None:
             outcome = self._refuse_finish(record)
             self._count(index, outcome, _NO_NAME)
