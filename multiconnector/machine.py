@@ -145,11 +145,12 @@ class RequestTransferState:
     abandoned: tuple[str, ...] = ()
     #: The connector chosen to load this request's KV, if any.
     loader: str | None = None
-    #: Whether the chosen loader's load is over: it reported it finished, or its connector was
-    #: unregistered first (its name is then in ``abandoned``).
+    #: Whether the chosen loader reported its load finished (applied, or drained once the
+    #: request was terminal): true only then.
     loaded: bool = False
-    #: Whether the chosen loader was unregistered before it reported: its load report (even from
-    #: a new connector under its name) is then ignored as ``unregistered``.
+    #: Whether the chosen loader was unregistered: before it reported (its load is over,
+    #: unreported; ``loaded`` stays false), or while the request was live. A load report under
+    #: its name (even from a new connector) is then ignored as ``unregistered``.
     loader_gone: bool = False
     #: The merged transfer params returned at request finished.
     params: dict[str, Any] | None = None
@@ -175,7 +176,9 @@ class RequestTransferState:
         """Whether a connector may still touch the request's blocks: it awaits a save, or its
         chosen loader has neither reported nor been unregistered. A terminal request is handed
         back by ``take()`` only once this is false; until then it is *draining*."""
-        return bool(self.awaiting) or (self.loader is not None and not self.loaded)
+        return bool(self.awaiting) or (
+            self.loader is not None and not self.loaded and not self.loader_gone
+        )
 
     @property
     def terminal(self) -> bool:

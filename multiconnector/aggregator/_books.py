@@ -136,15 +136,15 @@ class Books:
         try:
             for record in list(self._requests.values()):
                 if record.loader == name:
-                    if record.state not in TERMINAL:
-                        record.loader_gone = True  # its load report can never be applied now
                     if not record.loaded:
-                        # Its load is over: the connector that was loading is gone.
-                        record.loaded = True
+                        # Its load is over, unreported: the connector that was loading is gone.
+                        record.loader_gone = True
                         if name not in record.abandoned and name not in record.awaiting:
                             record.abandoned = (*record.abandoned, name)
                         if record.state in TERMINAL:
                             self._settle(record)  # a drain: take() may hand it back now
+                    elif record.state not in TERMINAL:
+                        record.loader_gone = True  # a load report can never be applied now
                 if name not in record.awaiting:
                     continue
                 # A record awaits names only in finishing or cancelled, and DECISIONS (complete)
@@ -168,7 +168,7 @@ class Books:
         event settles it again), nor while a request_finished that a cancel overtook is still
         asking (its connectors may be promising saves): then it is parked, and the call's
         release settles it."""
-        if record.awaiting or (record.loader is not None and not record.loaded):
+        if record.in_flight:
             return
         if record.state is _CANCELLED and record in self._asking:
             self._parked.add(record)

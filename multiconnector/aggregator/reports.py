@@ -206,7 +206,7 @@ class Reports(Books):
                 record.state = dest
                 if record.history is not None:
                     record.history.append(Step("transfer_finished", source, dest, name))
-                if completes and (record.loader is None or record.loaded):
+                if completes and (record.loader is None or not record.in_flight):
                     # Else its load is in flight: load_finished or connector_gone settles it.
                     self._done.append(record)  # last: take() may hand it over at once
                 applied = self._applied[index]
