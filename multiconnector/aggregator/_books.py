@@ -105,7 +105,7 @@ class Books:
         # Cancelled records kept from take() while a request_finished still asks (see _settle).
         self._parked: set[RequestTransferState] = set()
         # Set only by _ask (the model check): request_finished then stops after asking.
-        self._halves: list[tuple[Any, ...]] | None = None
+        self._halves: list[Any] | None = None
         self._locks = tuple(threading.Lock() for _ in range(stripes))
         self._mask = stripes - 1
         # One counter dict per stripe, only ever written under that stripe's lock.
