@@ -132,7 +132,7 @@ class Reports(Books):
         if len(ids) >= len(locks) >> 1:
             # A batch as large as half the stripes takes every stripe lock once, in order (as
             # _connector_gone does, so no two callers can deadlock), instead of one lock round
-            # per report: a lock round costs about as much as the report itself.
+            # per report.
             for lock in locks:
                 lock.acquire()
             try:
