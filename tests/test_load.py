@@ -254,3 +254,19 @@ def test_a_str_subclass_request_id_is_called_back_as_a_plain_str() -> None:
     mc.match_tokens("r")
     assert mc.load_finished(_Id("r"), "a") is Outcome.applied
     assert loader.loads == ["r"] and loader.loads[0].__class__ is str
+
+
+def test_a_gone_loaders_name_unregistered_again_settles_nothing_twice() -> None:
+    """Found by the model check: a cancelled request whose loader was unregistered (its load
+    over, unreported: loader_gone) is queued once; a new connector under the name, unregistered
+    in turn, is not its loader and queues nothing again."""
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(tokens=0), "b": Scripted(tokens=1)}))
+    mc.begin("r1")
+    assert mc.match_tokens("r1") == 1
+    mc.cancel("r1")
+    mc.unregister("b")
+    mc.register("b", Scripted())
+    mc.unregister("b")
+    (record,) = mc.take()
+    assert (record.loaded, record.loader_gone, record.abandoned) == (False, True, ("b",))
+    assert mc.take() == [] and len(mc) == 0

@@ -136,7 +136,7 @@ class Books:
         try:
             for record in list(self._requests.values()):
                 if record.loader == name:
-                    if not record.loaded:
+                    if not record.loaded and not record.loader_gone:
                         # Its load is over, unreported: the connector that was loading is gone.
                         record.loader_gone = True
                         if name not in record.abandoned and name not in record.awaiting:
