@@ -28,6 +28,10 @@ __all__ = ["WorkerRole"]
 
 logger: Final = logging.getLogger("multiconnector")
 
+#: At most this many finished requests' counted savers remembered on a worker (the oldest
+#: forgotten first): a worker a counted child never reports on would otherwise keep them all.
+COUNTED_EXPECTED_LIMIT: Final = 65_536
+
 #: At most one warning per child in this many seconds about loads it was not chosen to make.
 UNCHOSEN_WARN_SECONDS: Final = 60.0
 
@@ -213,7 +217,12 @@ class WorkerRole(ConnectorBase):
         for request_id, names in savers.items():
             mine = tuple(name for name in names if name not in counted)
             if len(mine) < len(names):
-                self._counted_expected[request_id] = {n for n in names if n in counted}
+                expected = self._counted_expected
+                expected[request_id] = {n for n in names if n in counted}
+                if len(expected) > COUNTED_EXPECTED_LIMIT:
+                    # On a worker a counted child never reports on, its requests would stay
+                    # here: the oldest is forgotten (a late report of it counts as unknown).
+                    del expected[next(iter(expected))]
             if mine:
                 every[request_id] = mine
             elif request_id not in self._ledger:
