@@ -181,10 +181,16 @@ class WorkerRole(ConnectorBase):
                 failures = _failed(failures, name, exc)
         # Due but not yet returned (a call that raised): returned by this one.
         results = self._due_results()
+        counted = self._counted
+        ledger = self._ledger
         for name, child_results in per_child.items():
-            if child_results.finished_sending:
+            sent = child_results.finished_sending
+            if sent:
                 try:
-                    self._report_sent(name, child_results.finished_sending, results)
+                    if name in counted:
+                        self._report_counted(name, sent)
+                    else:
+                        ledger.report(name, sent, results.finished_sending)
                 except InvalidArgumentError as exc:  # nothing of this child's was applied
                     failures = _failed(failures, name, exc)
             if child_results.failed_recving or child_results.finished_recving:
@@ -229,13 +235,10 @@ class WorkerRole(ConnectorBase):
                 self._due_results().finished_sending.add(request_id)
         self._ledger.expect(every)
 
-    def _report_sent(self, name: str, request_ids: Any, results: Any) -> None:
-        """Child ``name`` finished saving ``request_ids``: a saver every worker awaits goes to
-        the ledger; one that reports on fewer workers is forwarded to the scheduler, which
-        counts it across workers (once per request and worker, and only where it saves)."""
-        if name not in self._counted:
-            self._ledger.report(name, request_ids, results.finished_sending)
-            return
+    def _report_counted(self, name: str, request_ids: Any) -> None:
+        """Child ``name``, which reports on fewer workers than all, finished saving
+        ``request_ids``: forwarded to the scheduler, which counts it across workers (once per
+        request and worker, and only where it saves)."""
         expected = self._counted_expected
         for request_id in check_request_ids(request_ids):
             owing = expected.get(request_id)
