@@ -243,7 +243,6 @@ def test_a_child_reporting_on_one_worker_is_counted_once_there(model: Path, plan
     a, h = script(saves=True), script(saves=True, finished_count=1)
     engine, workers, aggregator = two_workers(model, a=a, h=h)
     assert engine.connector.get_finished_count() is None
-    assert workers[0].finished_counts == {"h": 1}
     engine.add(make_request("r1", max_tokens=1))
     steps, freed_at = PLANS[plan]
     held = run(engine, workers, aggregator, scripts={"a": a, "h": h}, plan=steps)
@@ -253,6 +252,7 @@ def test_a_child_reporting_on_one_worker_is_counted_once_there(model: Path, plan
     assert [len(w.ledger) for w in workers] == [0, 0]
     assert engine.connector._counted_owed == {}
     assert aggregator._send_remaining_count == {}
+    assert workers[0].finished_counts == {"h": 1}
 
 
 def test_children_all_reporting_on_one_worker_strand_nothing(model: Path) -> None:
