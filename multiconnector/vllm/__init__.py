@@ -31,7 +31,11 @@ What changes against vLLM's own ``MultiConnector`` (docs/vllm.md has the full ta
   those names has reported; duplicate and phantom reports are ignored and counted
   (:meth:`MultiConnector.connector_counts`), so they cannot free blocks early.
 * A worker passes on one load completion per load, from the child chosen to load; duplicate,
-  late and phantom load completions are ignored (vLLM's scheduler asserts on them).
+  late and phantom load completions are ignored (vLLM's scheduler asserts on them). A request
+  with a load and saves in flight reaches vLLM's scheduler as one completion, after all of them.
+* KV cache events are kept per child (:class:`NamedKVEvents`): each child gets back its own.
+* A child that reports on fewer workers than all (``get_finished_count()``) is counted by name
+  on the scheduler, so no request is stranded on the workers it never reports on.
 * Transfer params are merged by :func:`~multiconnector.merge_transfer_params` into a new dict;
   no child's dict is modified, and a clash raises :class:`~multiconnector.KeyClashError` after
   the bookkeeping was made consistent.
@@ -44,13 +48,12 @@ The bookkeeping is :class:`multiconnector.MultiConnector`'s (the core aggregator
 class of the same name): one on the scheduler tracks each request from arrival to
 ``request_finished``, where it hands the committed saves off to the workers
 (:attr:`MultiConnector.saving` lists them until the workers report them); on each worker one
-tracks the load each request awaits, and a :class:`~multiconnector.vllm.ledger.SaveLedger` the
-saves each finished request awaits (the core's report rule for a finishing request, checked
-against the core event by event).
+tracks the load each request awaits, and the core's :class:`~multiconnector.ledger.SaveLedger`
+the saves each finished request awaits (the core's report rule for a finishing request).
 
 The subpackage is layered: :mod:`~multiconnector.vllm.config` (the children),
 :mod:`~multiconnector.vllm.wire` (what crosses processes), :mod:`~multiconnector.vllm.sides`
-(each child as the core sees it), :mod:`~multiconnector.vllm.ledger` (a worker's saves),
+(each child as the core sees it), :mod:`~multiconnector.vllm.ledger` (re-exports the core's ledger),
 :mod:`~multiconnector.vllm._base` (the state and fan-out helpers both roles share),
 :mod:`~multiconnector.vllm.worker` and :mod:`~multiconnector.vllm.scheduler` (each role's
 calls) and :mod:`~multiconnector.vllm.connector` (the class, assembled from the roles), on top of
@@ -73,10 +76,18 @@ except ModuleNotFoundError as _missing:
 
 from .config import CHILDREN_KEY, NAME_KEY, ChildSpec, child_specs, default_name
 from .connector import MultiConnector
-from .errors import ChildStartError, HMAUnsupportedError, MetadataMismatchError
+from .errors import (
+    ChildrenConflictError,
+    ChildStartError,
+    HMAUnsupportedError,
+    MetadataMismatchError,
+    WrongRoleError,
+)
 from .ledger import SaveLedger
 from .wire import (
+    NamedEvents,
     NamedHandshakeMetadata,
+    NamedKVEvents,
     NamedMultiConnectorMetadata,
     NamedMultiConnectorStats,
     NamedMultiConnectorWorkerMetadata,
@@ -90,15 +101,19 @@ __all__ = [
     "NAME_KEY",
     "ChildSpec",
     "ChildStartError",
+    "ChildrenConflictError",
     "HMAUnsupportedError",
     "MetadataMismatchError",
     "MultiConnector",
+    "NamedEvents",
     "NamedHandshakeMetadata",
+    "NamedKVEvents",
     "NamedMultiConnectorMetadata",
     "NamedMultiConnectorStats",
     "NamedMultiConnectorWorkerMetadata",
     "NamedPromMetrics",
     "SaveLedger",
+    "WrongRoleError",
     "child_specs",
     "default_name",
     "msgspec_dec_hook",
