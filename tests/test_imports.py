@@ -37,8 +37,6 @@ tool = _tool()
 ALLOWED_CYCLES: dict[str, str] = {
     # check/scenario.py <-> check/snapshot.py (scenario imports snapshot's _Interner for a type)
     "multiconnector.check": "scenario <-> snapshot",
-    # vllm/_base, connector, scheduler, sides, worker (sides reaches back to its owner)
-    "multiconnector.vllm": "the connector and its sides",
 }
 
 #: ``sys.path`` edits that are features, not shortcuts between folders of this repository.
