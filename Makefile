@@ -131,10 +131,12 @@ docs-diagrams: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
-## bench: the benchmarks; prints a table and writes build/bench.json
-bench: setup
+## bench: the benchmarks; prints a table and writes build/bench.json; then the engine row
+#         (bench/engine.py, in .venv-engine), merged into it
+bench: setup $(ENGINE)
 	mkdir -p $(BUILD)
 	$(PY) bench/run.py --json $(BUILD)/bench.json
+	$(ENGINE_PY) bench/engine.py --json $(BUILD)/bench.json
 
 lint: setup
 	$(VENV)/bin/ruff check multiconnector tests bench tools
