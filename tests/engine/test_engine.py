@@ -113,17 +113,21 @@ def test_tokens_identical_without_connector_with_vllms_and_ours(
 
 
 def _save_then_load(
-    llm: Any, first: Path, second: Path, records: Path, ranks: int = 1
+    llm: Any, first: Path, second: Path, records: Path, *, ranks: int = 1, drain: bool = False
 ) -> list[list[int]]:
     """Pass 1 saves through both children; pass 2 (prefix cache reset) loads from the first;
     pass 3 (first's storage gone) loads from the second. Returns pass 1's tokens. With
-    ``ranks`` workers, each saves and loads its own share."""
+    ``ranks`` workers, each saves and loads its own share. With ``drain`` (an in-process
+    scheduler, a child that saves late), the engine steps until the late saves reported before
+    each reset: the prefix cache cannot be reset while blocks are held."""
     count = len(PROMPTS)
     out1 = h.generate(llm, PROMPTS, OUTPUT_TOKENS)
     assert h.cached(out1) == [0] * count
     assert (_saved(first), _saved(second)) == (count * ranks, count * ranks)
     assert h.loads(records) == {}
 
+    if drain:
+        _drain(llm)
     assert llm.reset_prefix_cache()
     out2 = h.generate(llm, PROMPTS, OUTPUT_TOKENS)
     assert h.cached(out2) == [LOADED] * count
@@ -131,6 +135,8 @@ def _save_then_load(
     assert _by_child(h.loads(records)) == {"first": count * ranks}
 
     h.wipe(first)
+    if drain:
+        _drain(llm)
     assert llm.reset_prefix_cache()
     out3 = h.generate(llm, PROMPTS, OUTPUT_TOKENS)
     assert h.cached(out3) == [LOADED] * count
@@ -212,7 +218,7 @@ def test_two_workers_tensor_parallel(tiny_model: Path, tmp_path: Path) -> None:
     )
     llm = h.make_llm(tiny_model, transfer, workers=2)
     try:
-        tokens = _save_then_load(llm, first, second, records, ranks=2)
+        tokens = _save_then_load(llm, first, second, records, ranks=2, drain=True)
         for rank in ("rank0", "rank1"):
             assert _saved(second / rank) == len(PROMPTS)
         assert set(h.loads(records)) == {
