@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -54,26 +55,34 @@ def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
     """One engine, one class: run a round per line on stdin, answer with its figures."""
     h.engine_environment(in_process=True)
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("BENCH_ENGINE_BIND", "0")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # an idle thread sleeps: no spinning
     with tempfile.TemporaryDirectory() as storage:
         llm = h.make_llm(model, _transfer(side == "ours", Path(storage)))
         module = type(h.engine_core(llm).scheduler.connector).__module__
         expected = "multiconnector.vllm" if side == "ours" else "vllm.distributed"
         assert module.startswith(expected), module
-        print(MARK + json.dumps({"ready": module}), flush=True)
+        import torch  # noqa: PLC0415 - vLLM imported it already, with the environment set
+
+        ready = {"ready": module, "torch_threads": torch.get_num_threads()}
+        ready["threads"] = threading.active_count()
+        print(MARK + json.dumps(ready), flush=True)
         for line in sys.stdin:
             seed = int(line)
             batch = h.prompts(prompts, 32, seed=seed)
             cpu, wall = time.process_time(), time.perf_counter()
+            main = time.thread_time()
             out = h.generate(llm, batch, tokens)
             core = h.engine_core(llm)
             steps = 0
             while core.scheduler.requests:  # the late saves: the connectors' work too
                 llm.llm_engine.step()
                 steps += 1
+            main = time.thread_time() - main
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
             generated = sum(len(o.outputs[0].token_ids) for o in out)
             assert generated == prompts * tokens
-            answer = {"cpu": cpu, "wall": wall, "tokens": generated, "drain_steps": steps}
+            answer = {"cpu": cpu, "main": main, "wall": wall, "tokens": generated}
+            answer["drain_steps"] = steps
             print(MARK + json.dumps(answer), flush=True)
         h.shut(llm)
 
@@ -109,15 +118,17 @@ def measure(prompts: int, tokens: int, repeats: int) -> dict[str, Any]:
         model = h.write_tiny_llama(Path(folder) / "model")
         sides = {side: _start(side, model, prompts, tokens) for side in ("ours", "vllm")}
         try:
-            for process in sides.values():
-                _ask(process)  # ready
+            ready = {side: _ask(process) for side, process in sides.items()}
+            print(f"engines: {ready}", file=sys.stderr, flush=True)
             per_token: dict[str, list[float]] = {"ours": [], "vllm": []}
+            process_cpu: dict[str, list[float]] = {"ours": [], "vllm": []}
             for repeat in range(repeats + 1):  # round 0 warms up
                 order = ("ours", "vllm") if repeat % 2 else ("vllm", "ours")
                 for side in order:
                     answer = _ask(sides[side], seed=1000 + repeat)
                     if repeat:
-                        per_token[side].append(answer["cpu"] / answer["tokens"])
+                        per_token[side].append(answer["main"] / answer["tokens"])
+                        process_cpu[side].append(answer["cpu"] / answer["tokens"])
         finally:
             for process in sides.values():
                 if process.stdin is not None:
@@ -126,7 +137,11 @@ def measure(prompts: int, tokens: int, repeats: int) -> dict[str, Any]:
                 process.wait(timeout=120)
     ratios = [o / v for o, v in zip(per_token["ours"], per_token["vllm"], strict=True)]
     q1, ratio, q3 = quartiles(ratios)
+    whole = [o / v for o, v in zip(process_cpu["ours"], process_cpu["vllm"], strict=True)]
     return {
+        "engines": ready,
+        "process_cpu_ratio": statistics.median(whole),
+        "process_cpu_ratio_iqr": list(quartiles(whole)[::2]),
         "prompts": prompts,
         "output_tokens": tokens,
         "repeats": repeats,

@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = [
     pytest.mark.engine,
-    pytest.mark.timeout(150),
+    pytest.mark.timeout(300),
     # vLLM and torch warn about their own deprecations: not ours to fix.
     pytest.mark.filterwarnings("ignore"),
 ]
