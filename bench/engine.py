@@ -3,15 +3,15 @@
 Run in the engine environment (``.venv-engine``, ``make engine``), after ``bench/run.py``: it
 prints its rows in the same table, and merges them into ``build/bench.json`` (``--json``).
 
-What is measured: the CPU time of the whole engine (scheduler, model runner, connectors: one
-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) per generated token, on the tiny random Llama of
-the engine tests, with two children that save asynchronously and do no I/O at all
-(``DelayedSaveConnector`` with ``disk: false``, finishing 2 and 3 steps late), so the
-connector's bookkeeping is as large a share of the engine's work as it can be. Two engines run in
-two processes, one per class, side by side; they take turns (ABBA order), one round each per
-repeat, on the same fresh prompts (no prefix-cache hits), while the other waits. The ratio is
-the median of the per-repeat ratios ours ÷ vLLM's, with its interquartile range. The engines'
-OpenMP threads are bound to one core: CPU time then counts work, not spinning.
+What is measured: the CPU time of the engine (scheduler, model runner and connectors on one
+thread, in one process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one torch thread) per generated
+token, on the tiny random Llama of the engine tests, with two children that save asynchronously
+and do no I/O at all (``DelayedSaveConnector`` with ``disk: false``, finishing 2 and 3 steps
+late), so the connectors' bookkeeping is as large a share of the engine's work as it can be. Two
+engines run in two processes, one per class; they take turns, four rounds a repeat in ABBA
+order (the sides swap places each repeat), on the same fresh prompts (no prefix-cache hits),
+while the other waits. The ratio is the median of the per-repeat ratios ours ÷ vLLM's, with its
+interquartile range; the whole process's CPU-time ratio is kept beside it.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
     h.engine_environment(in_process=True)
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("BENCH_ENGINE_BIND", "0")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # an idle thread sleeps: no spinning
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as storage:
         llm = h.make_llm(model, _transfer(side == "ours", Path(storage)))
         module = type(h.engine_core(llm).scheduler.connector).__module__
@@ -63,6 +64,7 @@ def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
         assert module.startswith(expected), module
         import torch  # noqa: PLC0415 - vLLM imported it already, with the environment set
 
+        torch.set_num_threads(1)  # the whole engine on the main thread: its CPU time is all
         ready = {"ready": module, "torch_threads": torch.get_num_threads()}
         ready["threads"] = threading.active_count()
         print(MARK + json.dumps(ready), flush=True)
@@ -122,13 +124,22 @@ def measure(prompts: int, tokens: int, repeats: int) -> dict[str, Any]:
             print(f"engines: {ready}", file=sys.stderr, flush=True)
             per_token: dict[str, list[float]] = {"ours": [], "vllm": []}
             process_cpu: dict[str, list[float]] = {"ours": [], "vllm": []}
-            for repeat in range(repeats + 1):  # round 0 warms up
-                order = ("ours", "vllm") if repeat % 2 else ("vllm", "ours")
-                for side in order:
-                    answer = _ask(sides[side], seed=1000 + repeat)
-                    if repeat:
-                        per_token[side].append(answer["main"] / answer["tokens"])
-                        process_cpu[side].append(answer["cpu"] / answer["tokens"])
+            for repeat in range(repeats + 1):  # repeat 0 warms up
+                # ABBA: two rounds a side, so a drift of the machine's load within the repeat
+                # weighs on both alike; the sides swap places from one repeat to the next.
+                order = ("ours", "vllm", "vllm", "ours")
+                if repeat % 2:
+                    order = order[::-1]
+                sums = {side: [0.0, 0.0, 0] for side in sides}
+                for turn, side in enumerate(order):
+                    answer = _ask(sides[side], seed=1000 + 2 * repeat + turn // 2)
+                    sums[side][0] += answer["main"]
+                    sums[side][1] += answer["cpu"]
+                    sums[side][2] += answer["tokens"]
+                if repeat:
+                    for side, (main, cpu, generated) in sums.items():
+                        per_token[side].append(main / generated)
+                        process_cpu[side].append(cpu / generated)
         finally:
             for process in sides.values():
                 if process.stdin is not None:
