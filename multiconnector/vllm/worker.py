@@ -102,11 +102,15 @@ class WorkerRole(ConnectorBase):
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         self._gather("register_kv_caches", lambda _, c: c.register_kv_caches(kv_caches))
 
+    # vLLM 0.33 added these two to the base class (a no-op there); a child built for 0.32 lacks
+    # them, and then gets that default: nothing is called.
     def unregister_kv_caches(self) -> None:
-        self._gather("unregister_kv_caches", lambda _, c: c.unregister_kv_caches())
+        self._gather(
+            "unregister_kv_caches", lambda _, c: _call_if_present(c, "unregister_kv_caches")
+        )
 
     def restore_kv_caches(self) -> None:
-        self._gather("restore_kv_caches", lambda _, c: c.restore_kv_caches())
+        self._gather("restore_kv_caches", lambda _, c: _call_if_present(c, "restore_kv_caches"))
 
     def set_host_xfer_buffer_ops(self, copy_operation: Any) -> None:
         self._gather(
@@ -391,3 +395,11 @@ class WorkerRole(ConnectorBase):
     def finished_counts(self) -> dict[str, int]:
         """The children that report a transfer on fewer workers than all, with how many."""
         return dict(self._counted)
+
+
+def _call_if_present(child: Any, method: str) -> None:
+    """``child.<method>()``, or nothing for a child whose vLLM has no such method (the base
+    class's default in the version that added it)."""
+    found = getattr(child, method, None)
+    if found is not None:
+        found()

@@ -1,0 +1,139 @@
+"""Child connectors for the engine tests and the engine benchmark, built on vLLM's ExampleConnector.
+
+vLLM loads them by module path (``kv_connector_module_path="bench.engine_children"``): the
+repository's root is on ``sys.path`` in every process of the engine (``python -m`` puts it there,
+and ``bench.engine_harness.engine_environment`` on ``PYTHONPATH`` for the processes the engine
+spawns).
+
+Extra config keys they read (each child's own ``kv_connector_extra_config``):
+
+- ``record_dir``: where the worker side appends one line per request it loads, to
+  ``<record_dir>/<label>.loads`` (so a test in another process can see which child loaded);
+- ``label``: the name of that file (the child's name in the test);
+- ``save_delay_steps`` (:class:`DelayedSaveConnector`): how many worker steps after a request
+  finished its save is reported finished;
+- ``disk`` (:class:`DelayedSaveConnector`): ``false`` for no file I/O at all (the benchmark).
+"""
+
+# vLLM is imported inside functions: the main environment collects this folder and has no engine.
+# ruff: noqa: PLC0415
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (
+    ExampleConnector,
+    ExampleConnectorMetadata,
+)
+
+#: In-process engines only: per label, the request ids the worker side reported finished
+#: sending, in order, and the step of each report (the test reads them in the same process).
+REPORTED: dict[str, dict[str, int]] = {}
+#: In-process engines only: per label, the worker steps seen so far.
+STEPS: dict[str, int] = {}
+
+
+class RecordingExampleConnector(ExampleConnector):  # type: ignore[misc]
+    """ExampleConnector that records, on the worker, each request it loads."""
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config
+        self._record_dir: str | None = extra.get("record_dir")
+        self._label: str = str(extra.get("label", "child"))
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        metadata = self._get_connector_metadata()
+        loads = [request for request in metadata.requests if not request.is_store]
+        if loads and self._record_dir is not None:
+            with open(os.path.join(self._record_dir, f"{self._label}.loads"), "a") as record:
+                for request in loads:
+                    record.write(f"{len(request.slot_mapping)}\n")
+        super().start_load_kv(forward_context, **kwargs)
+
+
+class RankedExampleConnector(RecordingExampleConnector):
+    """ExampleConnector whose storage includes the tensor-parallel rank.
+
+    vLLM's ExampleConnector is not tensor-parallel safe: every rank writes the same per-layer
+    files (each holding its own heads), so a load reads another rank's heads. Here each worker
+    rank keeps its own folder; the scheduler looks up rank 0's.
+    """
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        rank = 0
+        if role == KVConnectorRole.WORKER:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            rank = get_tensor_model_parallel_rank()
+        self._storage_path = os.path.join(self._storage_path, f"rank{rank}")
+        self._label = f"{self._label}.rank{rank}"
+
+
+class DelayedSaveConnector(RecordingExampleConnector):
+    """ExampleConnector whose saves are asynchronous: finished ``save_delay_steps`` steps late.
+
+    Scheduler: ``request_finished`` answers ``True`` for every request (its blocks stay held
+    until the workers report it finished sending). Worker: each finished request is reported in
+    ``get_finished`` that many calls later. With ``disk: false`` it neither writes nor reads
+    files and never offers tokens to load (the benchmark's child: bookkeeping only).
+    """
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config
+        self._delay = int(extra.get("save_delay_steps", 3))
+        self._disk = bool(extra.get("disk", True))
+        self._pending: dict[str, int] = {}
+        self._steps = 0
+        REPORTED.setdefault(self._label, {})
+        STEPS.setdefault(self._label, 0)
+
+    # -- scheduler -------------------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        if not self._disk:
+            return 0, False
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)  # type: ignore[no-any-return]
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        if not self._disk:
+            return ExampleConnectorMetadata()  # nothing to save or load: no file is touched
+        return super().build_connector_meta(scheduler_output)
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, None]:
+        return True, None
+
+    # -- worker ----------------------------------------------------------------------------------
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kw: Any) -> None:
+        if self._disk:
+            super().save_kv_layer(layer_name, kv_layer, attn_metadata, **kw)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        if self._disk:
+            super().start_load_kv(forward_context, **kwargs)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, None]:
+        self._steps += 1
+        STEPS[self._label] = self._steps
+        done = {request_id for request_id, due in self._pending.items() if due <= self._steps}
+        for request_id in done:
+            del self._pending[request_id]
+        for request_id in finished_req_ids:
+            self._pending[request_id] = self._steps + self._delay
+        reported = REPORTED[self._label]
+        for request_id in done:
+            reported[request_id] = self._steps
+        return (done or None), None
+
+    @property
+    def pending(self) -> dict[str, int]:
+        """The saves in flight: request id to the step at which it is reported."""
+        return dict(self._pending)

@@ -1,0 +1,237 @@
+"""The engine row of ``make bench``: ours against vLLM's MultiConnector inside a real vLLM engine.
+
+Run in the engine environment (``.venv-engine``, ``make engine``), after ``python -m bench.run``: it
+prints its rows in the same table, and merges them into ``build/bench.json`` (``--json``).
+
+What is measured: the CPU time of the engine (scheduler, model runner and connectors on one
+thread, in one process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one torch thread) per generated
+token, on the tiny random Llama of the engine tests, with two children that save asynchronously
+and do no I/O at all (``DelayedSaveConnector`` with ``disk: false``, finishing 2 and 3 steps
+late), so the connectors' bookkeeping is as large a share of the engine's work as it can be. Two
+engines run in two processes, one per class; they take turns, four rounds a repeat in ABBA
+order (the sides swap places each repeat), on the same fresh prompts (no prefix-cache hits),
+while the other waits. The ratio is the median of the per-repeat ratios ours ÷ vLLM's, with its
+interquartile range; the whole process's CPU-time ratio is kept beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from . import engine_harness as h
+
+TARGET = 1.01
+#: The interquartile range must lie within this fraction of the median.
+SPREAD = 0.02
+#: The start of an engine process's answer line on its stdout.
+MARK = "BENCH-ENGINE "
+
+
+def _transfer(ours: bool, storage: Path) -> dict[str, Any]:
+    children = [
+        h.example_child(
+            storage / label, label, None, "DelayedSaveConnector", save_delay_steps=delay, disk=False
+        )
+        for label, delay in (("a", 2), ("b", 3))
+    ]
+    return h.multi_config(children, ours=ours)
+
+
+def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
+    """One engine, one class: run a round per line on stdin, answer with its figures."""
+    h.engine_environment(in_process=True)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("BENCH_ENGINE_BIND", "0")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # an idle thread sleeps: no spinning
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory() as storage:
+        llm = h.make_llm(model, _transfer(side == "ours", Path(storage)))
+        module = type(h.engine_core(llm).scheduler.connector).__module__
+        expected = "multiconnector.vllm" if side == "ours" else "vllm.distributed"
+        assert module.startswith(expected), module
+        import torch  # noqa: PLC0415 - vLLM imported it already, with the environment set
+
+        torch.set_num_threads(1)  # the whole engine on the main thread: its CPU time is all
+        ready = {"ready": module, "torch_threads": torch.get_num_threads()}
+        ready["threads"] = threading.active_count()
+        print(MARK + json.dumps(ready), flush=True)
+        for line in sys.stdin:
+            seed = int(line)
+            batch = h.prompts(prompts, 32, seed=seed)
+            cpu, wall = time.process_time(), time.perf_counter()
+            main = time.thread_time()
+            out = h.generate(llm, batch, tokens)
+            core = h.engine_core(llm)
+            steps = 0
+            while core.scheduler.requests:  # the late saves: the connectors' work too
+                llm.llm_engine.step()
+                steps += 1
+            main = time.thread_time() - main
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            generated = sum(len(o.outputs[0].token_ids) for o in out)
+            assert generated == prompts * tokens
+            answer = {"cpu": cpu, "main": main, "wall": wall, "tokens": generated}
+            answer["drain_steps"] = steps
+            print(MARK + json.dumps(answer), flush=True)
+        h.shut(llm)
+
+
+def _start(side: str, model: Path, prompts: int, tokens: int) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "bench.engine_row", "--serve", side, "--model", str(model)]
+    command += ["--prompts", str(prompts), "--tokens", str(tokens)]
+    return subprocess.Popen(
+        command,
+        cwd=h.REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+def _ask(process: subprocess.Popen[str], seed: int | None = None) -> dict[str, Any]:
+    assert process.stdin is not None and process.stdout is not None
+    if seed is not None:
+        process.stdin.write(f"{seed}\n")
+        process.stdin.flush()
+    for line in process.stdout:  # vLLM logs to stdout too: only the marked lines are answers
+        if line.startswith(MARK):
+            answer: dict[str, Any] = json.loads(line.removeprefix(MARK))
+            return answer
+    raise RuntimeError(f"the engine process exited ({process.wait()})")
+    return answer
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def measure(prompts: int, tokens: int, repeats: int, blocks: int = 1) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as folder:
+        model = h.write_tiny_llama(Path(folder) / "model")
+        sides = {side: _start(side, model, prompts, tokens) for side in ("ours", "vllm")}
+        try:
+            ready = {side: _ask(process) for side, process in sides.items()}
+            print(f"engines: {ready}", file=sys.stderr, flush=True)
+            per_token: dict[str, list[float]] = {"ours": [], "vllm": []}
+            process_cpu: dict[str, list[float]] = {"ours": [], "vllm": []}
+            for repeat in range(repeats + 1):  # repeat 0 warms up
+                # ABBA: two rounds a side, so a drift of the machine's load within the repeat
+                # weighs on both alike; the sides swap places from one repeat to the next.
+                order = ("ours", "vllm", "vllm", "ours") * blocks
+                if repeat % 2:
+                    order = order[::-1]
+                sums = {side: [0.0, 0.0, 0] for side in sides}
+                for turn, side in enumerate(order):
+                    answer = _ask(sides[side], seed=1000 + 4 * blocks * repeat + turn // 2)
+                    sums[side][0] += answer["main"]
+                    sums[side][1] += answer["cpu"]
+                    sums[side][2] += answer["tokens"]
+                if repeat:
+                    for side, (main, cpu, generated) in sums.items():
+                        per_token[side].append(main / generated)
+                        process_cpu[side].append(cpu / generated)
+        finally:
+            for process in sides.values():
+                if process.stdin is not None:
+                    process.stdin.close()
+            for process in sides.values():
+                process.wait(timeout=120)
+    ratios = [o / v for o, v in zip(per_token["ours"], per_token["vllm"], strict=True)]
+    q1, ratio, q3 = quartiles(ratios)
+    whole = [o / v for o, v in zip(process_cpu["ours"], process_cpu["vllm"], strict=True)]
+    return {
+        "engines": ready,
+        "process_cpu_ratio": statistics.median(whole),
+        "process_cpu_ratio_iqr": list(quartiles(whole)[::2]),
+        "prompts": prompts,
+        "output_tokens": tokens,
+        "repeats": repeats,
+        "abba_blocks_per_repeat": blocks,
+        "cpu_us_per_token": {side: statistics.median(v) * 1e6 for side, v in per_token.items()},
+        "ratio": ratio,
+        "ratio_q1": q1,
+        "ratio_q3": q3,
+        "iqr_within": max(ratio - q1, q3 - ratio) / ratio,
+        "ratios": ratios,
+    }
+
+
+def rows(figures: dict[str, Any]) -> list[dict[str, Any]]:
+    """The table rows (``bench/run.py``'s Row fields; p90 holds the third quartile)."""
+    us = figures["cpu_us_per_token"]
+    spread = figures["iqr_within"]
+    return [
+        {"name": "engine CPU per token, ours", "median": us["ours"], "p90": float("nan"),
+         "unit": "µs", "target": "", "met": None},
+        {"name": "engine CPU per token, vLLM's MultiConnector", "median": us["vllm"],
+         "p90": float("nan"), "unit": "µs", "target": "", "met": None},
+        {"name": "engine ratio, ours ÷ vLLM (IQR within)", "median": figures["ratio"],
+         "p90": figures["ratio_q3"], "unit": "x",
+         "target": f"≤ {TARGET:g}, IQR ±{SPREAD:.0%}",
+         "met": figures["ratio"] <= TARGET and spread <= SPREAD},
+    ]  # fmt: skip
+
+
+def _line(row: dict[str, Any]) -> str:
+    value = row["median"]
+    shown = f"{value:.3f}x" if row["unit"] == "x" else f"{value:,.1f} {row['unit']}"
+    met = "" if row["met"] is None else ("met" if row["met"] else "NOT MET")
+    return f"| {row['name']} | {shown} | {row['target']} | {met} |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="merge the figures into this bench.json")
+    parser.add_argument("--prompts", type=int, default=128)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=16)
+    parser.add_argument("--blocks", type=int, default=2, help="ABBA blocks a repeat")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: proves it runs")
+    parser.add_argument("--serve", choices=("ours", "vllm"), help=argparse.SUPPRESS)
+    parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve(args.serve, args.model, args.prompts, args.tokens)
+        return 0
+    if args.quick:
+        args.prompts, args.tokens, args.repeats, args.blocks = 4, 4, 2, 1
+    started = time.perf_counter()
+    figures = measure(args.prompts, args.tokens, args.repeats, args.blocks)
+    figures["seconds"] = time.perf_counter() - started
+    table = rows(figures)
+    print("| figure | median | target | met |\n|---|---|---|---|")
+    for row in table:
+        print(_line(row))
+    print(
+        f"\nengine: {args.prompts} prompts x {args.tokens} tokens, {args.repeats} repeats; "
+        f"ratio {figures['ratio']:.4f} (IQR {figures['ratio_q1']:.4f}..{figures['ratio_q3']:.4f}, "
+        f"within ±{figures['iqr_within']:.2%}), {figures['seconds']:.0f} s"
+    )
+    if args.json:
+        merged: dict[str, Any] = {}
+        if args.json.exists():
+            merged = json.loads(args.json.read_text())
+        merged["engine"] = figures
+        merged["engine_ratio_vs_real_vllm"] = figures["ratio"]
+        merged["rows"] = [r for r in merged.get("rows", []) if not r["name"].startswith("engine ")]
+        merged["rows"] += table
+        met = [r["met"] for r in merged["rows"] if r.get("met") is not None]
+        merged["all_targets_met"] = all(met)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(merged, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

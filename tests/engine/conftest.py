@@ -1,0 +1,61 @@
+"""The engine tests: a real vLLM engine (the CPU build, ``.venv-engine``) runs the tiny model.
+
+The engine, the tiny model and the children are ``bench.engine_harness`` and
+``bench.engine_children``, shared with the engine row of ``make bench``; ``python -m pytest`` from
+the repository's root makes them importable (``engine_environment`` sets ``PYTHONPATH`` for the
+processes the engine spawns).
+
+Without a vLLM whose engine runs here the tests skip, with the reason; with
+``MULTICONNECTOR_REQUIRE_ENGINE=1`` (``make test`` sets it for this step) they fail instead, so
+a broken engine environment never passes as a green run of nothing.
+"""
+
+# vLLM is imported inside functions: the main environment collects this folder and has no engine.
+# ruff: noqa: PLC0415
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+
+REQUIRED = os.environ.get("MULTICONNECTOR_REQUIRE_ENGINE") == "1"
+
+
+def _missing() -> str | None:
+    """Why no vLLM engine can run here, or ``None``."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from vllm import LLM  # noqa: F401
+            from vllm.platforms import current_platform
+    except Exception as exc:  # any import failure: this environment has no engine
+        return f"no vLLM engine in this environment ({exc!r}); `make engine` builds .venv-engine"
+    if not current_platform.is_cpu():
+        return (
+            f"the engine tests run on vLLM's CPU build; this vLLM's platform is {current_platform}"
+        )
+    return None
+
+
+@pytest.fixture(scope="session")
+def engine_ready() -> None:
+    """Skip (locally) or fail (``MULTICONNECTOR_REQUIRE_ENGINE=1``) without an engine."""
+    reason = _missing()
+    if reason is None:
+        return
+    if REQUIRED:
+        pytest.fail(f"MULTICONNECTOR_REQUIRE_ENGINE=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(engine_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random Llama, written once per session (no download)."""
+    from bench.engine_harness import write_tiny_llama
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
