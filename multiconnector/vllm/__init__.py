@@ -73,10 +73,18 @@ except ModuleNotFoundError as _missing:
 
 from .config import CHILDREN_KEY, NAME_KEY, ChildSpec, child_specs, default_name
 from .connector import MultiConnector
-from .errors import ChildStartError, HMAUnsupportedError, MetadataMismatchError
+from .errors import (
+    ChildrenConflictError,
+    ChildStartError,
+    HMAUnsupportedError,
+    MetadataMismatchError,
+    WrongRoleError,
+)
 from .ledger import SaveLedger
 from .wire import (
+    NamedEvents,
     NamedHandshakeMetadata,
+    NamedKVEvents,
     NamedMultiConnectorMetadata,
     NamedMultiConnectorStats,
     NamedMultiConnectorWorkerMetadata,
@@ -90,15 +98,19 @@ __all__ = [
     "NAME_KEY",
     "ChildSpec",
     "ChildStartError",
+    "ChildrenConflictError",
     "HMAUnsupportedError",
     "MetadataMismatchError",
     "MultiConnector",
+    "NamedEvents",
     "NamedHandshakeMetadata",
+    "NamedKVEvents",
     "NamedMultiConnectorMetadata",
     "NamedMultiConnectorStats",
     "NamedMultiConnectorWorkerMetadata",
     "NamedPromMetrics",
     "SaveLedger",
+    "WrongRoleError",
     "child_specs",
     "default_name",
     "msgspec_dec_hook",

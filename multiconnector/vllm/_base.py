@@ -98,6 +98,26 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._due = KVConnectorTransferResults()
         self._load_plan: dict[str, str] = {}
         self._finished_while_loading: set[str] = set()
+        #: Worker: requests whose saves all reported here while their load was still in flight
+        #: here: held back until the load reports (one completion per request).
+        self._sent_while_loading: set[str] = set()
+        # Both roles: the children that report a transfer on fewer workers than all (their
+        # get_finished_count), with how many; the scheduler counts their reports.
+        self._counted: dict[str, int] = _finished_counts(self._items, vllm_config)
+        #: Worker: each finished request's counted savers that have not reported here yet.
+        self._counted_expected: dict[str, set[str]] = {}
+        #: Worker: counted savers' reports to forward with this step's worker metadata.
+        self._forward: dict[str, dict[str, int]] = {}
+        #: Worker: ignored reports of counted savers, per (outcome, name).
+        self._counted_outcomes: dict[tuple[Any, str], int] = {}
+        #: Worker: per child, when a non-chosen load was last warned about, and how many since.
+        self._unchosen_warned: dict[str, tuple[float | None, int]] = {}
+        #: Scheduler: each handed-off request's counted savers with the reports still owed.
+        self._counted_owed: dict[str, dict[str, int]] = {}
+        #: Scheduler: handed-off requests every worker reported, still owed counted reports.
+        self._workers_done: set[str] = set()
+        #: Scheduler: this output's load completions, read before vLLM's own handling.
+        self._recving: Any = ()
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -197,6 +217,17 @@ def _all_known(metadata: NamedMultiConnectorMetadata, known: Mapping[str, Any]) 
                     return False
             checked = names
     return all(name in known for name in metadata.loads.values())
+
+
+def _finished_counts(items: Sequence[tuple[str, Any]], vllm_config: Any) -> dict[str, int]:
+    """The children whose ``get_finished_count()`` is fewer workers than the world size."""
+    world = int(getattr(getattr(vllm_config, "parallel_config", None), "world_size", 1) or 1)
+    counted: dict[str, int] = {}
+    for name, child in items:
+        count = child.get_finished_count()
+        if count is not None and 0 < count < world:
+            counted[name] = int(count)
+    return counted
 
 
 def _failed(

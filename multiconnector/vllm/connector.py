@@ -9,9 +9,11 @@ class-level queries and the calls both roles get.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
+from vllm.config.cache import _layout_from_name
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, SupportsHMA
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
@@ -21,12 +23,24 @@ from ..errors import InvalidArgumentError
 from ..outcome import Outcome
 from ._base import _failed
 from .config import child_specs, connector_class, specs_of, without_hma
+from .errors import ChildrenConflictError
 from .ledger import SaveLedger
 from .scheduler import SchedulerRole
 from .wire import NamedMultiConnectorStats, NamedPromMetrics
 from .worker import WorkerRole
 
 __all__ = ["MultiConnector"]
+
+logger: Final = logging.getLogger("multiconnector")
+
+
+def _resolved_layout(name: str) -> Any:
+    """The KV cache layout ``name`` stands for, as vLLM 0.33 resolves it (``"HND"`` is
+    ``"LBHNC"``); a name vLLM does not know stands for itself (vLLM refuses it later)."""
+    try:
+        return _layout_from_name(name)
+    except (ValueError, TypeError):
+        return name
 
 
 class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
@@ -101,6 +115,9 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
                 mine = counts.setdefault(name, {})
                 for outcome, n in per.items():
                     mine[outcome] = mine.get(outcome, 0) + n
+        for (outcome, name), n in self._counted_outcomes.items():
+            mine = counts.setdefault(name, {})
+            mine[outcome] = mine.get(outcome, 0) + n
         return counts
 
     # -- properties and class-level queries ----------------------------------------------------
@@ -136,19 +153,24 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
-        layouts: dict[str, list[str]] = {}
+        """The children's one required layout, compared as vLLM resolves layout names (so
+        ``"HND"`` and ``"LBHNC"`` agree); the first child's name for it is returned."""
+        layouts: dict[Any, list[tuple[str, str]]] = {}
         for spec in specs_of(vllm_config.kv_transfer_config):
             layout = spec.connector_class().get_required_kvcache_layout(
                 spec.vllm_config(vllm_config)
             )
             if layout is not None:
-                layouts.setdefault(layout, []).append(spec.name)
+                layouts.setdefault(_resolved_layout(layout), []).append((layout, spec.name))
         if len(layouts) > 1:
-            raise ValueError(
+            raise ChildrenConflictError(
                 "child connectors require different KV cache layouts: "
-                + "; ".join(f"{layout} by {', '.join(names)}" for layout, names in layouts.items())
+                + "; ".join(
+                    f"{named[0][0]} by {', '.join(name for _, name in named)}"
+                    for named in layouts.values()
+                )
             )
-        return next(iter(layouts), None)
+        return next((named[0][0] for named in layouts.values()), None)
 
     @classmethod
     def build_kv_connector_stats(
@@ -206,7 +228,10 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
         metadata = self._check_metadata(connector_metadata)
         if metadata.savers:
             # These requests finished on the scheduler; each awaits exactly these names now.
-            self._ledger.expect(metadata.savers)
+            if self._counted:
+                self._expect_counted(metadata.savers)
+            else:
+                self._ledger.expect(metadata.savers)
         for request_id, name in metadata.loads.items():
             if request_id not in self._loads:
                 self._loads.begin(request_id)
@@ -226,6 +251,22 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
             self._raise("bind_connector_metadata", failures)
         super().bind_connector_metadata(connector_metadata)
 
+    def _expect_counted(self, savers: Mapping[str, tuple[str, ...]]) -> None:
+        """The ledger awaits the savers that report on every worker; the others' reports are
+        forwarded to the scheduler. A request with no saver of the first kind is this worker's
+        to report at once (its part is done: the scheduler awaits the others' counts)."""
+        counted = self._counted
+        every: dict[str, tuple[str, ...]] = {}
+        for request_id, names in savers.items():
+            mine = tuple(name for name in names if name not in counted)
+            if len(mine) < len(names):
+                self._counted_expected[request_id] = {n for n in names if n in counted}
+            if mine:
+                every[request_id] = mine
+            elif request_id not in self._ledger:
+                self._due.finished_sending.add(request_id)
+        self._ledger.expect(every)
+
     def clear_connector_metadata(self) -> None:
         self._each("clear_connector_metadata")
         super().clear_connector_metadata()
@@ -235,7 +276,16 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
         self._tracker.shutdown()
 
     def reset_cache(self) -> bool:
+        """Whether every child reset (vLLM's rule: an answer that is not ``False``); a child
+        answering ``None`` (it does not say) is logged at WARNING: it may still serve blocks."""
         results = self._gather("reset_cache", lambda _, c: c.reset_cache())
+        unsure = [name for name, result in results.items() if result is None]
+        if unsure:
+            logger.warning(
+                "reset_cache: child connector(s) %s answered None, not whether they reset; "
+                "counted as reset, as vLLM does, but they may still serve cached blocks",
+                ", ".join(unsure),
+            )
         return all(result is not False for result in results.values())
 
     def get_kv_connector_stats(self) -> NamedMultiConnectorStats | None:

@@ -7,7 +7,13 @@ from typing import Any
 
 from ..errors import MultiConnectorError
 
-__all__ = ["ChildStartError", "HMAUnsupportedError", "MetadataMismatchError"]
+__all__ = [
+    "ChildStartError",
+    "ChildrenConflictError",
+    "HMAUnsupportedError",
+    "MetadataMismatchError",
+    "WrongRoleError",
+]
 
 
 class ChildStartError(MultiConnectorError, RuntimeError):
@@ -67,6 +73,26 @@ class HMAUnsupportedError(MultiConnectorError, ValueError):
     vLLM's own ``MultiConnector`` asserts the same condition (``all_children_support_hma``);
     here the error names the children without ``SupportsHMA``. Either disable HMA
     (``--disable-hybrid-kv-cache-manager``) or configure only children that support it.
+
+    .. versionadded:: 0.1.0
+    """
+
+
+class ChildrenConflictError(MultiConnectorError, ValueError):
+    """The children's answers to a question with one answer cannot be combined.
+
+    Two children that require different KV cache layouts (as vLLM resolves them: ``"HND"`` and
+    ``"LBHNC"`` are one layout), two that each provide a KV cache memory pool, or two that
+    answer one transfer-results field a later vLLM added with values that do not merge. The
+    message names the children per answer. A ``ValueError``, as vLLM's own class raises for the
+    first two.
+
+    .. versionadded:: 0.1.0
+    """
+
+
+class WrongRoleError(MultiConnectorError, RuntimeError):
+    """A call that the connector's role never receives (a worker asked who saves a request).
 
     .. versionadded:: 0.1.0
     """

@@ -12,18 +12,27 @@ from contextlib import suppress
 from typing import Any
 
 from .._validate import shown
-from ..errors import ConnectorFailures, InvalidArgumentError, ShutDownError
+from ..errors import InvalidArgumentError, ShutDownError
 from ..machine import State
+from ..outcome import Outcome
 from ._base import ConnectorBase, _failed
 from .config import without_hma
 from .errors import HMAUnsupportedError
 from .wire import (
     NamedHandshakeMetadata,
+    NamedKVEvents,
     NamedMultiConnectorMetadata,
     NamedMultiConnectorWorkerMetadata,
 )
 
 __all__ = ["SchedulerRole"]
+
+
+def _named(value: Any, kind: type[Any], what: str) -> Any:
+    """``value`` if it is ``None`` or a ``kind``; else an :class:`InvalidArgumentError`."""
+    if value is not None and not isinstance(value, kind):
+        raise InvalidArgumentError(f"{what}={shown(value)} must be a {kind.__name__}")
+    return value
 
 
 class SchedulerRole(ConnectorBase):
@@ -116,36 +125,23 @@ class SchedulerRole(ConnectorBase):
         return metadata
 
     def update_connector_output(self, connector_output: Any) -> None:
-        worker_meta = connector_output.kv_connector_worker_meta
-        if worker_meta is not None and not isinstance(
-            worker_meta, NamedMultiConnectorWorkerMetadata
-        ):
-            raise InvalidArgumentError(
-                f"kv_connector_worker_meta={shown(worker_meta)} must be a "
-                "NamedMultiConnectorWorkerMetadata"
-            )
+        """Each child sees the output with its own worker metadata and its own KV cache events
+        (by name); then the completions vLLM acts on next are made one per request.
 
-        errors: list[Exception] = []
-        failed: list[str] = []
-        try:
-            for name, child in self._children.items():
-                try:
-                    if worker_meta is not None:
-                        connector_output.kv_connector_worker_meta = worker_meta.children.get(name)
-                    child.update_connector_output(connector_output)
-                except Exception as exc:
-                    errors.append(exc)
-                    failed.append(name)
-        finally:
-            connector_output.kv_connector_worker_meta = worker_meta
-        if errors:
-            raise ConnectorFailures(
-                f"{len(errors)} child connector(s) raised in update_connector_output: "
-                + ", ".join(failed),
-                errors,
-                failed=failed,
-                result={name: None for name in self._children if name not in failed},
-            )
+        vLLM calls this before it acts on ``finished_sending`` and ``finished_recving``: a
+        request that finished with saves handed off has its load's completion taken here (its
+        save's completion is the one vLLM sees), and one still owed reports by a child that
+        reports on fewer workers than all is held back until they arrived.
+        """
+        worker_meta = _named(
+            connector_output.kv_connector_worker_meta,
+            NamedMultiConnectorWorkerMetadata,
+            "kv_connector_worker_meta",
+        )
+        events = _named(connector_output.kv_cache_events, NamedKVEvents, "kv_cache_events")
+        self._route_output(connector_output, worker_meta, events)
+        if self._saving:
+            self._one_completion(connector_output, worker_meta)
         # The workers report a request finished sending only once every saver confirmed, and
         # vLLM's output aggregator only once every worker did.
         tracker = self._tracker
@@ -156,12 +152,93 @@ class SchedulerRole(ConnectorBase):
                 saving.pop(request_id, None)
             if self._awaited_here:
                 self._confirm_here(finished)
-        for request_id in connector_output.finished_recving or ():
+        for request_id in self._recving:
             self._loads_in_flight.discard(request_id)
             loader = self._loader(request_id)
             if loader is not None:
                 tracker.load_finished(request_id, loader)
+        self._recving = ()
         tracker.take()
+
+    def _route_output(self, connector_output: Any, worker_meta: Any, events: Any) -> None:
+        """Every child's ``update_connector_output``, with its own entries of ``worker_meta``
+        and ``events`` in place of ours (put back afterwards); every failure raised together."""
+        failures: list[tuple[str, Exception]] | None = None
+        self._recving = connector_output.finished_recving or ()
+        try:
+            for name, child in self._items:
+                try:
+                    if worker_meta is not None:
+                        connector_output.kv_connector_worker_meta = worker_meta.children.get(name)
+                    if events is not None:
+                        connector_output.kv_cache_events = events.children.get(name)
+                    child.update_connector_output(connector_output)
+                except Exception as exc:
+                    failures = _failed(failures, name, exc)
+        finally:
+            connector_output.kv_connector_worker_meta = worker_meta
+            connector_output.kv_cache_events = events
+        if failures is not None:
+            self._recving = ()
+            self._raise("update_connector_output", failures)
+
+    def _one_completion(self, connector_output: Any, worker_meta: Any) -> None:
+        """Make ``connector_output``'s completions one per request for the requests handed off.
+
+        A load completion of a request whose saves were handed off is taken (the scheduler's
+        record of the load still drains): the request's one completion is its save's, which
+        each worker holds back until its load reported. A request every worker reported while
+        counted savers still owe reports is held back; it is passed on in the step their last
+        report arrives.
+        """
+        saving = self._saving
+        recving = connector_output.finished_recving
+        if recving and not saving.keys().isdisjoint(recving):
+            connector_output.finished_recving = {r for r in recving if r not in saving} or None
+        if not self._counted_owed:
+            return
+        owed = self._counted_owed
+        done = self._workers_done
+        sending = set(connector_output.finished_sending or ())
+        for request_id in [r for r in sending if r in owed]:
+            sending.discard(request_id)
+            done.add(request_id)
+        if worker_meta is not None:
+            for name, counts in worker_meta.sent.items():
+                self._count_sent(name, counts, sending)
+        connector_output.finished_sending = sending or None
+
+    def _count_sent(self, name: str, counts: Mapping[str, int], sending: set[str]) -> None:
+        """``counts[r]`` workers reported counted saver ``name`` finished sending ``r``."""
+        owed = self._counted_owed
+        for request_id, n in counts.items():
+            mine = owed.get(request_id)
+            if mine is None or name not in mine:
+                self._counted_outcome(name, request_id, mine)
+                continue
+            left = mine[name]
+            if n < left:
+                mine[name] = left - n
+                continue
+            del mine[name]
+            if not mine:
+                del owed[request_id]
+                if request_id in self._workers_done:
+                    self._workers_done.discard(request_id)
+                    sending.add(request_id)
+
+    def _counted_outcome(self, name: str, request_id: str, owed: dict[str, int] | None) -> None:
+        """Count why a counted report is ignored: the request owes no counted report
+        (``unknown_request``), or none of ``name`` (``duplicate`` if ``name`` saves it and its
+        count was reached, else ``phantom``)."""
+        if owed is None:
+            outcome = Outcome.unknown_request
+        elif name in self._saving.get(request_id, ()):
+            outcome = Outcome.duplicate
+        else:
+            outcome = Outcome.phantom
+        key = (outcome, name)
+        self._counted_outcomes[key] = self._counted_outcomes.get(key, 0) + 1
 
     def _confirm_here(self, finished: set[str]) -> None:
         """Confirm, on the scheduler's own books, the names still awaited there for the
@@ -255,6 +332,8 @@ class SchedulerRole(ConnectorBase):
             if savers:
                 self._new_savers[request_id] = savers
                 self._saving[request_id] = savers
+                if self._counted:
+                    self._owe_counted(request_id, savers)
             self._live.pop(request_id, None)
             if self._tail_savers:
                 self._tail_savers.pop(request_id, None)
@@ -276,6 +355,12 @@ class SchedulerRole(ConnectorBase):
                     tracker.load_finished(request_id, record.loader)
             tracker.take()
         return bool(savers), params
+
+    def _owe_counted(self, request_id: str, savers: tuple[str, ...]) -> None:
+        counted = self._counted
+        owed = {name: counted[name] for name in savers if name in counted}
+        if owed:
+            self._counted_owed[request_id] = owed
 
     def _handed_off_savers(self, request_id: str, handed: list[str]) -> tuple[str, ...]:
         """The names the workers are to await for ``request_id``: the children that committed

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, final
 
+from .errors import WrongRoleError
+
 if TYPE_CHECKING:
     from .connector import MultiConnector
 
@@ -93,4 +95,4 @@ class WorkerSide(Side):
     def request_finished(self, request_id: str, blocks: Sequence[int]) -> tuple[bool, None]:
         # Never asked: a worker finishes a request with the names the scheduler sent, through
         # MultiConnector.request_finished_by. Answering anything here could free blocks early.
-        raise RuntimeError("a worker learns who saves a request from the connector metadata")
+        raise WrongRoleError("a worker learns who saves a request from the connector metadata")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+from vllm.distributed.kv_events import KVConnectorKVEvents
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
@@ -25,7 +26,9 @@ from .._validate import shown
 from ..errors import InvalidArgumentError
 
 __all__ = [
+    "NamedEvents",
     "NamedHandshakeMetadata",
+    "NamedKVEvents",
     "NamedMultiConnectorMetadata",
     "NamedMultiConnectorStats",
     "NamedMultiConnectorWorkerMetadata",
@@ -161,10 +164,15 @@ def msgspec_dec_hook(type_: type[Any], obj: Any) -> Any:
 class NamedMultiConnectorWorkerMetadata(KVConnectorWorkerMetadata):  # type: ignore[misc]
     """Each child's worker metadata, keyed by child name (children with none are absent).
 
+    ``sent`` carries, per child that reports a transfer on fewer workers than all, how many
+    workers reported each request finished sending (1 from one worker; summed as workers'
+    metadata is aggregated): the scheduler counts them against the child's finished count.
+
     .. versionadded:: 0.1.0
     """
 
     children: dict[str, Any] = field(default_factory=dict)
+    sent: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def aggregate(self, other: Any) -> NamedMultiConnectorWorkerMetadata:
         """A new object: each name's metadata aggregated with the other worker's, by name."""
@@ -176,7 +184,80 @@ class NamedMultiConnectorWorkerMetadata(KVConnectorWorkerMetadata):  # type: ign
         for name, theirs in other.children.items():
             mine = merged.get(name)
             merged[name] = theirs if mine is None else mine.aggregate(theirs)
-        return NamedMultiConnectorWorkerMetadata(merged)
+        sent = {name: dict(counts) for name, counts in self.sent.items()}
+        for name, counts in other.sent.items():
+            mine_sent = sent.setdefault(name, {})
+            for request_id, n in counts.items():
+                mine_sent[request_id] = mine_sent.get(request_id, 0) + n
+        return NamedMultiConnectorWorkerMetadata(merged, sent)
+
+
+class NamedKVEvents(KVConnectorKVEvents):  # type: ignore[misc]
+    """Each child's KV cache events object, keyed by child name, merged by name across workers.
+
+    vLLM's output aggregator requires one events type from every worker and merges the others
+    into the first worker's object with ``add_events(other.get_all_events())`` and
+    ``increment_workers(1)``. Here :meth:`get_all_events` hands over the children's objects
+    themselves, tagged with their names, and :meth:`add_events` merges each into this object's
+    own for that name as vLLM's aggregator merges that child's class (its ``add_events`` and
+    ``increment_workers(1)``), or takes it as that name's first. The scheduler then gives each
+    child its own object (:attr:`children`), of its own class, and only that.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(self, children: Mapping[str, Any] | None = None, workers: int = 1) -> None:
+        self.children: dict[str, Any] = dict(children or {})
+        self._workers = workers
+
+    def add_events(self, events: list[Any]) -> None:
+        for item in events:
+            if not isinstance(item, NamedEvents):
+                raise InvalidArgumentError(
+                    f"an item of events={shown(item)} must be a NamedEvents (a NamedKVEvents "
+                    "merges only another worker's NamedKVEvents)"
+                )
+            mine = self.children.get(item.name)
+            if mine is None:
+                self.children[item.name] = item.events
+            else:
+                mine.add_events(item.events.get_all_events())
+                mine.increment_workers(1)
+
+    def aggregate(self) -> NamedKVEvents:
+        for events in self.children.values():
+            events.aggregate()
+        return self
+
+    def increment_workers(self, count: int = 1) -> None:
+        self._workers += count
+
+    def get_all_events(self) -> list[Any]:
+        """The children's events objects, each tagged with its name (see the class)."""
+        return [NamedEvents(name, events) for name, events in self.children.items()]
+
+    def get_number_of_workers(self) -> int:
+        return self._workers
+
+    def clear_events(self) -> None:
+        for events in self.children.values():
+            events.clear_events()
+        self._workers = 1
+
+    def __repr__(self) -> str:
+        return f"NamedKVEvents(children={self.children!r}, workers={self._workers})"
+
+
+@dataclass(frozen=True)
+class NamedEvents:
+    """One child's events object, tagged with the child's name, as
+    :meth:`NamedKVEvents.get_all_events` lists it.
+
+    .. versionadded:: 0.1.0
+    """
+
+    name: str
+    events: Any
 
 
 @dataclass

@@ -7,17 +7,79 @@ scheduler said saves it has reported, and passes on one load completion per load
 
 from __future__ import annotations
 
+import logging
+import time
 from contextlib import AbstractContextManager
-from typing import Any
+from dataclasses import fields
+from functools import cache
+from typing import Any, Final
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
+from .._validate import check_request_ids, shown
 from ..errors import InvalidArgumentError
 from ..outcome import Outcome
 from ._base import ConnectorBase, _failed
-from .wire import NamedHandshakeMetadata, NamedMultiConnectorWorkerMetadata
+from .errors import ChildrenConflictError
+from .wire import NamedHandshakeMetadata, NamedKVEvents, NamedMultiConnectorWorkerMetadata
 
 __all__ = ["WorkerRole"]
+
+logger: Final = logging.getLogger("multiconnector")
+
+#: At most one warning per child in this many seconds about loads it was not chosen to make.
+UNCHOSEN_WARN_SECONDS: Final = 60.0
+
+#: The fields of vLLM's ``KVConnectorTransferResults`` this worker applies its rules to; any
+#: other field (one a later vLLM adds) is passed through by name (:func:`_pass_through`).
+RULED_FIELDS: Final = frozenset({"finished_sending", "finished_recving", "failed_recving"})
+
+
+@cache
+def _extra_fields(results_class: type[Any]) -> tuple[str, ...]:
+    """The fields of ``results_class`` (a dataclass) that are not :data:`RULED_FIELDS`."""
+    return tuple(f.name for f in fields(results_class) if f.name not in RULED_FIELDS)
+
+
+def _pass_through(
+    results: Any,
+    per_child: dict[str, Any],
+    extra: tuple[str, ...],
+    failures: list[tuple[str, Exception]] | None,
+) -> list[tuple[str, Exception]] | None:
+    """Merge every child's ``extra`` fields into ``results``, by name: sets and frozensets
+    united, dicts updated, lists and tuples concatenated, any other value kept when the children
+    that set it agree. A child whose value does not merge is a failure of that child."""
+    for name, child_results in per_child.items():
+        for field_name in extra:
+            theirs = getattr(child_results, field_name, None)
+            if not theirs:
+                continue
+            mine = getattr(results, field_name, None)
+            try:
+                merged = _merged(mine, theirs)
+            except ChildrenConflictError as exc:
+                failures = _failed(failures, name, exc)
+                continue
+            setattr(results, field_name, merged)
+    return failures
+
+
+def _merged(mine: Any, theirs: Any) -> Any:
+    if not mine:
+        return theirs.copy() if isinstance(theirs, set | dict | list) else theirs
+    if isinstance(mine, set | frozenset) and isinstance(theirs, set | frozenset):
+        return mine | theirs
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        return {**mine, **theirs}
+    if isinstance(mine, list | tuple) and isinstance(theirs, list | tuple):
+        return type(mine)([*mine, *theirs])
+    if mine == theirs:
+        return mine
+    raise ChildrenConflictError(
+        f"a transfer-results field holds {shown(mine)} from one child and {shown(theirs)} from "
+        "another: they do not merge"
+    )
 
 
 class WorkerRole(ConnectorBase):
@@ -26,7 +88,7 @@ class WorkerRole(ConnectorBase):
     def get_mem_pool_context(self) -> AbstractContextManager[Any] | None:
         contexts = self._present("get_mem_pool_context")
         if len(contexts) > 1:
-            raise ValueError(
+            raise ChildrenConflictError(
                 f"child connectors {sorted(contexts)} each provide a KV cache memory pool; "
                 "the KV cache is allocated once, in one pool: configure at most one"
             )
@@ -114,42 +176,114 @@ class WorkerRole(ConnectorBase):
                 failures = _failed(failures, name, exc)
         # Due but not yet returned (a call that raised): returned by this one.
         results = self._due
-        loads = self._loads
-        ledger = self._ledger
-        sending = results.finished_sending
         for name, child_results in per_child.items():
             if child_results.finished_sending:
                 try:
-                    ledger.report(name, child_results.finished_sending, sending)
+                    self._report_sent(name, child_results.finished_sending, results)
                 except InvalidArgumentError as exc:  # nothing of this child's was applied
                     failures = _failed(failures, name, exc)
-            failed = child_results.failed_recving
-            if not failed and not child_results.finished_recving:
-                continue
-            # Failed receives also count as finished: the scheduler must stop waiting.
-            for request_id in child_results.finished_recving | failed:
-                if loads.load_finished(request_id, name) is not Outcome.applied:
-                    continue
-                results.finished_recving.add(request_id)
-                if request_id in failed:
-                    results.failed_recving.add(request_id)
-                if request_id in self._finished_while_loading:
-                    self._finished_while_loading.discard(request_id)
-                    loads.cancel(request_id)
-        if len(loads):  # nothing to look up while no load is tracked
-            for request_id in finished_req_ids:
-                record = loads.peek(request_id)
-                if record is None:
-                    continue
-                if record.loader is None or record.loaded:
-                    loads.cancel(request_id)
-                else:  # aborted while loading: the scheduler still needs that one completion
-                    self._finished_while_loading.add(request_id)
-            loads.take()
+            if child_results.failed_recving or child_results.finished_recving:
+                self._report_loaded(name, child_results, results)
+        if self._sent_while_loading or (results.finished_sending and len(self._loads)):
+            self._hold_back(results)
+        if per_child:
+            extra = _extra_fields(KVConnectorTransferResults)
+            if extra:
+                failures = _pass_through(results, per_child, extra, failures)
+        if len(self._loads):  # nothing to look up while no load is tracked
+            self._finish_loads(finished_req_ids)
         if failures is not None:
             self._raise("get_transfer_results", failures, result=per_child)
         self._due = KVConnectorTransferResults()
         return results
+
+    def _report_sent(self, name: str, request_ids: Any, results: Any) -> None:
+        """Child ``name`` finished saving ``request_ids``: a saver every worker awaits goes to
+        the ledger; one that reports on fewer workers is forwarded to the scheduler, which
+        counts it across workers (once per request and worker, and only where it saves)."""
+        if name not in self._counted:
+            self._ledger.report(name, request_ids, results.finished_sending)
+            return
+        expected = self._counted_expected
+        for request_id in check_request_ids(request_ids):
+            owing = expected.get(request_id)
+            if owing is None or name not in owing:
+                self._counted_ignored(name, request_id, owing)
+                continue
+            owing.discard(name)
+            if not owing:
+                del expected[request_id]
+            self._forward.setdefault(name, {})[request_id] = 1
+
+    def _counted_ignored(self, name: str, request_id: str, owing: set[str] | None) -> None:
+        outcome = Outcome.unknown_request if owing is None else Outcome.phantom
+        key = (outcome, name)
+        self._counted_outcomes[key] = self._counted_outcomes.get(key, 0) + 1
+
+    def _report_loaded(self, name: str, child_results: Any, results: Any) -> None:
+        """Child ``name``'s load completions: passed on once, from the name chosen to load.
+        Failed receives also count as finished: the scheduler must stop waiting."""
+        loads = self._loads
+        failed = child_results.failed_recving
+        for request_id in child_results.finished_recving | failed:
+            outcome = loads.load_finished(request_id, name)
+            if outcome is not Outcome.applied:
+                if outcome is Outcome.phantom:
+                    self._warn_unchosen(name, request_id)
+                continue
+            results.finished_recving.add(request_id)
+            if request_id in failed:
+                results.failed_recving.add(request_id)
+            if request_id in self._finished_while_loading:
+                self._finished_while_loading.discard(request_id)
+                loads.cancel(request_id)
+
+    def _warn_unchosen(self, name: str, request_id: str) -> None:
+        """A load completion from a child not chosen to load: counted (as ``phantom``, under
+        its name) by the load books; warned about at most once a minute per child."""
+        now = time.monotonic()
+        last, quiet = self._unchosen_warned.get(name, (None, 0))
+        if last is not None and now - last < UNCHOSEN_WARN_SECONDS:
+            self._unchosen_warned[name] = (last, quiet + 1)
+            return
+        self._unchosen_warned[name] = (now, 0)
+        logger.warning(
+            "child connector %r reported a load of request %r it was not chosen to load "
+            "(ignored; the blocks stay the chosen loader's, or the scheduler's to free)%s",
+            name,
+            request_id,
+            f"; {quiet} more such report(s) since the last warning" if quiet else "",
+        )
+
+    def _hold_back(self, results: Any) -> None:
+        """One completion per request: a request whose saves are all reported while its load
+        is still in flight on this worker is held back until the load reports (the load's own
+        completion is passed on, and the scheduler takes the save's as the one)."""
+        sending = results.finished_sending
+        waiting = self._sent_while_loading
+        for request_id in [r for r in waiting if not self._load_pending(r)]:
+            waiting.discard(request_id)
+            sending.add(request_id)
+        if len(self._loads):
+            for request_id in [r for r in sending if self._load_pending(r)]:
+                sending.discard(request_id)
+                waiting.add(request_id)
+
+    def _load_pending(self, request_id: str) -> bool:
+        record = self._loads.peek(request_id)
+        return record is not None and record.loader is not None and not record.loaded
+
+    def _finish_loads(self, finished_req_ids: set[str]) -> None:
+        loads = self._loads
+        for request_id in finished_req_ids:
+            record = loads.peek(request_id)
+            if record is None:
+                continue
+            if record.loader is None or record.loaded:
+                loads.cancel(request_id)
+            else:  # aborted while loading: the scheduler still needs that one completion
+                self._finished_while_loading.add(request_id)
+        loads.take()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         blocks: set[int] = set()
@@ -167,20 +301,20 @@ class WorkerRole(ConnectorBase):
             self._raise("get_block_ids_with_load_errors", failures, result=answers)
         return blocks
 
-    def get_kv_connector_kv_cache_events(self) -> Any:
-        found = list(self._present("get_kv_connector_kv_cache_events").values())
-        if not found:
-            return None
-        merged = found[0]
-        for events in found[1:]:
-            merged = merged.merge(events)
-        return merged
+    def get_kv_connector_kv_cache_events(self) -> NamedKVEvents | None:
+        """Every child's KV cache events object, by name, in one :class:`NamedKVEvents`
+        (``None`` when no child has one): vLLM's output aggregator merges it across workers
+        child by child, and the scheduler hands each child back its own."""
+        found = self._present("get_kv_connector_kv_cache_events")
+        return NamedKVEvents(found) if found else None
 
     def get_handshake_metadata(self) -> NamedHandshakeMetadata | None:
         found = self._present("get_handshake_metadata")
         return NamedHandshakeMetadata(found) if found else None
 
     def build_connector_worker_meta(self) -> NamedMultiConnectorWorkerMetadata | None:
+        """Each child's worker metadata by name, and the reports of the children that report on
+        fewer workers than all (:meth:`get_finished_count`), for the scheduler to count."""
         found: dict[str, Any] | None = None
         failures: list[tuple[str, Exception]] | None = None
         for name, child in self._items:  # every step: no helper
@@ -193,15 +327,28 @@ class WorkerRole(ConnectorBase):
                 if found is None:
                     found = {}
                 found[name] = meta
+        forward = self._forward
+        if forward:
+            self._forward = {}
         if failures is not None:
+            self._forward = forward  # sent with the next call's metadata
             self._raise("build_connector_worker_meta", failures, result=found or {})
-        return None if found is None else NamedMultiConnectorWorkerMetadata(found)
+        if found is None and not forward:
+            return None
+        return NamedMultiConnectorWorkerMetadata(found or {}, sent=forward)
 
     def get_finished_count(self) -> int | None:
-        counts = self._gather("get_finished_count", lambda _, c: c.get_finished_count())
-        if any(count is None for count in counts.values()):
-            return None
-        distinct = {count for count in counts.values() if count is not None}
-        if len(distinct) > 1:
-            raise ValueError(f"child connectors expect different finished counts: {counts}")
-        return next(iter(distinct), None)
+        """``None``: vLLM's output aggregator awaits every worker's report of a request.
+
+        The children's own counts are kept per child instead (:attr:`finished_counts`): a
+        worker reports a request once the savers that report on every worker have reported
+        there, and forwards the reports of a child that reports on fewer workers to the
+        scheduler, which counts them by name and tells vLLM once every such child's workers
+        reported (docs/vllm.md, "Children that report on fewer workers").
+        """
+        return None
+
+    @property
+    def finished_counts(self) -> dict[str, int]:
+        """The children that report a transfer on fewer workers than all, with how many."""
+        return dict(self._counted)

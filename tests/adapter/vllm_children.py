@@ -39,6 +39,9 @@ class Script:
     tail: bool = False
     groups: tuple[int, ...] = (0,)
     handshake: str | None = None
+    finished_count: int | None = None
+    #: Events objects handed out by successive get_kv_connector_kv_cache_events calls.
+    events: list[Any] = field(default_factory=list)
     init_error: Exception | None = None
     shutdown_error: Exception | None = None
     raise_in: dict[str, Exception] = field(default_factory=dict)
@@ -61,7 +64,9 @@ def script(**answers: Any) -> Script:
     return made
 
 
-def child(name: str | None, made: Script, **config: Any) -> dict[str, Any]:
+def child(
+    name: str | None, made: Script, kv_connector: str = "ScriptedConnector", **config: Any
+) -> dict[str, Any]:
     """A child entry for ``kv_connector_extra_config['connectors']``, named ``name``.
 
     The name goes where vLLM's own config checks accept it, in the child's own extra config;
@@ -71,7 +76,7 @@ def child(name: str | None, made: Script, **config: Any) -> dict[str, Any]:
     if name is not None:
         extra["multiconnector_name"] = name
     return {
-        "kv_connector": "ScriptedConnector",
+        "kv_connector": kv_connector,
         "kv_connector_module_path": MODULE,
         "kv_role": "kv_both",
         "kv_connector_extra_config": extra,
@@ -177,7 +182,10 @@ class ScriptedConnector(KVConnectorBase_V1):
 
     def get_kv_connector_kv_cache_events(self) -> Any:
         self._call("get_kv_connector_kv_cache_events")
-        return None
+        return self.script.events.pop(0) if self.script.events else None
+
+    def get_finished_count(self) -> int | None:
+        return self.script.finished_count
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
         self._call("handle_preemptions", kv_connector_metadata)
@@ -231,3 +239,61 @@ class ScriptedConnector(KVConnectorBase_V1):
         self.script.shutdowns += 1
         if self.script.shutdown_error is not None:
             raise self.script.shutdown_error
+
+
+class LMCacheEventsConnector(ScriptedConnector):
+    """A scripted child whose scheduler side takes KV cache events with LMCache's own code
+    (``LMCacheConnectorV1.update_connector_output`` and ``take_events``; the LMCache engine
+    itself is not installed here)."""
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._kv_cache_events = None
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import (
+            LMCacheConnectorV1,
+        )
+
+        self.script.calls.append(("update_connector_output", connector_output.kv_cache_events))
+        LMCacheConnectorV1.update_connector_output(self, connector_output)
+
+    def take_events(self) -> Iterable[Any]:
+        from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import (
+            LMCacheConnectorV1,
+        )
+
+        return list(LMCacheConnectorV1.take_events(self))
+
+
+class _MooncakeSchedulerPart:
+    """Stands in for MooncakeStoreConnector's own scheduler part (it needs the Mooncake
+    library); the events handling around it is Mooncake's code."""
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        return None
+
+
+class MooncakeEventsConnector(ScriptedConnector):
+    """A scripted child whose scheduler side takes KV cache events with MooncakeStore's own
+    code (``MooncakeStoreConnector.update_connector_output`` and ``take_events``)."""
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._kv_cache_events = None
+        self.connector_scheduler = _MooncakeSchedulerPart()
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector import (
+            MooncakeStoreConnector,
+        )
+
+        self.script.calls.append(("update_connector_output", connector_output.kv_cache_events))
+        MooncakeStoreConnector.update_connector_output(self, connector_output)
+
+    def take_events(self) -> Iterable[Any]:
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector import (
+            MooncakeStoreConnector,
+        )
+
+        return list(MooncakeStoreConnector.take_events(self))
