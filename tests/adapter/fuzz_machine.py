@@ -406,9 +406,12 @@ class AdapterMachine(RuleBasedStateMachine):
     MAX_LIVE: ClassVar[int] = 5
     #: Every instance's world, for tests that look at what a run did.
     fired: ClassVar[Counter[str]] = Counter()
+    #: How many examples (machines) were made since the count was last reset.
+    made: ClassVar[int] = 0
 
     def __init__(self) -> None:
         super().__init__()
+        type(self).made += 1
         self.world = World(
             ours=self.OURS, workers=self.WORKERS, num_blocks=self.NUM_BLOCKS, counts=self.COUNTS
         )

@@ -31,6 +31,8 @@ from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 
 from multiconnector import Outcome  # noqa: E402
+from multiconnector.vllm import MultiConnector  # noqa: E402
+from multiconnector.vllm.ledger import SaveLedger  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
@@ -41,11 +43,11 @@ STEPS = 40
 
 
 def fuzz_settings(examples: int, **kwargs: Any) -> settings:
+    kwargs.setdefault("derandomize", PROFILE != "deep")
     return settings(
         max_examples=examples,
         stateful_step_count=STEPS,
         deadline=None,
-        derandomize=PROFILE != "deep",
         database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         **kwargs,
@@ -86,7 +88,13 @@ def test_the_adapter_survives_the_fuzz(capsys: pytest.CaptureFixture[str]) -> No
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="vLLM's MultiConnector breaks")
 def test_vllm_multiconnector_fails_the_fuzz() -> None:
-    run_state_machine_as_test(TheirsMachine, settings=fuzz_settings(min(EXAMPLES, 100)))
+    # It fails at once; not shrunk (the pinned orderings below are the short examples).
+    run_state_machine_as_test(
+        TheirsMachine,
+        settings=fuzz_settings(
+            min(EXAMPLES, 100), phases=[Phase.generate], report_multiple_bugs=False
+        ),
+    )
 
 
 # -- the orderings of vLLM's tracker, pinned, for both classes ----------------------------------
@@ -227,3 +235,87 @@ def test_pinned_ordering_vllm(issue: str) -> None:
 
 
 # -- planted bugs: the fuzz must find each -------------------------------------------------------
+
+
+def _release_on_first_saver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker ledger releases a request on its first saver's report."""
+
+    def report(self: SaveLedger, name: str, request_ids: Any, released: set[str]) -> None:
+        for request_id in list(request_ids):
+            owed = self._awaiting.get(request_id)
+            if owed is None or name not in owed:
+                self._ignored_report(request_id, name, owed, released)
+                continue
+            del self._awaiting[request_id]
+            del self._expected[request_id]
+            released.add(request_id)
+            self._applied[name] = self._applied.get(name, 0) + 1
+
+    monkeypatch.setattr(SaveLedger, "report", report)
+
+
+def _pass_on_unchosen_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker passes on a load completion from a child that was not chosen to load."""
+    report_loaded = MultiConnector._report_loaded
+
+    def planted(self: MultiConnector, name: str, child_results: Any, results: Any) -> None:
+        for request_id in child_results.finished_recving | child_results.failed_recving:
+            record = self._loads.peek(request_id)
+            if record is not None and record.loader not in (None, name) and not record.loaded:
+                results.finished_recving.add(request_id)
+        report_loaded(self, name, child_results, results)
+
+    monkeypatch.setattr(MultiConnector, "_report_loaded", planted)
+
+
+def _free_aborted_saves_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler side tells vLLM to free an aborted request at once, saves or not (vLLM
+    asks a connector that supports HMA its ``request_finished_all_groups``)."""
+    request_finished = MultiConnector.request_finished_all_groups
+
+    def planted(self: MultiConnector, request: Any, block_ids: Any) -> Any:
+        delay, params = request_finished(self, request, block_ids)
+        if request.status is RequestStatus.FINISHED_ABORTED:
+            return False, params
+        return delay, params
+
+    monkeypatch.setattr(MultiConnector, "request_finished_all_groups", planted)
+
+
+def _ignore_the_second_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connector tells vLLM's output aggregator one worker's report is enough: the second
+    worker's report of a request is ignored."""
+    monkeypatch.setattr(MultiConnector, "get_finished_count", lambda self: 1)
+
+
+#: Each planted bug, and the examples within which the fuzz must find it (derandomized, so the
+#: same every run; what each took is printed).
+PLANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], int]] = {
+    "ledger releases on the first saver": (_release_on_first_saver, 100),
+    "unchosen load passed on": (_pass_on_unchosen_loads, 100),
+    "aborted save freed at once": (_free_aborted_saves_at_once, 100),
+    "second worker ignored": (_ignore_the_second_worker, 100),
+}
+
+
+class PlantedMachine(AdapterMachine):
+    OURS = True
+
+
+@pytest.mark.parametrize("plant", list(PLANTS))
+def test_the_fuzz_finds_a_planted_bug(
+    plant: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    patch, budget = PLANTS[plant]
+    patch(monkeypatch)
+    PlantedMachine.made = 0
+    with pytest.raises(AssertionError) as caught:
+        run_state_machine_as_test(
+            PlantedMachine,
+            settings=fuzz_settings(
+                budget, phases=[Phase.generate], report_multiple_bugs=False, derandomize=True
+            ),
+        )
+    with capsys.disabled():
+        print(f"\nplanted {plant!r}: found in example {PlantedMachine.made}: {caught.value}")
+    assert PlantedMachine.made <= budget
