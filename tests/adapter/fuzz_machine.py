@@ -403,6 +403,8 @@ class AdapterMachine(RuleBasedStateMachine):
     NUM_BLOCKS: ClassVar[int] = 16
     COUNTS: ClassVar[tuple[int | None, ...]] = (None, None, None)
     EVENTS: ClassVar[bool] = True
+    #: The children that may have an external prefix hit (may be chosen to load).
+    LOADERS: ClassVar[tuple[str, ...]] = NAMES
     MAX_LIVE: ClassVar[int] = 5
     #: Every instance's world, for tests that look at what a run did.
     fired: ClassVar[Counter[str]] = Counter()
@@ -452,14 +454,15 @@ class AdapterMachine(RuleBasedStateMachine):
         self.serial += 1
         num_tokens = blocks * BLOCK + extra
         for name, child in self.world.boards.items():
-            hit = min(hits.get(name, 0), blocks) * BLOCK
+            hit = min(hits.get(name, 0), blocks) * BLOCK if name in self.LOADERS else 0
             if hit:
                 child.hits[request_id] = hit
                 if sync:  # loaded within the step: nothing is owed
                     child.sync.add(request_id)
             if name in savers:
                 child.saves.add(request_id)
-        self.fire("add-with-hit" if any(hits.values()) else "add")
+        with_hit = any(n in self.LOADERS for n in hits)
+        self.fire("add-with-hit" if with_hit else "add")
         note(f"add {request_id}: {num_tokens} tokens, max {max_tokens}, hits {hits}, "
              f"sync {sync}, savers {sorted(savers)}")
         self.world.scheduler.add_request(make_request(request_id, family, num_tokens, max_tokens))

@@ -72,6 +72,15 @@ class TheirsMachine(AdapterMachine):
     OURS = False
 
 
+class CountedSaverMachine(AdapterMachine):
+    """Child c reports on one worker of two (``get_finished_count() == 1``), as
+    ``ExampleHiddenStatesConnector`` does; it saves but never loads (see
+    test_a_counted_child_chosen_to_load_is_not_stranded)."""
+
+    COUNTS = (None, None, 1)
+    LOADERS = ("a", "b")
+
+
 def coverage_line(fired: dict[str, int]) -> str:
     return "rules fired: " + ", ".join(f"{label}={fired.get(label, 0)}" for label in RULE_EVENTS)
 
@@ -84,6 +93,12 @@ def test_the_adapter_survives_the_fuzz(capsys: pytest.CaptureFixture[str]) -> No
         print(f"\n{EXAMPLES} examples; {coverage_line(fired)}")
     missing = [label for label in RULE_EVENTS if not fired.get(label)]
     assert not missing, f"rules that never fired: {missing}"
+
+
+def test_the_adapter_survives_the_fuzz_with_a_child_reporting_on_one_worker() -> None:
+    CountedSaverMachine.fired.clear()
+    run_state_machine_as_test(CountedSaverMachine, settings=fuzz_settings(EXAMPLES // 3))
+    assert CountedSaverMachine.fired["report-save"]
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="vLLM's MultiConnector breaks")
@@ -232,6 +247,41 @@ def test_pinned_ordering_ours(issue: str) -> None:
 def test_pinned_ordering_vllm(issue: str) -> None:
     pin, options = PINNED[issue]
     pin(World(ours=False, **options))
+
+
+# -- what the fuzz found in the adapter, pinned ----------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=Fuzzed,
+    reason="adapter bug: a child reporting on fewer workers (get_finished_count() == 1) that is "
+    "chosen to load asynchronously reports the load on one worker; the adapter counts only "
+    "such children's saves, vLLM's output aggregator awaits every worker's finished_recving, "
+    "and the request is never freed",
+)
+def test_a_counted_child_chosen_to_load_is_not_stranded() -> None:
+    world = World(ours=True, counts=(None, None, 1))
+    add(world, "r", hit="c", tokens=17)
+    step(world, 2)
+    assert world.owed() == [("c", 0, "r", "load")]  # its one reporting worker
+    world.drain()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=Fuzzed,
+    reason="adapter bug: the applied save reports of a child reporting on fewer workers are "
+    "forwarded to the scheduler and counted in no connector_counts() (the ignored ones are)",
+)
+def test_a_counted_childs_applied_reports_are_counted() -> None:
+    world = World(ours=True, counts=(None, None, 1))
+    add(world, "r", saves=("c",))
+    step(world)
+    report(world, "c", "r", "save", ranks=[0])
+    step(world)
+    assert "r" not in world.scheduler.requests
+    world.check_counts(counted_exact=True)
 
 
 # -- planted bugs: the fuzz must find each -------------------------------------------------------
