@@ -31,7 +31,11 @@ What changes against vLLM's own ``MultiConnector`` (docs/vllm.md has the full ta
   those names has reported; duplicate and phantom reports are ignored and counted
   (:meth:`MultiConnector.connector_counts`), so they cannot free blocks early.
 * A worker passes on one load completion per load, from the child chosen to load; duplicate,
-  late and phantom load completions are ignored (vLLM's scheduler asserts on them).
+  late and phantom load completions are ignored (vLLM's scheduler asserts on them). A request
+  with a load and saves in flight reaches vLLM's scheduler as one completion, after all of them.
+* KV cache events are kept per child (:class:`NamedKVEvents`): each child gets back its own.
+* A child that reports on fewer workers than all (``get_finished_count()``) is counted by name
+  on the scheduler, so no request is stranded on the workers it never reports on.
 * Transfer params are merged by :func:`~multiconnector.merge_transfer_params` into a new dict;
   no child's dict is modified, and a clash raises :class:`~multiconnector.KeyClashError` after
   the bookkeeping was made consistent.

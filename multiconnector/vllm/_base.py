@@ -13,11 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1,
-    KVConnectorRole,
-    KVConnectorTransferResults,
-)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
 from .._validate import shown
 from ..aggregator import MultiConnector as Aggregator
@@ -26,7 +22,7 @@ from ..registry import ConnectorRegistry
 from .config import ChildSpec, specs_of, without_hma
 from .errors import ChildStartError, HMAUnsupportedError, MetadataMismatchError
 from .ledger import SaveLedger
-from .sides import SchedulerSide, WorkerSide
+from .sides import Call, SchedulerSide, WorkerSide
 from .wire import NamedMultiConnectorMetadata
 
 __all__ = ["ConnectorBase"]
@@ -56,9 +52,13 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._children: dict[str, Any] = _start_children(specs, vllm_config, role, kv_cache_config)
         #: ``(name, child)`` pairs in configuration order, for the per-step fan-outs.
         self._items: tuple[tuple[str, Any], ...] = tuple(self._children.items())
-        side = SchedulerSide if role == KVConnectorRole.SCHEDULER else WorkerSide
+        #: Scheduler: what the sides tell this connector about the call in progress.
+        self._call = Call()
         self._sides: dict[str, Any] = {
-            name: side(self, name, child) for name, child in self._children.items()
+            name: SchedulerSide(self, name, child, self._call)
+            if role == KVConnectorRole.SCHEDULER
+            else WorkerSide(self, name, child)
+            for name, child in self._children.items()
         }
         registry = ConnectorRegistry(self._sides)
         # Scheduler: every request, from arrival to request_finished (and its load, if one is in
@@ -80,22 +80,19 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         #: Scheduler: the requests whose saves were handed off to the workers, with the names
         #: they await, until the workers report them finished sending.
         self._saving: dict[str, tuple[str, ...]] = {}
-        #: Scheduler: the children that committed to a save during the current request_finished
-        #: (written by the sides; see SchedulerSide.request_finished).
-        self._handed_off: list[str] = []
         #: Scheduler: requests whose record still awaits names on the scheduler's own books (a
         #: child answered request_finished with garbage: the core awaits it, conservatively).
         self._awaited_here: set[str] = set()
         #: Saver tuples shared by every request with the same savers (fewer objects to pickle).
         self._saver_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
         # The current call's context, read by the sides.
-        self._lookup_pending = False  # a child answered None in this match: ask no more
         #: Every KV cache group's block ids while request_finished_all_groups asks the children
         #: (the core takes a flat list of block ids, so they travel beside it); else None.
         self._all_groups: tuple[list[int], ...] | None = None
         # Worker state.
-        #: What get_transfer_results found due and has not returned yet (it raised).
-        self._due = KVConnectorTransferResults()
+        #: What get_transfer_results found due and has not returned yet (it raised, or it was
+        #: due when the metadata was bound); None when nothing is.
+        self._due: Any = None
         self._load_plan: dict[str, str] = {}
         self._finished_while_loading: set[str] = set()
         #: Worker: requests whose saves all reported here while their load was still in flight

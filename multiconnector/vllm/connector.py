@@ -251,22 +251,6 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
             self._raise("bind_connector_metadata", failures)
         super().bind_connector_metadata(connector_metadata)
 
-    def _expect_counted(self, savers: Mapping[str, tuple[str, ...]]) -> None:
-        """The ledger awaits the savers that report on every worker; the others' reports are
-        forwarded to the scheduler. A request with no saver of the first kind is this worker's
-        to report at once (its part is done: the scheduler awaits the others' counts)."""
-        counted = self._counted
-        every: dict[str, tuple[str, ...]] = {}
-        for request_id, names in savers.items():
-            mine = tuple(name for name in names if name not in counted)
-            if len(mine) < len(names):
-                self._counted_expected[request_id] = {n for n in names if n in counted}
-            if mine:
-                every[request_id] = mine
-            elif request_id not in self._ledger:
-                self._due.finished_sending.add(request_id)
-        self._ledger.expect(every)
-
     def clear_connector_metadata(self) -> None:
         self._each("clear_connector_metadata")
         super().clear_connector_metadata()

@@ -61,7 +61,7 @@ class SchedulerRole(ConnectorBase):
         ``(None, False)``, and the children after it are not asked.
         """
         request_id = self._ensure(request)
-        self._lookup_pending = False
+        self._call.start()
         tokens = self._tracker.match_tokens(request_id, num_computed_tokens)
         if not tokens:
             return tokens, False
@@ -314,14 +314,15 @@ class SchedulerRole(ConnectorBase):
         request_id = self._ensure(request)
         self._all_groups = blocks if all_groups else None
         tracker = self._tracker
-        handed = self._handed_off
-        handed.clear()
+        call = self._call
+        call.start()
         answered = False
         try:
             _, params = tracker.request_finished(request_id, () if all_groups else blocks)
             answered = True
         finally:
             self._all_groups = None
+            handed = call.handed_off
             # Answered without an error: no child answered garbage (the core raises for it), so
             # nothing is awaited on the scheduler's books, only what the children handed off.
             savers = (
@@ -361,6 +362,23 @@ class SchedulerRole(ConnectorBase):
         owed = {name: counted[name] for name in savers if name in counted}
         if owed:
             self._counted_owed[request_id] = owed
+
+    # -- what the sides ask (SchedulerOwner) ----------------------------------------------------
+
+    def live_request(self, request_id: str) -> Any:
+        """The live vLLM ``Request`` of ``request_id``."""
+        return self._live[request_id]
+
+    def finish_groups(self) -> tuple[list[int], ...] | None:
+        """Every KV cache group's block ids while request_finished_all_groups asks the children;
+        else ``None``."""
+        return self._all_groups
+
+    def took_tail(self, request_id: str, name: str) -> bool:
+        """Whether child ``name`` took ``request_id``'s partial tail at finish (it owes a
+        "finished sending" report as a saver does)."""
+        tails = self._tail_savers
+        return bool(tails) and name in tails.get(request_id, ())
 
     def _handed_off_savers(self, request_id: str, handed: list[str]) -> tuple[str, ...]:
         """The names the workers are to await for ``request_id``: the children that committed

@@ -1,30 +1,61 @@
 """Each vLLM child as the core's aggregator sees it: one adapter per role.
 
 The aggregator (:class:`multiconnector.MultiConnector`) asks its connectors by request id; vLLM's
-children want the live ``Request``. A side holds its child and its owner (the vLLM-facing
-connector), which keeps the live requests and the call's context.
+children want the live ``Request``. A side holds its child, its owner (the vLLM-facing
+connector), which it asks only through :class:`SchedulerOwner` or :class:`WorkerOwner`, and, on
+the scheduler, the :class:`Call` its owner's sides share.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, final
+from typing import Any, Protocol, final
 
 from .errors import WrongRoleError
 
-if TYPE_CHECKING:
-    from .connector import MultiConnector
+__all__ = ["SchedulerOwner", "SchedulerSide", "Side", "WorkerOwner", "WorkerSide"]
 
-__all__ = ["SchedulerSide", "Side", "WorkerSide"]
+
+class SchedulerOwner(Protocol):
+    """What a scheduler side asks the connector that owns it (and nothing else)."""
+
+    def live_request(self, request_id: str) -> Any: ...
+
+    def finish_groups(self) -> tuple[list[int], ...] | None: ...
+
+    def took_tail(self, request_id: str, name: str) -> bool: ...
+
+
+class WorkerOwner(Protocol):
+    """What a worker side asks the connector that owns it."""
+
+    def planned_loader(self, request_id: str) -> str | None: ...
+
+
+class Call:
+    """What the sides of one connector tell it about the call in progress: whether a child of
+    the current match is still looking up (the later ones are then not asked, as in vLLM's),
+    and which children committed to a save during the current ``request_finished``. The owner
+    starts each call with :meth:`start` and reads :attr:`handed_off` after it."""
+
+    __slots__ = ("handed_off", "looking_up")
+
+    def __init__(self) -> None:
+        self.looking_up = False
+        self.handed_off: list[str] = []
+
+    def start(self) -> None:
+        self.looking_up = False
+        if self.handed_off:
+            self.handed_off = []
 
 
 class Side:
     """One child as the core sees it; the stats and shutdown parts are the same on both roles."""
 
-    __slots__ = ("child", "name", "owner")
+    __slots__ = ("child", "name")
 
-    def __init__(self, owner: MultiConnector, name: str, child: Any) -> None:
-        self.owner = owner
+    def __init__(self, name: str, child: Any) -> None:
         self.name = name
         self.child = child
 
@@ -39,24 +70,26 @@ class Side:
 class SchedulerSide(Side):
     """Scheduler role: asks the vLLM child, passing the live ``Request`` object."""
 
-    __slots__ = ("load_async",)
+    __slots__ = ("call", "load_async", "owner")
 
-    def __init__(self, owner: MultiConnector, name: str, child: Any) -> None:
-        super().__init__(owner, name, child)
+    def __init__(self, owner: SchedulerOwner, name: str, child: Any, call: Call) -> None:
+        super().__init__(name, child)
+        self.owner = owner
+        self.call = call
         #: The requests this child's last match would load asynchronously (only those: the
         #: common case, no asynchronous load, writes nothing).
         self.load_async: dict[str, bool] = {}
 
     def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
-        owner = self.owner
-        if owner._lookup_pending:
+        call = self.call
+        if call.looking_up:
             # An earlier child is still looking up: like vLLM's, the later ones are not asked.
             return None
         tokens, load_async = self.child.get_num_new_matched_tokens(
-            owner._live[request_id], num_computed_tokens
+            self.owner.live_request(request_id), num_computed_tokens
         )
         if tokens is None:
-            owner._lookup_pending = True
+            call.looking_up = True
             return None
         if load_async:
             self.load_async[request_id] = True
@@ -65,20 +98,19 @@ class SchedulerSide(Side):
         return int(tokens)
 
     def request_finished(self, request_id: str, blocks: Sequence[Any]) -> tuple[bool, Any]:
-        """``blocks`` is one group's block ids; every group's are ``owner._all_groups``, if set."""
+        """``blocks`` is one group's block ids; every group's come from the owner, if set."""
         owner = self.owner
-        request = owner._live[request_id]
-        groups = owner._all_groups
+        request = owner.live_request(request_id)
+        groups = owner.finish_groups()
         if groups is not None:
             saves, params = self.child.request_finished_all_groups(request, groups)
         else:
             saves, params = self.child.request_finished(request, blocks)
         # A child that took the partial tail at finish also owes a "finished sending" report.
-        tails = owner._tail_savers
-        if saves is True or (saves is False and tails and self.name in tails.get(request_id, ())):
+        if saves is True or (saves is False and owner.took_tail(request_id, self.name)):
             # The workers await this save (the metadata names it), not the scheduler's books:
             # to the core it is no save here.
-            owner._handed_off.append(self.name)
+            self.call.handed_off.append(self.name)
             return False, params
         return saves, params  # False, or garbage the core awaits (on the scheduler) and reports
 
@@ -87,12 +119,16 @@ class SchedulerSide(Side):
 class WorkerSide(Side):
     """Worker role: answers from the plan the scheduler sent in the connector metadata."""
 
-    __slots__ = ()
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: WorkerOwner, name: str, child: Any) -> None:
+        super().__init__(name, child)
+        self.owner = owner
 
     def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int:
-        return 1 if self.owner._load_plan.get(request_id) == self.name else 0
+        return 1 if self.owner.planned_loader(request_id) == self.name else 0
 
     def request_finished(self, request_id: str, blocks: Sequence[int]) -> tuple[bool, None]:
         # Never asked: a worker finishes a request with the names the scheduler sent, through
-        # MultiConnector.request_finished_by. Answering anything here could free blocks early.
+        # its ledger. Answering anything here could free blocks early.
         raise WrongRoleError("a worker learns who saves a request from the connector metadata")

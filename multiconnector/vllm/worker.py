@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import fields
 from functools import cache
@@ -175,7 +176,7 @@ class WorkerRole(ConnectorBase):
             except Exception as exc:
                 failures = _failed(failures, name, exc)
         # Due but not yet returned (a call that raised): returned by this one.
-        results = self._due
+        results = self._due_results()
         for name, child_results in per_child.items():
             if child_results.finished_sending:
                 try:
@@ -194,8 +195,30 @@ class WorkerRole(ConnectorBase):
             self._finish_loads(finished_req_ids)
         if failures is not None:
             self._raise("get_transfer_results", failures, result=per_child)
-        self._due = KVConnectorTransferResults()
+        self._due = None
         return results
+
+    def _due_results(self) -> Any:
+        """What is due for the next get_transfer_results to return (made when first needed)."""
+        if self._due is None:
+            self._due = KVConnectorTransferResults()
+        return self._due
+
+    def _expect_counted(self, savers: Mapping[str, tuple[str, ...]]) -> None:
+        """The ledger awaits the savers that report on every worker; the others' reports are
+        forwarded to the scheduler. A request with no saver of the first kind is this worker's
+        to report at once (its part is done: the scheduler awaits the others' counts)."""
+        counted = self._counted
+        every: dict[str, tuple[str, ...]] = {}
+        for request_id, names in savers.items():
+            mine = tuple(name for name in names if name not in counted)
+            if len(mine) < len(names):
+                self._counted_expected[request_id] = {n for n in names if n in counted}
+            if mine:
+                every[request_id] = mine
+            elif request_id not in self._ledger:
+                self._due_results().finished_sending.add(request_id)
+        self._ledger.expect(every)
 
     def _report_sent(self, name: str, request_ids: Any, results: Any) -> None:
         """Child ``name`` finished saving ``request_ids``: a saver every worker awaits goes to
@@ -272,6 +295,10 @@ class WorkerRole(ConnectorBase):
     def _load_pending(self, request_id: str) -> bool:
         record = self._loads.peek(request_id)
         return record is not None and record.loader is not None and not record.loaded
+
+    def planned_loader(self, request_id: str) -> str | None:
+        """The child the scheduler chose to load ``request_id`` (while its plan is bound)."""
+        return self._load_plan.get(request_id)
 
     def _finish_loads(self, finished_req_ids: set[str]) -> None:
         loads = self._loads

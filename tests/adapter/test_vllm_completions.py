@@ -1,5 +1,6 @@
 """One completion per request, and children that report on fewer workers, under vLLM's real
-``Scheduler`` (and its ``KVOutputAggregator`` for two workers).
+``Scheduler`` (and its ``KVOutputAggregator`` for two workers); the adapter's books against the
+core's report rule on every order of a bounded alphabet of reports.
 
 vLLM 0.33 frees a finished request's blocks on its first completion, "finished recving" or
 "finished sending", and asserts the request is still there on any later one. A request aborted
@@ -28,7 +29,7 @@ from vllm.v1.request import RequestStatus  # noqa: E402
 from vllm_children import Script, child, script  # noqa: E402
 from vllm_harness import Engine, make_config, make_connector, make_request, runner_output  # noqa: E402
 
-from multiconnector import Outcome  # noqa: E402
+from multiconnector import ConnectorRegistry, MultiConnector, Outcome  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -60,6 +61,46 @@ def with_duplicate(steps: list[list[str]]) -> list[list[str]]:
 SCENARIOS = [
     with_duplicate(steps) for order in itertools.permutations(REPORTS) for steps in groupings(order)
 ]
+
+
+class CoreChild:
+    """A child as the core aggregator sees it: L has 32 tokens to load, S1 and S2 save."""
+
+    def __init__(self, tokens: int, saves: bool) -> None:
+        self.tokens, self.saves = tokens, saves
+
+    def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int:
+        return self.tokens
+
+    def request_finished(self, request_id: str, blocks: Any) -> tuple[bool, None]:
+        return self.saves, None
+
+
+def core_release_step(steps: list[list[str]]) -> int:
+    """The step at which the core's rule (the aggregator ``multiconnector check`` explores)
+    lets go of a request finished while L loads it and S1, S2 save it, for these reports."""
+    core = MultiConnector(
+        ConnectorRegistry(
+            {
+                "L": CoreChild(32, saves=False),
+                "S1": CoreChild(0, saves=True),
+                "S2": CoreChild(0, saves=True),
+                "P": CoreChild(0, saves=False),
+            }
+        )
+    )
+    core.begin("r")
+    assert core.match_tokens("r", 0) == 32
+    core.request_finished("r", [1, 2, 3])
+    for number, step in enumerate(steps):
+        for report in step:
+            if report == "L":
+                core.load_finished("r", "L")
+            else:
+                core.transfer_finished("r", report)
+        if [record.request_id for record in core.take()] == ["r"]:
+            return number
+    raise AssertionError(f"the core never lets go of the request: {steps}")
 
 
 class Frees:
@@ -101,7 +142,8 @@ def test_one_completion_per_request_in_every_order_of_its_reports(model: Path) -
         assert engine.connector.saving[request_id] == ("S1", "S2")
         owed = {"L", "S1", "S2"}
         frees_of_it = 0
-        for step in steps:
+        freed_at = -1
+        for at, step in enumerate(steps):
             for report in step:
                 sends[report].add(request_id)
             before = len(frees.freed)
@@ -113,8 +155,13 @@ def test_one_completion_per_request_in_every_order_of_its_reports(model: Path) -
                 assert not set(blocks) & freed_now, (steps, step)
             else:  # freed in the step the last of them reported, and never again
                 assert not engine.held(request_id), (steps, step)
-                frees_of_it += set(blocks) <= freed_now
+                if set(blocks) <= freed_now:
+                    frees_of_it += 1
+                    freed_at = at
         assert frees_of_it == 1, steps
+        # The adapter's lighter books (a worker's ledger and hold-back, the scheduler's hand-off)
+        # free it in the very step the core's report rule lets go of it.
+        assert freed_at == core_release_step(steps), steps
         # Late reports of every kind change nothing (and crash nothing).
         for report in ("L", "S1", "S2"):
             sends[report].add(request_id)
@@ -150,6 +197,7 @@ def run(
     engine: Engine,
     workers: list[Any],
     aggregator: KVOutputAggregator,
+    *,
     scripts: dict[str, Script],
     plan: list[tuple[set[str], set[str]]],
     request_id: str = "r1",
@@ -196,7 +244,7 @@ def test_a_child_reporting_on_one_worker_is_counted_once_there(model: Path, plan
     assert workers[0].finished_counts == {"h": 1}
     engine.add(make_request("r1", max_tokens=1))
     steps, freed_at = PLANS[plan]
-    held = run(engine, workers, aggregator, {"a": a, "h": h}, steps)
+    held = run(engine, workers, aggregator, scripts={"a": a, "h": h}, plan=steps)
     # Held until every child's reporting workers reported, then freed, and not stranded.
     assert held == [True] * freed_at + [False] * (len(steps) - freed_at)
     assert engine.connector.saving == {}
@@ -215,8 +263,8 @@ def test_children_all_reporting_on_one_worker_strand_nothing(model: Path) -> Non
         engine,
         workers,
         aggregator,
-        {"a": a, "h": h},
-        [(set(), set()), ({"a"}, set()), ({"h"}, set())],
+        scripts={"a": a, "h": h},
+        plan=[(set(), set()), ({"a"}, set()), ({"h"}, set())],
     )
     assert held == [True, True, False]
     assert [len(w.ledger) for w in workers] == [0, 0]

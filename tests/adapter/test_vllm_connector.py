@@ -10,6 +10,7 @@ from vllm_support import require_vllm
 
 require_vllm()
 
+import dataclasses  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
 import pickle  # noqa: E402
@@ -24,12 +25,14 @@ from prometheus_client import Counter, Gauge, Histogram  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
     KVConnectorBase_V1,
     KVConnectorRole,
+    KVConnectorTransferResults,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (  # noqa: E402
     ExampleConnectorMetadata,
 )
 from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm_children import (  # noqa: E402
+    ScriptedConnector,
     ScriptedHandshake,
     ScriptedMetadata,
     ScriptedStats,
@@ -39,6 +42,7 @@ from vllm_children import (  # noqa: E402
 )
 from vllm_harness import implemented, make_config, make_connector, make_request  # noqa: E402
 
+import multiconnector.vllm.worker as worker_module  # noqa: E402
 from multiconnector import (  # noqa: E402
     ConnectorFailures,
     DuplicateConnectorError,
@@ -47,6 +51,7 @@ from multiconnector import (  # noqa: E402
     Outcome,
 )
 from multiconnector.vllm import (  # noqa: E402
+    ChildrenConflictError,
     ChildStartError,
     MetadataMismatchError,
     MultiConnector,
@@ -460,7 +465,7 @@ def test_only_one_child_may_provide_a_memory_pool(model: Path) -> None:
     w.children["a"].get_mem_pool_context = lambda: pool
     assert w.get_mem_pool_context() is pool
     w.children["b"].get_mem_pool_context = nullcontext
-    with pytest.raises(ValueError, match=r"\['a', 'b'\]"):
+    with pytest.raises(ChildrenConflictError, match=r"\['a', 'b'\]"):
         w.get_mem_pool_context()
 
 
@@ -571,3 +576,87 @@ def test_scheduler_fan_outs(model: Path) -> None:
     assert s.get_external_cache_hit_sources(request, 0) == {}
     with pytest.raises(InvalidArgumentError):
         s.update_connector_output(KVConnectorOutput(kv_connector_worker_meta=object()))
+
+
+# -- issue 25: loads from a child not chosen, new result fields, layouts, reset_cache ------------
+
+
+def test_a_load_from_a_child_not_chosen_is_counted_and_warned_once_a_minute(
+    model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b = script(), script()
+    w = worker(model, a=a, b=b)
+    w.bind_connector_metadata(metadata(w, loads={"r1": "a", "r2": "a"}))
+    b.recving.update({"r1", "r2"})  # b was not chosen for either
+    with caplog.at_level("WARNING", logger="multiconnector"):
+        assert w.get_finished(set()) == (None, None)
+        b.recving.add("r1")
+        assert w.get_finished(set()) == (None, None)
+    assert w.connector_counts()["b"] == {Outcome.phantom: 3}
+    warned = [r for r in caplog.records if "not chosen to load" in r.getMessage()]
+    assert len(warned) == 1  # rate-limited: one a minute per child
+    assert "'b'" in warned[0].getMessage()
+    assert len(w.load_tracker) == 2  # a's loads still awaited, untouched
+
+
+def test_a_transfer_results_field_vllm_adds_is_passed_through(
+    model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @dataclasses.dataclass
+    class Later(KVConnectorTransferResults):  # what a later vLLM may add (PR #54733's kind)
+        failed_recving_groups: dict[str, set[int]] = dataclasses.field(default_factory=dict)
+        note: str = ""
+
+    monkeypatch.setattr(worker_module, "KVConnectorTransferResults", Later)
+    a, b = script(), script()
+    w = worker(model, a=a, b=b)
+    w.children["a"].get_transfer_results = lambda ids: Later(failed_recving_groups={"r1": {0}})
+    w.children["b"].get_transfer_results = lambda ids: Later(
+        failed_recving_groups={"r2": {1}}, note="x"
+    )
+    results = w.get_transfer_results(set())
+    assert type(results) is Later
+    assert results.failed_recving_groups == {"r1": {0}, "r2": {1}}
+    assert results.note == "x"
+    w.children["a"].get_transfer_results = lambda ids: Later(note="y")
+    with pytest.raises(ConnectorFailures) as caught:  # "y" from a, then "x" from b
+        w.get_transfer_results(set())
+    assert caught.value.failed == ("b",)
+    assert isinstance(caught.value.exceptions[0], ChildrenConflictError)
+
+
+@pytest.mark.parametrize(("first", "second"), [("HND", "LBHNC"), ("NHD", "LBNHC")])
+def test_layout_aliases_are_one_layout(
+    model: Path, monkeypatch: pytest.MonkeyPatch, first: str, second: str
+) -> None:
+    a, b = script(), script()
+    config = make_config(model, [child("a", a), child("b", b)])
+    wanted = {a.label: first, b.label: second}
+
+    def layout(cls: Any, vllm_config: Any) -> str:
+        return wanted[vllm_config.kv_transfer_config.kv_connector_extra_config["script"]]
+
+    monkeypatch.setattr(ScriptedConnector, "get_required_kvcache_layout", classmethod(layout))
+    assert MultiConnector.get_required_kvcache_layout(config) == first
+    wanted[b.label] = "LBNHC" if first == "HND" else "LBHNC"
+    with pytest.raises(ChildrenConflictError, match=r"by a; .* by b"):
+        MultiConnector.get_required_kvcache_layout(config)
+
+
+def test_reset_cache_logs_children_that_answer_none(
+    model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = worker(model, a=script(), b=script(), c=script())
+    w.children["a"].reset_cache = lambda: True
+    w.children["b"].reset_cache = lambda: None
+    w.children["c"].reset_cache = lambda: None
+    with caplog.at_level("WARNING", logger="multiconnector"):
+        assert w.reset_cache() is True  # vLLM's rule: not False
+    (record,) = [r for r in caplog.records if "reset_cache" in r.getMessage()]
+    assert "b, c" in record.getMessage()
+    w.children["b"].reset_cache = lambda: True
+    w.children["c"].reset_cache = lambda: True
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="multiconnector"):
+        assert w.reset_cache() is True
+    assert not caplog.records

@@ -6,6 +6,7 @@ from vllm_support import require_vllm
 
 require_vllm()
 
+import dataclasses  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -17,6 +18,7 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
     KVConnectorBase_V1,
     KVConnectorRole,
+    KVConnectorTransferResults,
     SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (  # noqa: E402
@@ -35,6 +37,7 @@ from vllm_harness import (  # noqa: E402
 )
 
 from multiconnector.vllm import ChildStartError, HMAUnsupportedError, MultiConnector  # noqa: E402
+from multiconnector.vllm.worker import RULED_FIELDS, _extra_fields  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -212,6 +215,20 @@ def test_every_base_method_is_implemented_or_listed_as_inherited() -> None:
     undecided = {n for n in api if n not in ours and n not in INHERITED}
     assert not undecided, f"implement, or list in INHERITED with a reason: {sorted(undecided)}"
     assert not {n for n in INHERITED if n in ours}, "listed but implemented"
+
+
+#: Fields of vLLM's KVConnectorTransferResults passed through by name, not ruled, on purpose.
+PASSED_THROUGH: dict[str, str] = {}
+
+
+def test_every_transfer_results_field_is_ruled_or_passed_through() -> None:
+    """Fails the day vLLM's KVConnectorTransferResults gains (or loses) a field we did not decide
+    on; until it is decided, the worker passes such a field through by name."""
+    names = {field.name for field in dataclasses.fields(KVConnectorTransferResults)}
+    assert names >= RULED_FIELDS, f"ruled but gone from vLLM: {sorted(RULED_FIELDS - names)}"
+    undecided = names - RULED_FIELDS - set(PASSED_THROUGH)
+    assert not undecided, f"rule it, or list in PASSED_THROUGH with a reason: {sorted(undecided)}"
+    assert set(_extra_fields(KVConnectorTransferResults)) == names - RULED_FIELDS
 
 
 def test_vllms_multiconnector_api_is_ours_too() -> None:

@@ -31,6 +31,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm_children import child, script  # noqa: E402
 from vllm_harness import make_config, make_connector  # noqa: E402
 
+from multiconnector import InvalidArgumentError  # noqa: E402
 from multiconnector.vllm import NamedKVEvents  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -120,8 +121,6 @@ def test_a_worker_with_events_of_the_second_child_only_is_accepted(model: Path) 
 
 
 def test_named_events_refuse_foreign_items() -> None:
-    from multiconnector import InvalidArgumentError
-
     with pytest.raises(InvalidArgumentError, match="NamedEvents"):
         NamedKVEvents().add_events([BlockRemoved(block_hashes=[1], medium=None)])
 

@@ -19,7 +19,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCacheConnectorV1
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector import (
+    MooncakeStoreConnector,
+)
 
 MODULE = __name__
 SCRIPTS: dict[str, Script] = {}
@@ -251,18 +255,10 @@ class LMCacheEventsConnector(ScriptedConnector):
         self._kv_cache_events = None
 
     def update_connector_output(self, connector_output: Any) -> None:
-        from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import (
-            LMCacheConnectorV1,
-        )
-
         self.script.calls.append(("update_connector_output", connector_output.kv_cache_events))
         LMCacheConnectorV1.update_connector_output(self, connector_output)
 
     def take_events(self) -> Iterable[Any]:
-        from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import (
-            LMCacheConnectorV1,
-        )
-
         return list(LMCacheConnectorV1.take_events(self))
 
 
@@ -284,16 +280,8 @@ class MooncakeEventsConnector(ScriptedConnector):
         self.connector_scheduler = _MooncakeSchedulerPart()
 
     def update_connector_output(self, connector_output: Any) -> None:
-        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector import (
-            MooncakeStoreConnector,
-        )
-
         self.script.calls.append(("update_connector_output", connector_output.kv_cache_events))
         MooncakeStoreConnector.update_connector_output(self, connector_output)
 
     def take_events(self) -> Iterable[Any]:
-        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector import (
-            MooncakeStoreConnector,
-        )
-
         return list(MooncakeStoreConnector.take_events(self))
