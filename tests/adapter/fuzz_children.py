@@ -300,4 +300,3 @@ class FuzzChild(KVConnectorBase_V1):
 
     def build_connector_worker_meta(self) -> None:
         self._maybe_raise("build_connector_worker_meta")
-        return None

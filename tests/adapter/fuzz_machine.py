@@ -32,22 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hypothesis import event, note
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from vllm import SamplingParams
-from vllm.config import VllmConfig
-from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher
-from vllm.v1.outputs import KVConnectorOutput
-from vllm.v1.request import Request, RequestStatus
-from vllm.utils.hashing import sha256
-from vllm_harness import BLOCK, EOS, make_config, make_connector, make_scheduler, runner_output
-from vllm_harness import write_model
-
 from fuzz_children import (
-    BOARDS,
     WORKER_CALLS,
     Board,
     EventsA,
@@ -57,11 +42,32 @@ from fuzz_children import (
     fuzz_child,
     stored,
 )
+from hypothesis import event, note
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from vllm import SamplingParams
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+from vllm.v1.outputs import KVConnectorOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm_harness import (
+    BLOCK,
+    EOS,
+    make_config,
+    make_connector,
+    make_scheduler,
+    runner_output,
+    write_model,
+)
+
 from multiconnector import ConnectorFailures
 
 NAMES = ("a", "b", "c")
 EVENT_CLASSES = {"a": EventsA, "b": EventsB, "c": EventsA}
-_MODEL: Path | None = None
+_MODEL: list[Path] = []  # the tiny model folder, written once
 _CONFIGS: dict[tuple[bool, int, tuple[int | None, ...]], VllmConfig] = {}
 
 #: Every rule's name, with the labels it counts under (the coverage test checks each fired).
@@ -95,10 +101,9 @@ class Fuzzed(AssertionError):
 
 
 def model_folder() -> Path:
-    global _MODEL
-    if _MODEL is None:
-        _MODEL = write_model(Path(tempfile.mkdtemp(prefix="fuzz-opt-")))
-    return _MODEL
+    if not _MODEL:
+        _MODEL.append(write_model(Path(tempfile.mkdtemp(prefix="fuzz-opt-"))))
+    return _MODEL[0]
 
 
 def config_for(ours: bool, workers: int, counts: tuple[int | None, ...]) -> VllmConfig:
@@ -226,7 +231,12 @@ class World:
             self._run_worker(rank, worker, pickle.loads(shipped), output)
             for rank, worker in enumerate(self.workers)
         ]
-        sent_failed = {b for child in self.boards.values() for s in child.failed_blocks_out.values() for b in s}
+        sent_failed = {
+            block
+            for child in self.boards.values()
+            for blocks in child.failed_blocks_out.values()
+            for block in blocks
+        }
         aggregated = self.aggregator.aggregate(outputs)
         assert aggregated is not None
         kv_output = aggregated.kv_connector_output
@@ -246,7 +256,9 @@ class World:
         kv = KVConnectorOutput()
         call = self._call
         call(rank, "handle_preemptions", lambda: worker.handle_preemptions(metadata), None)
-        call(rank, "bind_connector_metadata", lambda: worker.bind_connector_metadata(metadata), None)
+        call(
+            rank, "bind_connector_metadata", lambda: worker.bind_connector_metadata(metadata), None
+        )
         call(rank, "start_load_kv", lambda: worker.start_load_kv(None), None)
         call(rank, "wait_for_save", worker.wait_for_save, None)
         results = call(
@@ -306,7 +318,7 @@ class World:
         """
         if not self.ours:
             return
-        counted = self.workers[0].finished_counts if hasattr(self.workers[0], "finished_counts") else {}
+        counted = getattr(self.workers[0], "finished_counts", {})
         at_scheduler = getattr(self.connector, "_counted_outcomes", {})
         per_worker = [worker.connector_counts() for worker in self.workers]
         for name, child in self.boards.items():
@@ -351,7 +363,7 @@ class World:
         if live:
             self.scheduler.finish_requests(live, RequestStatus.FINISHED_ABORTED)
         for _ in range(max_steps):
-            for name, child in self.boards.items():
+            for child in self.boards.values():
                 for rank, request_id, kind in list(child.owed):
                     w = child.workers[rank]
                     (w.sending if kind == "save" else w.recving).add(request_id)
@@ -362,6 +374,9 @@ class World:
         self.step()
         self.check_empty()
 
+    def free_blocks(self) -> int:
+        return int(self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
+
     def check_empty(self) -> None:
         s = self.scheduler
         held = {
@@ -371,7 +386,7 @@ class World:
             "scheduler.waiting": len(s.waiting),
             "finished_recving_kv_req_ids": sorted(s.finished_recving_kv_req_ids),
             "failed_recving_kv_req_ids": sorted(s.failed_recving_kv_req_ids),
-            "blocks in use": self.num_blocks - 1 - s.kv_cache_manager.block_pool.get_num_free_blocks(),
+            "blocks in use": self.num_blocks - 1 - self.free_blocks(),
             "aggregator sending": dict(self.aggregator._send_remaining_count),
             "aggregator recving": dict(self.aggregator._recv_remaining_count),
         }
@@ -439,7 +454,7 @@ class AdapterMachine(RuleBasedStateMachine):
         sync=st.sampled_from([False, False, False, True]),
         savers=st.sets(st.sampled_from(NAMES), max_size=2),
     )
-    def add(
+    def add(  # noqa: PLR0917 (hypothesis passes a rule's arguments by keyword)
         self,
         family: int,
         blocks: int,
@@ -463,8 +478,10 @@ class AdapterMachine(RuleBasedStateMachine):
                 child.saves.add(request_id)
         with_hit = any(n in self.LOADERS for n in hits)
         self.fire("add-with-hit" if with_hit else "add")
-        note(f"add {request_id}: {num_tokens} tokens, max {max_tokens}, hits {hits}, "
-             f"sync {sync}, savers {sorted(savers)}")
+        note(
+            f"add {request_id}: {num_tokens} tokens, max {max_tokens}, hits {hits}, "
+            f"sync {sync}, savers {sorted(savers)}"
+        )
         self.world.scheduler.add_request(make_request(request_id, family, num_tokens, max_tokens))
         self.requests.append(request_id)
 
@@ -479,8 +496,8 @@ class AdapterMachine(RuleBasedStateMachine):
     @rule(events=st.lists(st.tuples(st.sampled_from(NAMES), st.integers(0, 1)), max_size=2))
     def step(self, events: list[tuple[str, int]]) -> None:
         """One engine step; before it, some children have KV cache events on some workers."""
-        for name, rank in events if self.EVENTS else ():
-            rank %= self.WORKERS
+        for name, drawn in events if self.EVENTS else ():
+            rank = drawn % self.WORKERS
             self.serial += 1
             self.world.boards[name].workers[rank].events.append(stored(name, rank, self.serial))
             self.fire("kv-events")

@@ -125,7 +125,9 @@ def checked(world: World) -> None:
     world.check_events()
 
 
-def add(world: World, request_id: str, *, tokens: int = 40, max_tokens: int = 1, **who: Any) -> None:
+def add(
+    world: World, request_id: str, *, tokens: int = 40, max_tokens: int = 1, **who: Any
+) -> None:
     """A request; ``hit=name`` (or several names) loads one block from it asynchronously,
     ``saves=names`` commit to a save at finish."""
     hits = who.get("hit", ())
