@@ -16,14 +16,17 @@ from .errors import (
     DuplicateRequestError,
     InvalidAnswerError,
     InvalidArgumentError,
+    InvalidMachineError,
     InvalidNameError,
     InvalidParamsError,
     KeyClashError,
     MultiConnectorError,
+    NondeterminismError,
     ShutDownError,
     UnknownConnectorError,
     UnknownRequestError,
 )
+from .ledger import SaveLedger
 from .machine import RequestTransferState, State, Step
 from .outcome import Outcome
 from .params import merge_transfer_params
@@ -39,13 +42,16 @@ __all__ = [
     "DuplicateRequestError",
     "InvalidAnswerError",
     "InvalidArgumentError",
+    "InvalidMachineError",
     "InvalidNameError",
     "InvalidParamsError",
     "KeyClashError",
     "MultiConnector",
     "MultiConnectorError",
+    "NondeterminismError",
     "Outcome",
     "RequestTransferState",
+    "SaveLedger",
     "ShutDownError",
     "State",
     "Step",

@@ -14,6 +14,7 @@ caller would naturally catch, so ``except KeyError`` and ``except MultiConnector
         ├── DuplicateRequestError       (also ValueError)   a request id begun while still held
         ├── KeyClashError               (also ValueError)   a params key from two connectors
         ├── InvalidMachineError         (also ValueError)   a state machine that fails validation
+        ├── NondeterminismError         (also RuntimeError) a model check's replay that diverged
         ├── ShutDownError               (also RuntimeError) work asked of a shut-down aggregator
         └── ConnectorFailures           (also ExceptionGroup) connectors raised during a fan-out
 
@@ -43,6 +44,7 @@ __all__ = [
     "InvalidParamsError",
     "KeyClashError",
     "MultiConnectorError",
+    "NondeterminismError",
     "ShutDownError",
     "UnknownConnectorError",
     "UnknownRequestError",
@@ -186,6 +188,16 @@ class InvalidMachineError(MultiConnectorError, ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.problems, self.report))
+
+
+class NondeterminismError(MultiConnectorError, RuntimeError):
+    """Replaying a path did not lead to the same snapshot: the model is not deterministic.
+
+    Raised by the model checks (:func:`multiconnector.check.check_aggregator`, a user machine's
+    check) when a model behaves differently on the same events.
+
+    .. versionadded:: 0.1.0
+    """
 
 
 class ConnectorFailures(MultiConnectorError, ExceptionGroup):

@@ -34,6 +34,8 @@ from typing import Any, Final, NamedTuple, final
 import attrs
 from transitions import Machine
 
+from .errors import InvalidMachineError
+
 __all__ = [
     "DECISIONS",
     "EVENTS",
@@ -143,11 +145,12 @@ class RequestTransferState:
     abandoned: tuple[str, ...] = ()
     #: The connector chosen to load this request's KV, if any.
     loader: str | None = None
-    #: Whether the chosen loader's load is over: it reported it finished, or its connector was
-    #: unregistered first (its name is then in ``abandoned``).
+    #: Whether the chosen loader reported its load finished (applied, or drained once the
+    #: request was terminal): true only then.
     loaded: bool = False
-    #: Whether the chosen loader was unregistered before it reported: its load report (even from
-    #: a new connector under its name) is then ignored as ``unregistered``.
+    #: Whether the chosen loader was unregistered: before it reported (its load is over,
+    #: unreported; ``loaded`` stays false), or while the request was live. A load report under
+    #: its name (even from a new connector) is then ignored as ``unregistered``.
     loader_gone: bool = False
     #: The merged transfer params returned at request finished.
     params: dict[str, Any] | None = None
@@ -173,7 +176,9 @@ class RequestTransferState:
         """Whether a connector may still touch the request's blocks: it awaits a save, or its
         chosen loader has neither reported nor been unregistered. A terminal request is handed
         back by ``take()`` only once this is false; until then it is *draining*."""
-        return bool(self.awaiting) or (self.loader is not None and not self.loaded)
+        return bool(self.awaiting) or (
+            self.loader is not None and not self.loaded and not self.loader_gone
+        )
 
     @property
     def terminal(self) -> bool:
@@ -193,19 +198,16 @@ def _as_list(value: Any) -> list[str]:
 
 
 def _guard(conds: list[str], unless: list[str]) -> tuple[Guard | None, bool]:
-    """Fold a transition's guards into one callable and the value it must return."""
+    """A transition's guard and the value it must return: at most one guard per transition
+    (the runtime's decisions call one), or the module does not load."""
     if not conds and not unless:
         return None, True
-    if len(conds) + len(unless) == 1:
-        name = (conds or unless)[0]
-        return getattr(RequestTransferState, name), bool(conds)
-    yes = [getattr(RequestTransferState, g) for g in conds]
-    no = [getattr(RequestTransferState, g) for g in unless]
-
-    def combined(record: RequestTransferState, arg: Any) -> bool:
-        return all(g(record, arg) for g in yes) and not any(g(record, arg) for g in no)
-
-    return combined, True
+    if len(conds) + len(unless) > 1:
+        raise InvalidMachineError(
+            [f"a transition has several guards ({', '.join(conds + unless)}): declare one"]
+        )
+    name = (conds or unless)[0]
+    return getattr(RequestTransferState, name), bool(conds)
 
 
 def _compile() -> dict[State, dict[str, tuple[Compiled, ...]]]:
@@ -256,18 +258,28 @@ def _decision(candidates: tuple[Compiled, ...]) -> Decision | None:
     return None
 
 
+def _decisions() -> dict[str, dict[State, Decision]]:
+    """Every (state, event) pair's decision; :class:`InvalidMachineError` (at import) when some
+    pair's candidates need a walk."""
+    decisions: dict[str, dict[State, Decision]] = {event: {} for event in EVENTS}
+    walks = []
+    for event in EVENTS:
+        for state in STATES:
+            decision = _decision(TABLE[state].get(event, ()))
+            if decision is None:
+                walks.append(f"{event} from {state.value}: its candidates need more than one guard")
+            else:
+                decisions[event][state] = decision
+    if walks:
+        raise InvalidMachineError(walks)
+    return decisions
+
+
 #: ``DECISIONS[event][state]``: TABLE specialised per event, for the aggregator's hot path, which
 #: evaluates ``yes if guard is None or guard(record, arg) else no`` instead of calling
-#: :func:`step`. Derived from TABLE, so from TRANSITIONS; a (state, event) pair whose candidates
-#: need a walk is left out, and callers fall back to :func:`step` for it. Guards return ``bool``.
-DECISIONS: Final[Mapping[str, Mapping[State, Decision]]] = {
-    event: {
-        state: decision
-        for state in STATES
-        if (decision := _decision(TABLE[state].get(event, ()))) is not None
-    }
-    for event in EVENTS
-}
+#: :func:`step`. Derived from TABLE, so from TRANSITIONS, and complete: every (state, event) pair
+#: is there, or the module does not load. Guards return ``bool``.
+DECISIONS: Final[Mapping[str, Mapping[State, Decision]]] = _decisions()
 
 
 def build_machine(**kwargs: Any) -> Machine:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import __future__
 
 import inspect
+import os
 import textwrap
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import attrs
+import pytest
 
 from multiconnector import InvalidAnswerError, MultiConnector, Outcome, State
 from multiconnector import machine as machine_module
@@ -84,7 +86,7 @@ class DrainingCancelHandedBack(MultiConnector):  # type: ignore[misc]
 class BareTrueNoPromise(MultiConnector):  # type: ignore[misc]
     """Treats a bare ``True`` answer to request_finished as a raise: "made no promise"."""
 
-    def _answer(self, asked: tuple[Any, ...]) -> tuple[Outcome, dict[str, Any] | None]:
+    def _apply_answers(self, *asked: Any) -> tuple[Outcome, dict[str, Any] | None]:
         record, claim, index, ready, savers, failures, merged, clash = asked
         bare = {
             name
@@ -92,7 +94,9 @@ class BareTrueNoPromise(MultiConnector):  # type: ignore[misc]
             if isinstance(exc, InvalidAnswerError) and exc.answer is True
         }
         savers = [e for e in savers if e.name not in bare]  # the bug: not awaited
-        return super()._answer((record, claim, index, ready, savers, failures, merged, clash))
+        return super()._apply_answers(  # type: ignore[no-any-return]
+            record, claim, index, ready, savers, failures, merged, clash
+        )
 
 
 class NoneSlotDereferenced(MultiConnector):  # type: ignore[misc]
@@ -188,29 +192,61 @@ class UnregisteredLoaderAccepted(MultiConnector):  # type: ignore[misc]
                 record.loaded = loading[id(record)]
 
 
-def mutant(name: str, method: str, *changes: tuple[str, str], doc: str) -> type[MultiConnector]:
-    """A subclass of :class:`MultiConnector` whose ``method`` is the real one's source with
-    each ``(old, new)`` of ``changes`` made: a bug planted inside a method too long to copy
-    (``request_finished``'s inlined merge, ``transfer_finished_many``'s inlined decision).
+#: Set by tools/mutate.py: a planted bug whose line a mutant changed is then skipped (neutral),
+#: so that mutant must be killed by a failing test of its own, not by the planted bug's build.
+MUTATING = os.environ.get("MULTICONNECTOR_MUTATING") == "1"
 
-    Each ``old`` must occur exactly once, so that a change to the real method shows here.
+
+class Planted:
+    """A subclass of :class:`MultiConnector` whose ``method`` is the real one's source with each
+    ``(old, new)`` of ``changes`` made: a bug planted inside a method too long to copy
+    (``_gather``'s inlined merge). Called, it builds an aggregator, as a factory does.
+
+    Built on first use, not at import: each ``old`` must occur exactly once in the real source,
+    and when it does not (the real method changed, or a mutant changed that line) only the tests
+    that check this bug fail (or, under mutation testing, are skipped); the module still loads.
     """
-    real = getattr(MultiConnector, method)
-    source = textwrap.dedent(inspect.getsource(real))
-    for old, new in changes:
-        if source.count(old) != 1:
-            raise AssertionError(f"{name}: {old!r} is not in {method} exactly once")
-        source = source.replace(old, new)
-    code = compile(source, f"<{name}.{method}>", "exec", __future__.annotations.compiler_flag, True)
-    namespace: dict[str, Any] = {}
-    # Its module's names (the module is not changed), and State for the planted lines.
-    exec(code, {**real.__globals__, "State": State}, namespace)
-    return type(name, (MultiConnector,), {method: namespace[method], "__doc__": doc})
+
+    def __init__(self, name: str, method: str, *changes: tuple[str, str], doc: str) -> None:
+        self.__name__ = self.name = name
+        self.__doc__ = doc
+        self.method = method
+        self.changes = changes
+        self._built: type[MultiConnector] | None = None
+
+    def build(self) -> type[MultiConnector]:
+        """The subclass; raises AssertionError (skips, under mutation testing) when a change's
+        ``old`` is not in the real method exactly once."""
+        if self._built is not None:
+            return self._built
+        real = getattr(MultiConnector, self.method)
+        source = textwrap.dedent(inspect.getsource(real))
+        for old, new in self.changes:
+            if source.count(old) != 1:
+                message = f"{self.name}: {old!r} is not in {self.method} exactly once"
+                if MUTATING:
+                    pytest.skip(message)
+                raise AssertionError(message)
+            source = source.replace(old, new)
+        flags = __future__.annotations.compiler_flag
+        code = compile(source, f"<{self.name}.{self.method}>", "exec", flags, True)
+        namespace: dict[str, Any] = {}
+        # Its module's names (the module is not changed), and State for the planted lines.
+        exec(code, {**real.__globals__, "State": State}, namespace)
+        self._built = type(
+            self.name,
+            (MultiConnector,),
+            {self.method: namespace[self.method], "__doc__": self.__doc__},
+        )
+        return self._built
+
+    def __call__(self, *args: Any, **kwargs: Any) -> MultiConnector:
+        return self.build()(*args, **kwargs)
 
 
-MergeMutatesInput = mutant(
+MergeMutatesInput = Planted(
     "MergeMutatesInput",
-    "request_finished",
+    "_gather",
     ("merged = params.copy()", "merged = params"),
     doc="""Adopts the first saver's params dict and merges the others into it, in place.
 
@@ -218,44 +254,24 @@ MergeMutatesInput = mutant(
     """,
 )
 
-FastPathDuplicateKeyUntested = mutant(
+FastPathDuplicateKeyUntested = Planted(
     "FastPathDuplicateKeyUntested",
-    "request_finished",
-    ("if len(merged) != supplied:", "if False:"),
+    "_gather",
+    ("plain = len(merged) == supplied and all(", "plain = all("),
     doc="""The inlined merge of plain dicts no longer tests for a key supplied twice: a clash
     is merged silently, the later saver's value winning.""",
 )
 
-ClashRaisedBeforeRecorded = mutant(
+ClashRaisedBeforeRecorded = Planted(
     "ClashRaisedBeforeRecorded",
-    "request_finished",
+    "_gather",
     (
-        "except (KeyClashError, InvalidParamsError) as exc:\n                clash = exc",
-        "except (KeyClashError, InvalidParamsError):\n                raise",
+        "except (KeyClashError, InvalidParamsError) as exc:\n"
+        "        return savers, failures, None, exc",
+        "except (KeyClashError, InvalidParamsError):\n        raise",
     ),
     doc="""Raises a params clash as soon as the merge finds it, before the answers are applied:
     the request stays pending and the savers that promised a save are not recorded.""",
-)
-
-BatchDecidesFromStaleRecords = mutant(
-    "BatchDecidesFromStaleRecords",
-    "transfer_finished_many",
-    (
-        "    every = len(ids) >= len(locks) >> 1\n",
-        "    every = len(ids) >= len(locks) >> 1\n"
-        "    stale = {\n"
-        "        i: r.awaiting\n"
-        "        for i in ids\n"
-        "        if (r := requests.get(i)) is not None and r.state is State.finishing\n"
-        "    }\n",
-    ),
-    (
-        "if record is not None and name in record.awaiting:",
-        "if record is not None and (name in record.awaiting or name in stale.get(request_id, ())):",
-    ),
-    doc="""Decides whether a finishing request awaits each report of a batch from the records
-    as they were when the batch began: a request reported twice in one batch has the duplicate
-    applied again (counted, called back, returned as applied).""",
 )
 
 
@@ -273,14 +289,48 @@ def _inverted_merge(contributions: Any, *, allow_equal: bool = False) -> dict[st
     return merge_transfer_params(contributions, allow_equal=not allow_equal)
 
 
+class BatchDecidesFromStaleRecords(MultiConnector):  # type: ignore[misc]
+    """Decides whether a finishing request awaits each report of a batch from the records as
+    they were when the batch began: a request reported twice in one batch has the duplicate
+    applied again (counted, called back, returned as applied)."""
+
+    def _reports(self, name: str, ids: Collection[str]) -> list[Outcome]:
+        stale = {
+            i: r.awaiting
+            for i in ids
+            if (r := self._requests.get(i)) is not None and r.state is State.finishing
+        }
+        outcomes: list[Outcome] = []
+        for request_id in ids:
+            record = self._requests.get(request_id)
+            if (
+                record is not None
+                and record.state is State.finishing
+                and name not in record.awaiting
+                and name in stale.get(request_id, ())
+            ):
+                applied = self._applied[0]  # the bug: applied as the stale record says
+                applied[name] = applied.get(name, 0) + 1
+                outcomes.append(Outcome.applied)
+                continue
+            outcomes.extend(super()._reports(name, (request_id,)))
+        return outcomes
+
+
 class OutcomeRulesOutOfOrder(MultiConnector):  # type: ignore[misc]
     """Tests ``expected`` before ``abandoned`` when classifying an ignored report: a report from
     a saver unregistered while awaited is called a ``duplicate`` instead of ``unregistered``."""
 
-    def _classify(self, record: RequestTransferState, name: str) -> Outcome:
-        if record.state not in (State.finished, State.cancelled) and name in record.expected:
-            return Outcome.duplicate  # the bug: before the abandoned test
-        return super()._classify(record, name)
+    def _report(self, record: RequestTransferState | None, name: str, index: int) -> Outcome:
+        if (
+            record is not None
+            and record.state not in (State.finished, State.cancelled)
+            and name not in record.awaiting
+            and name in record.expected
+        ):
+            self._count(index, Outcome.duplicate, name)  # the bug: before the abandoned test
+            return Outcome.duplicate
+        return super()._report(record, name, index)
 
 
 class DrainCountedAsApplied(MultiConnector):  # type: ignore[misc]
@@ -308,23 +358,21 @@ def patched_table(changes: Mapping[tuple[State, str], tuple[Compiled, ...]]) -> 
     """Replace some (state, event) entries of the compiled table, and restore them after.
 
     The hot path's per-event decisions (``machine.DECISIONS``) are derived from the table, so
-    they are patched to match; the declaration (``TRANSITIONS``) is left alone, which is what
-    makes the patched runtime wrong.
+    they are patched to match (each patch must be one guard call's decision, as every pair of
+    DECISIONS is); the declaration (``TRANSITIONS``) is left alone, which is what makes the
+    patched runtime wrong.
     """
     table: Any = machine_module.TABLE
-    decisions: Any = getattr(machine_module, "DECISIONS", {})
-    decide: Callable[..., Any] | None = getattr(machine_module, "_decision", None)
+    decisions: Any = machine_module.DECISIONS
     saved_table = {key: table[key[0]].get(key[1]) for key in changes}
     saved_decisions = {key: decisions[key[1]].get(key[0]) for key in changes if key[1] in decisions}
+    for (state, event), candidates in changes.items():
+        assert machine_module._decision(candidates) is not None, (state, event)
     try:
         for (state, event), candidates in changes.items():
             table[state][event] = candidates
             if event in decisions:
-                decision = decide(candidates) if decide is not None else None
-                if decision is None:
-                    decisions[event].pop(state, None)
-                else:
-                    decisions[event][state] = decision
+                decisions[event][state] = machine_module._decision(candidates)
         yield
     finally:
         for (state, event), old in saved_table.items():
@@ -363,7 +411,11 @@ class Broken:
 
     @contextmanager
     def installed(self) -> Iterator[Callable[..., MultiConnector]]:
-        """The factory to check, with the table patch and the module patch (if any) in force."""
+        """The factory to check, with the table patch and the module patch (if any) in force.
+        A :class:`Planted` bug is built here, in the test, so a planted line that is gone fails
+        (or skips) the test that checks it, before the check runs."""
+        if isinstance(self.factory, Planted):
+            self.factory.build()
         saved = {name: getattr(saving_module, name) for name in self.patch}
         try:
             for name, value in self.patch.items():

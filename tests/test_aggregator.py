@@ -457,7 +457,9 @@ def test_a_load_report_racing_its_loaders_unregistering_is_unregistered() -> Non
     assert mc.take() == []  # a's load may still write its blocks
     mc.unregister("a")  # shut down: the load is over
     (record,) = mc.take()
-    assert (record.state, record.loader, record.loaded) == (State.cancelled, "a", True)
+    # Its load is over, unreported: loaded says only a reported load, loader_gone says this.
+    assert (record.state, record.loader, record.loaded) == (State.cancelled, "a", False)
+    assert record.loader_gone and not record.in_flight
     assert record.abandoned == ("a",)
 
 
@@ -471,7 +473,7 @@ def test_a_cancelled_request_drains_its_load() -> None:
     assert mc.load_finished("r", "a") is Outcome.drained
     assert mc.load_finished("r", "a") is Outcome.terminal
     (record,) = mc.take()
-    assert (record.state, record.loaded) == (State.cancelled, True)
+    assert (record.state, record.loaded, record.loader_gone) == (State.cancelled, True, False)
 
 
 def test_a_pending_requests_loader_unregistered_then_its_late_load_report() -> None:
@@ -673,8 +675,8 @@ def test_a_loader_that_also_saves_is_abandoned_once_when_unregistered() -> None:
     mc.request_finished("r")
     mc.unregister("a")
     (record,) = mc.take()
-    assert (record.state, record.awaiting, record.loaded) == (State.finished, (), True)
-    assert record.abandoned == ("a",)
+    assert (record.state, record.awaiting, record.loaded) == (State.finished, (), False)
+    assert record.loader_gone and record.abandoned == ("a",)
 
 
 def test_unregistered_savers_are_in_the_history_and_the_counts() -> None:

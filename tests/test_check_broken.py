@@ -24,6 +24,7 @@ from multiconnector.check import run as run_module
 from multiconnector.diagram import find_path
 from multiconnector.diagram import run_cli as diagram_cli
 from multiconnector.machine import build_machine
+from tests import broken_aggregators as broken_module
 from tests.broken_aggregators import CATALOG, Broken
 
 pytestmark = pytest.mark.timeout(120)  # model-check bounds: longer than the default time limit
@@ -424,3 +425,26 @@ def test_the_cli_load_check_names_an_unregistered_loader(
     argv = ["--connectors", "a,b,none=none", "--requests", "1", "--load", "--no-progress"]
     assert check_module.run_cli(argv) == 0  # the real aggregator passes it
     assert "PASS  load once" in capsys.readouterr().out
+
+
+def test_a_planted_line_that_is_gone_fails_the_test_that_builds_it_not_the_import(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A planted bug is built from the real source when a test installs it: a line it patches
+    that is gone (the method changed, or a mutant changed it) fails that test, and under
+    mutation testing skips it, so a mutant is only ever killed by a test that fails."""
+    gone = broken_module.Planted("Gone", "_gather", ("no such line", "x"), doc="gone")
+    with pytest.raises(AssertionError, match="'no such line' is not in _gather exactly once"):
+        gone.build()
+    monkeypatch.setattr(broken_module, "MUTATING", True)
+    with pytest.raises(pytest.skip.Exception):
+        gone.build()
+
+
+def test_every_planted_source_bug_builds_and_changes_its_method() -> None:
+    planted = [b.factory for b in CATALOG if isinstance(b.factory, broken_module.Planted)]
+    assert len(planted) == 3
+    for bug in planted:
+        cls = bug.build()
+        assert issubclass(cls, MultiConnector) and cls.__name__ == bug.name
+        assert getattr(cls, bug.method) is not getattr(MultiConnector, bug.method)

@@ -87,15 +87,15 @@ def test_a_batch_interrupted_half_way_counts_what_it_applied_and_releases_its_lo
     stripes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     mc, ids = finishing(stripes, 8)
-    original = MultiConnector._ignored
+    original = MultiConnector._count
 
-    def interrupted(self: MultiConnector, *args: Any) -> Outcome:
+    def interrupted(self: MultiConnector, *args: Any) -> None:
         raise KeyboardInterrupt  # as a signal could, on the first ignored report
 
-    monkeypatch.setattr(MultiConnector, "_ignored", interrupted)
+    monkeypatch.setattr(MultiConnector, "_count", interrupted)
     with pytest.raises(KeyboardInterrupt):
         mc.transfer_finished_many("a", [*ids[:5], "nobody", *ids[5:]])
-    monkeypatch.setattr(MultiConnector, "_ignored", original)
+    monkeypatch.setattr(MultiConnector, "_count", original)
     assert mc.counts() == {Outcome.applied: 8 + 5}
     assert mc.connector_counts() == {"a": {Outcome.applied: 5}}
     # Every stripe lock was released: each request can still be reported (a held lock would

@@ -18,13 +18,16 @@ PUBLIC = [
     "DuplicateRequestError",
     "InvalidAnswerError",
     "InvalidArgumentError",
+    "InvalidMachineError",
     "InvalidNameError",
     "InvalidParamsError",
     "KeyClashError",
     "MultiConnector",
     "MultiConnectorError",
+    "NondeterminismError",
     "Outcome",
     "RequestTransferState",
+    "SaveLedger",
     "ShutDownError",
     "State",
     "Step",
@@ -76,3 +79,14 @@ def test_import_pulls_in_no_optional_dependency() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_checks_errors_are_the_packages() -> None:
+    """The errors a model check raises are importable from the package, under the one root,
+    and are the very classes the check modules raise."""
+    _explore = importlib.import_module("multiconnector._explore")
+    usermachine = importlib.import_module("multiconnector.usermachine")
+    assert multiconnector.NondeterminismError is _explore.NondeterminismError
+    assert multiconnector.InvalidMachineError is usermachine.InvalidMachineError
+    for cls in (multiconnector.NondeterminismError, multiconnector.InvalidMachineError):
+        assert issubclass(cls, multiconnector.MultiConnectorError)

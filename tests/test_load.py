@@ -157,7 +157,8 @@ def test_load_reports_are_counted_and_called_back_once() -> None:
         Outcome.not_ready,
         Outcome.unknown_connector,
     ]
-    assert mc.get("r").loaded is True  # type: ignore[union-attr]
+    record = mc.get("r")
+    assert record is not None and (record.loaded, record.loader_gone) == (True, False)
     assert loader.loads == ["r"] and other.loads == []
     per = mc.connector_counts()
     assert per["loader"] == {Outcome.applied: 1, Outcome.duplicate: 1}
@@ -218,7 +219,12 @@ def test_a_loader_that_unregisters_itself_while_asked_can_never_apply_its_load()
     assert mc.match_tokens("r") == 5
     record = mc.get("r")
     assert record is not None and (record.loader, record.loader_gone) == ("a", True)
+    assert (record.loaded, record.in_flight) == (False, False)  # over, and never reported
     assert mc.load_finished("r", "a") is Outcome.unregistered
+    assert not record.loaded
+    # Nothing is in flight: cancelled, it is handed back at once, not held draining.
+    assert mc.cancel("r") is Outcome.applied
+    assert [r.request_id for r in mc.take()] == ["r"]
 
 
 def test_a_loader_chosen_again_after_it_was_unregistered() -> None:
@@ -248,3 +254,19 @@ def test_a_str_subclass_request_id_is_called_back_as_a_plain_str() -> None:
     mc.match_tokens("r")
     assert mc.load_finished(_Id("r"), "a") is Outcome.applied
     assert loader.loads == ["r"] and loader.loads[0].__class__ is str
+
+
+def test_a_gone_loaders_name_unregistered_again_settles_nothing_twice() -> None:
+    """Found by the model check: a cancelled request whose loader was unregistered (its load
+    over, unreported: loader_gone) is queued once; a new connector under the name, unregistered
+    in turn, is not its loader and queues nothing again."""
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(tokens=0), "b": Scripted(tokens=1)}))
+    mc.begin("r1")
+    assert mc.match_tokens("r1") == 1
+    mc.cancel("r1")
+    mc.unregister("b")
+    mc.register("b", Scripted())
+    mc.unregister("b")
+    (record,) = mc.take()
+    assert (record.loaded, record.loader_gone, record.abandoned) == (False, True, ("b",))
+    assert mc.take() == [] and len(mc) == 0

@@ -11,7 +11,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Final, Generic, TypeVar
 
 from .._validate import shown
-from ..errors import InvalidArgumentError, MultiConnectorError
+from ..errors import InvalidArgumentError, NondeterminismError
 from .progress import _Progress
 from .report import (
     MAX_DEPTH,
@@ -61,13 +61,6 @@ _COLLECT_EVERY: Final = (1 << 14) - 1
 #: With ``fork``, the most models kept for states found and not yet expanded (each is then
 #: expanded from the model it was found with instead of replaying its path); past it, replay.
 _KEEP_MODELS: Final = 250_000
-
-
-class NondeterminismError(MultiConnectorError, RuntimeError):
-    """Replaying a path did not lead to the same snapshot: the model is not deterministic.
-
-    .. versionadded:: 0.1.0
-    """
 
 
 def _verdict(result: object) -> str | None:

@@ -19,9 +19,10 @@ from typing import Any, Final, NoReturn
 
 from .._validate import check_stripes, shown
 from ..errors import ConnectorFailures, InvalidArgumentError, ShutDownError
-from ..machine import TERMINAL, RequestTransferState, State, Step, step
+from ..machine import DECISIONS, TERMINAL, RequestTransferState, State, Step
 from ..outcome import Outcome
 from ..registry import Connector, ConnectorRegistry, Entry
+from ..rule import COUNTER_LIMIT, OTHER_NAMES, Verdicts
 
 __all__ = ["OTHER_NAMES", "Books"]
 
@@ -44,12 +45,9 @@ _PENDING: Final = State.pending
 _CANCELLED: Final = State.cancelled
 #: Counter key for events that concern a request, not a connector.
 _NO_NAME: Final = None
-#: Distinct name tuples kept for sharing (awaiting sets are few; requests are many).
-_INTERN_LIMIT: Final = 4096
+_ON_GONE: Final = DECISIONS["connector_gone"]
 #: Distinct (outcome, name) counters kept per lock stripe; later names count under OTHER_NAMES.
-_COUNTER_LIMIT: Final = 1024
-#: The name under which every name past the counter limit is counted (see connector_counts).
-OTHER_NAMES: Final = "<other names>"
+_COUNTER_LIMIT: Final = COUNTER_LIMIT
 
 
 class Books:
@@ -65,7 +63,6 @@ class Books:
         "_done",
         "_finishes",
         "_halves",
-        "_interned",
         "_locks",
         "_mask",
         "_parked",
@@ -73,7 +70,7 @@ class Books:
         "_registry",
         "_requests",
         "_trace",
-        "_without",
+        "_verdicts",
     )
 
     def __init__(
@@ -108,7 +105,7 @@ class Books:
         # Cancelled records kept from take() while a request_finished still asks (see _settle).
         self._parked: set[RequestTransferState] = set()
         # Set only by _ask (the model check): request_finished then stops after asking.
-        self._halves: list[tuple[Any, ...]] | None = None
+        self._halves: list[Any] | None = None
         self._locks = tuple(threading.Lock() for _ in range(stripes))
         self._mask = stripes - 1
         # One counter dict per stripe, only ever written under that stripe's lock.
@@ -119,10 +116,9 @@ class Books:
         self._applied: tuple[dict[str | None, int], ...] = tuple({} for _ in range(stripes))
         # Applied request_finished events, one slot per stripe (written under its lock).
         self._finishes: list[int] = [0] * stripes
-        # Name tuples shared by every request with the same awaited set (memory), and each
-        # tuple's "minus one name" successors (time): both small, both capped.
-        self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
-        self._without: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}
+        # The transfer report rule's verdicts, remembered, and the name tuples shared by every
+        # request with the same awaited set: both small, both capped (see rule.Verdicts).
+        self._verdicts = Verdicts()
         # The names of a ready snapshot, for the common "every ready connector saves".
         self._ready_names: tuple[tuple[Entry, ...], tuple[str, ...]] = ((), ())
         registry.subscribe(self._connector_gone)
@@ -140,20 +136,22 @@ class Books:
         try:
             for record in list(self._requests.values()):
                 if record.loader == name:
-                    if record.state not in TERMINAL:
-                        record.loader_gone = True  # its load report can never be applied now
-                    if not record.loaded:
-                        # Its load is over: the connector that was loading is gone.
-                        record.loaded = True
+                    if not record.loaded and not record.loader_gone:
+                        # Its load is over, unreported: the connector that was loading is gone.
+                        record.loader_gone = True
                         if name not in record.abandoned and name not in record.awaiting:
                             record.abandoned = (*record.abandoned, name)
                         if record.state in TERMINAL:
                             self._settle(record)  # a drain: take() may hand it back now
+                    elif record.state not in TERMINAL:
+                        record.loader_gone = True  # a load report can never be applied now
                 if name not in record.awaiting:
                     continue
-                dest = step(record, "connector_gone", name)
-                if dest is None:  # never: every state that awaits a name declares it
-                    continue
+                # A record awaits names only in finishing or cancelled, and DECISIONS (complete)
+                # gives both a connector_gone transition.
+                guard, yes, no = _ON_GONE[record.state]
+                dest = yes if guard is None or guard(record, name) else no
+                assert dest is not None
                 record.awaiting = tuple([n for n in record.awaiting if n != name])
                 record.abandoned = (*record.abandoned, name)
                 self._transition(record, "connector_gone", dest, name)
@@ -170,7 +168,7 @@ class Books:
         event settles it again), nor while a request_finished that a cancel overtook is still
         asking (its connectors may be promising saves): then it is parked, and the call's
         release settles it."""
-        if record.awaiting or (record.loader is not None and not record.loaded):
+        if record.in_flight:
             return
         if record.state is _CANCELLED and record in self._asking:
             self._parked.add(record)
@@ -179,19 +177,7 @@ class Books:
 
     def _intern(self, names: tuple[str, ...]) -> tuple[str, ...]:
         """The shared tuple equal to ``names`` (``names`` itself when new or when full)."""
-        shared = self._interned.get(names)
-        if shared is not None:
-            return shared
-        if len(self._interned) < _INTERN_LIMIT:
-            return self._interned.setdefault(names, names)
-        return names
-
-    def _minus(self, awaiting: tuple[str, ...], name: str) -> tuple[str, ...]:
-        """``awaiting`` without ``name``, shared, remembered for the next request."""
-        rest = self._intern(tuple([n for n in awaiting if n != name]))
-        if len(self._without) < _INTERN_LIMIT:
-            self._without.setdefault(awaiting, {})[name] = rest
-        return rest
+        return self._verdicts.intern(names)
 
     def _transition(
         self, record: RequestTransferState, event: str, dest: State, name: str | None
@@ -210,6 +196,17 @@ class Books:
                 self._settle(record)  # maybe draining, or parked
             else:
                 self._done.append(record)
+
+    def _stranger(self, name: str) -> Outcome:
+        """Why a report from ``name``, which the request never awaited nor expected, is
+        ignored: its connector is not registered, not ready, or a ready one's report is a
+        phantom."""
+        entry = self._registry.entry(name)
+        if entry is None:
+            return _UNKNOWN_CONNECTOR
+        if entry.connector is None:
+            return _NOT_READY
+        return _PHANTOM
 
     def _count(self, index: int, outcome: Outcome, name: str | None) -> None:
         counts = self._counts[index]

@@ -107,9 +107,9 @@ class Lifecycle(Books):
         try:
             while done:
                 record = pop()
-                held = requests.pop(record.request_id, None)
-                if held is not record and held is not None:  # never: a held id is not re-begun
-                    requests[record.request_id] = held
+                # Queued once, when nothing is left in flight, and held until now: a held id
+                # is never begun again (DuplicateRequestError), so this is its record.
+                del requests[record.request_id]
                 taken.append(record)
         except IndexError:  # another thread took the last ones between our test and our pop
             pass

@@ -16,11 +16,8 @@ from ._books import (
     _APPLIED,
     _DRAINED,
     _DUPLICATE,
-    _NOT_READY,
     _PENDING,
-    _PHANTOM,
     _TERMINAL,
-    _UNKNOWN_CONNECTOR,
     _UNKNOWN_REQUEST,
     _UNREGISTERED,
     Books,
@@ -109,7 +106,9 @@ class Loading(Books):
         """Connector ``name`` reports that it finished loading ``request_id``'s KV.
 
         Applied once, from the chosen loader, while the request is live; the connector's
-        ``on_load_finished(request_id)`` is then called. A duplicate, late, or phantom load
+        ``on_load_finished(request_id)`` is then called, and the record's ``loaded`` is true
+        from then on (on a terminal request the report is its drain, ``drained``, and sets it
+        too). A duplicate, late, or phantom load
         report is ignored like any other: from the chosen loader unregistered since it was
         chosen (even when a new connector took its name) it is ``unregistered``, from a
         connector never chosen ``phantom``. When ``on_load_finished`` raises,
@@ -128,7 +127,8 @@ class Loading(Books):
             if record is None:
                 outcome = _UNKNOWN_REQUEST
             elif record.state in TERMINAL:
-                if record.loader == name and not record.loaded:  # the drain of its load
+                if record.loader == name and not (record.loaded or record.loader_gone):
+                    # the drain of its load
                     record.loaded = True
                     outcome = _DRAINED
                     self._settle(record)
@@ -145,13 +145,7 @@ class Loading(Books):
                 else:
                     outcome = _DUPLICATE
             else:
-                entry = self._registry.entry(name)
-                if entry is None:
-                    outcome = _UNKNOWN_CONNECTOR
-                elif entry.connector is None:
-                    outcome = _NOT_READY
-                else:
-                    outcome = _PHANTOM
+                outcome = self._stranger(name)
             self._count(index, outcome, name)
         finally:
             lock.release()

@@ -75,7 +75,7 @@ class Queries(Books):
         for record in records:
             if record.state not in TERMINAL:
                 live += 1
-            elif record.awaiting or (record.loader is not None and not record.loaded):
+            elif record.in_flight:
                 draining += 1
         return {"live": live, "draining": draining, "queued": len(records) - live - draining}
 

@@ -1,37 +1,36 @@
 """The save side's reports: a connector finished saving a request's KV.
 
 :meth:`~MultiConnector.transfer_finished` (the hottest event) and
-:meth:`~MultiConnector.transfer_finished_many` (a batch), each with the decision and the applied
-case inlined; the drain of a cancelled request, and why an ignored report is ignored.
+:meth:`~MultiConnector.transfer_finished_many` (a batch) apply each report as the transfer
+report rule's verdict says (:mod:`multiconnector.rule`, the one definition), in ``_report``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Iterable, Sequence
-from typing import Final
 
-from .._validate import check_block_ids, check_blocks, check_name, check_request_id, shown
-from ..errors import ConnectorFailures, InvalidArgumentError
-from ..machine import DECISIONS, TERMINAL, RequestTransferState, Step, step
+from .._validate import (
+    check_block_ids,
+    check_blocks,
+    check_name,
+    check_request_id,
+    check_request_ids,
+)
+from ..errors import ConnectorFailures
+from ..machine import RequestTransferState, Step
 from ..outcome import Outcome
 from ._books import (
     _APPLIED,
     _CANCELLED,
     _DRAINED,
-    _DUPLICATE,
-    _NOT_READY,
     _PHANTOM,
-    _TERMINAL,
-    _UNKNOWN_CONNECTOR,
     _UNKNOWN_REQUEST,
-    _UNREGISTERED,
     Books,
+    logger,
 )
 
 __all__ = ["Reports"]
-
-# The hot event's compiled decisions (see machine.DECISIONS): one dict lookup and one guard call.
-_ON_TRANSFER_FINISHED: Final = DECISIONS["transfer_finished"]
 
 
 class Reports(Books):
@@ -66,43 +65,7 @@ class Reports(Books):
         lock = self._locks[index]
         lock.acquire()
         try:
-            record = self._requests.get(request_id)
-            # The decision and the applied case inlined: the hottest event skips method calls.
-            # An ignored report is classified and counted by `_ignored`. transfer_finished_many
-            # inlines the same; tests/test_batch.py checks the two against each other on
-            # arbitrary sequences, and tests/test_stateful.py this one against a reference model.
-            dest = None
-            if record is not None and name in record.awaiting:
-                decision = _ON_TRANSFER_FINISHED.get(record.state)
-                if decision is None:  # a state whose candidates need a walk (machine.DECISIONS)
-                    dest = step(record, "transfer_finished", name)
-                else:
-                    guard, yes, no = decision
-                    dest = yes if guard is None or guard(record, name) else no
-            if dest is None:
-                outcome = self._ignored(record, name, index)
-            elif dest is _CANCELLED:  # the drain: it stays cancelled, awaiting one name less
-                assert record is not None
-                outcome = self._drain(record, "transfer_finished", name, index)
-            else:
-                assert record is not None
-                awaiting = record.awaiting
-                following = self._without.get(awaiting)
-                rest = None if following is None else following.get(name)
-                record.awaiting = self._minus(awaiting, name) if rest is None else rest
-                source = record.state
-                record.state = dest
-                if record.history is not None:
-                    record.history.append(Step("transfer_finished", source, dest, name))
-                if (
-                    dest is not source
-                    and dest in TERMINAL
-                    and (record.loader is None or record.loaded)
-                ):  # else its load is in flight: load_finished or connector_gone settles it
-                    self._done.append(record)  # last: take() may hand it over at once
-                applied = self._applied[index]
-                applied[name] = applied.get(name, 0) + 1
-                outcome = _APPLIED
+            outcome = self._report(self._requests.get(request_id), name, index)
         finally:
             lock.release()
         if outcome is not _APPLIED:
@@ -150,105 +113,57 @@ class Reports(Books):
             check_block_ids(blocks)
         if self._closed:
             self._shut("transfer_finished_many")
-        # Walked twice (reports, then callbacks): a tuple or frozenset as it is, anything else
-        # copied once, so a callback or another thread changing the caller's list or set (vLLM's
-        # get_finished gives sets) cannot change what the batch is.
-        ids: Collection[str] = request_ids  # type: ignore[assignment]
+        ids = check_request_ids(request_ids)
         kind = ids.__class__
-        if kind is not tuple and kind is not frozenset:
-            if (kind is not list and kind is not set) and (
-                isinstance(ids, str | bytes) or not isinstance(ids, Iterable)
-            ):
-                raise InvalidArgumentError(
-                    f"request_ids={shown(ids)} must be an iterable of request ids (str)"
-                )
+        if ids is request_ids and kind is not tuple and kind is not frozenset:
+            # Walked twice (reports, then callbacks): the caller's list or set (vLLM's
+            # get_finished gives sets) copied once, so that a callback or another thread
+            # changing it cannot change what the batch is.
             ids = list(ids)
-        for request_id in ids:
-            if request_id.__class__ is not str or not request_id:
-                check_request_id(request_id, "an item of request_ids")
-                ids = [check_request_id(i, "an item of request_ids") for i in ids]
-                break
+        outcomes = self._reports(name, ids)
+        return self._reported(name, ids, blocks, outcomes)
+
+    def _reports(self, name: str, ids: Collection[str]) -> list[Outcome]:
+        """Apply ``name``'s report for each of ``ids``, each under its request's lock; the
+        outcomes, in order."""
         outcomes: list[Outcome] = []
-        append = outcomes.append
-        requests, locks, mask, ignore = self._requests, self._locks, self._mask, self._ignored
-        decisions, without, done, applied_counts = (
-            _ON_TRANSFER_FINISHED,
-            self._without,
-            self._done,
-            self._applied,
-        )
-        # A batch as large as half the stripes takes every stripe lock once, in order (as
-        # _connector_gone does, so no two callers can deadlock), instead of one lock round per
-        # report: a lock round costs about as much as the report itself.
-        every = len(ids) >= len(locks) >> 1
-        applied_here = 0
-        ignored = False
-        if every:
+        append, requests, report = outcomes.append, self._requests, self._report
+        locks, mask = self._locks, self._mask
+        if len(ids) >= len(locks) >> 1:
+            # A batch as large as half the stripes takes every stripe lock once, in order (as
+            # _connector_gone does, so no two callers can deadlock), instead of one lock round
+            # per report.
             for lock in locks:
                 lock.acquire()
-        try:
-            for request_id in ids:
-                index = hash(request_id) & mask
-                if not every:
-                    lock = locks[index]
-                    lock.acquire()
-                try:
-                    record = requests.get(request_id)
-                    # The decision and the applied case inlined, as in transfer_finished.
-                    dest = None
-                    if record is not None and name in record.awaiting:
-                        decision = decisions.get(record.state)
-                        if decision is None:  # candidates that need a walk
-                            dest = step(record, "transfer_finished", name)
-                        else:
-                            guard, yes, no = decision
-                            dest = yes if guard is None or guard(record, name) else no
-                    if dest is None:
-                        append(ignore(record, name, index))
-                        ignored = True
-                        continue
-                    assert record is not None
-                    if dest is _CANCELLED:  # the drain, as in transfer_finished
-                        append(self._drain(record, "transfer_finished", name, index))
-                        ignored = True  # logged, not called back
-                        continue
-                    awaiting = record.awaiting
-                    following = without.get(awaiting)
-                    rest = None if following is None else following.get(name)
-                    record.awaiting = self._minus(awaiting, name) if rest is None else rest
-                    source = record.state
-                    record.state = dest
-                    if record.history is not None:
-                        record.history.append(Step("transfer_finished", source, dest, name))
-                    if (
-                        dest is not source
-                        and dest in TERMINAL
-                        and (record.loader is None or record.loaded)
-                    ):
-                        done.append(record)
-                    if every:
-                        applied_here += 1  # counted once, below, while every lock is held
-                    else:
-                        applied = applied_counts[index]
-                        applied[name] = applied.get(name, 0) + 1
-                    append(_APPLIED)
-                finally:
-                    if not every:
-                        lock.release()
-        finally:
-            if every:
-                if applied_here:  # counted even when the loop was interrupted
-                    applied = applied_counts[0]
-                    applied[name] = applied.get(name, 0) + applied_here
+            try:
+                for request_id in ids:
+                    append(report(requests.get(request_id), name, hash(request_id) & mask))
+            finally:
                 for lock in reversed(locks):
                     lock.release()
-        # No lock held from here: callbacks may call back into the aggregator.
+            return outcomes
+        for request_id in ids:
+            index = hash(request_id) & mask
+            lock = locks[index]
+            lock.acquire()
+            try:
+                append(report(requests.get(request_id), name, index))
+            finally:
+                lock.release()
+        return outcomes
+
+    def _reported(
+        self, name: str, ids: Collection[str], blocks: Sequence[int], outcomes: list[Outcome]
+    ) -> list[Outcome]:
+        """The batch's callbacks and debug logging, in the order of ``ids``, with no lock held
+        (a callback may call back into the aggregator); raises :class:`ConnectorFailures` when
+        callbacks raised, after every one was called."""
         registry = self._registry
         entries = registry._entries  # a new dict on every registry change
         entry = entries.get(name)
         on_finished = None if entry is None else entry.on_finished
-        if on_finished is None and not ignored:
-            return outcomes  # nothing to call back, nothing ignored to log
+        if on_finished is None and not logger.isEnabledFor(logging.DEBUG):
+            return outcomes  # nothing to call back, nothing to log
         failures: list[Exception] | None = None
         for request_id, outcome in zip(ids, outcomes, strict=True):
             if outcome is not _APPLIED:
@@ -270,36 +185,43 @@ class Reports(Books):
             )
         return outcomes
 
-    def _drain(self, record: RequestTransferState, event: str, name: str, index: int) -> Outcome:
-        """A report from ``name``, which cancelled ``record`` awaits: it is released from it and
-        stays cancelled; counted as drained. The caller holds lock ``index``."""
-        record.awaiting = self._minus(record.awaiting, name)
-        if record.history is not None:
-            record.history.append(Step(event, _CANCELLED, _CANCELLED, name))
-        self._count(index, _DRAINED, name)
-        self._settle(record)
-        return _DRAINED
-
-    def _ignored(self, record: RequestTransferState | None, name: str, index: int) -> Outcome:
-        """Count and return why ``name``'s report for ``record`` (``None``: not held) is
-        ignored, once the decision found no transition; the caller holds lock ``index``."""
+    def _report(self, record: RequestTransferState | None, name: str, index: int) -> Outcome:
+        """Apply ``name``'s transfer report to ``record`` (``None``: not held) as the rule's
+        verdict says (:func:`multiconnector.rule.transfer_report`), and count it; the caller
+        holds lock ``index``. The hottest path: the remembered verdict is read directly."""
+        if record is None:
+            outcome = _UNKNOWN_REQUEST
+        else:
+            known = self._verdicts.by_state[record.state].get(record.awaiting)
+            verdict = None if known is None else known.get(name)
+            if verdict is None:
+                verdict = self._verdicts.of(
+                    record.state, record.awaiting, record.expected, record.abandoned, name
+                )
+            outcome, dest, rest, completes = verdict
+            if outcome is _APPLIED:
+                assert dest is not None
+                source = record.state
+                record.awaiting = rest
+                record.state = dest
+                if record.history is not None:
+                    record.history.append(Step("transfer_finished", source, dest, name))
+                if completes and (record.loader is None or not record.in_flight):
+                    # Else its load is in flight: load_finished or connector_gone settles it.
+                    self._done.append(record)  # last: take() may hand it over at once
+                applied = self._applied[index]
+                applied[name] = applied.get(name, 0) + 1
+                return outcome
+            if outcome is _DRAINED:  # a cancelled request awaits one name less
+                record.awaiting = rest
+                if record.history is not None:
+                    record.history.append(Step("transfer_finished", _CANCELLED, _CANCELLED, name))
+                self._count(index, outcome, name)
+                self._settle(record)
+                return outcome
         if name not in self._registry._entries:  # a registered name is a valid one
             check_name(name)  # before anything is counted
-        outcome = _UNKNOWN_REQUEST if record is None else self._classify(record, name)
+        if outcome is _PHANTOM:
+            outcome = self._stranger(name)
         self._count(index, outcome, name)
         return outcome
-
-    def _classify(self, record: RequestTransferState, name: str) -> Outcome:
-        """Why a report from ``name`` for ``record`` is ignored."""
-        if record.state in TERMINAL:
-            return _TERMINAL
-        if name in record.abandoned:
-            return _UNREGISTERED
-        if name in record.expected:
-            return _DUPLICATE
-        entry = self._registry.entry(name)
-        if entry is None:
-            return _UNKNOWN_CONNECTOR
-        if entry.connector is None:
-            return _NOT_READY
-        return _PHANTOM

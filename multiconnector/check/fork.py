@@ -45,7 +45,6 @@ _AGGREGATOR_SLOTS: Final = frozenset(
         "_done",
         "_finishes",
         "_halves",
-        "_interned",
         "_locks",
         "_mask",
         "_parked",
@@ -53,7 +52,7 @@ _AGGREGATOR_SLOTS: Final = frozenset(
         "_registry",
         "_requests",
         "_trace",
-        "_without",
+        "_verdicts",
     }
 )
 _REGISTRY_SLOTS: Final = frozenset({"__weakref__", "_entries", "_listeners", "_lock", "_ready"})
@@ -130,9 +129,8 @@ def _fork(world: _World) -> _World | None:
     new._applied = tuple(dict(counts) for counts in mc._applied)
     new._finishes = list(mc._finishes)
     # Shared: the caches map each key to a value that is a function of the key alone (the
-    # interned tuple of names, a tuple less one name), so sharing them changes no value read.
-    new._interned = mc._interned
-    new._without = mc._without
+    # interned tuple of names, the report rule's verdict), so sharing them changes no value read.
+    new._verdicts = mc._verdicts
     new._ready_names = mc._ready_names
     old_registry = mc._registry
     registry = object.__new__(ConnectorRegistry)

@@ -48,13 +48,12 @@ The bookkeeping is :class:`multiconnector.MultiConnector`'s (the core aggregator
 class of the same name): one on the scheduler tracks each request from arrival to
 ``request_finished``, where it hands the committed saves off to the workers
 (:attr:`MultiConnector.saving` lists them until the workers report them); on each worker one
-tracks the load each request awaits, and a :class:`~multiconnector.vllm.ledger.SaveLedger` the
-saves each finished request awaits (the core's report rule for a finishing request, checked
-against the core event by event).
+tracks the load each request awaits, and the core's :class:`~multiconnector.ledger.SaveLedger`
+the saves each finished request awaits (the core's report rule for a finishing request).
 
 The subpackage is layered: :mod:`~multiconnector.vllm.config` (the children),
 :mod:`~multiconnector.vllm.wire` (what crosses processes), :mod:`~multiconnector.vllm.sides`
-(each child as the core sees it), :mod:`~multiconnector.vllm.ledger` (a worker's saves),
+(each child as the core sees it), :mod:`~multiconnector.vllm.ledger` (re-exports the core's ledger),
 :mod:`~multiconnector.vllm._base` (the state and fan-out helpers both roles share),
 :mod:`~multiconnector.vllm.worker` and :mod:`~multiconnector.vllm.scheduler` (each role's
 calls) and :mod:`~multiconnector.vllm.connector` (the class, assembled from the roles), on top of

@@ -133,14 +133,17 @@ class SchedulerRole(ConnectorBase):
         save's completion is the one vLLM sees), and one still owed reports by a child that
         reports on fewer workers than all is held back until they arrived.
         """
-        worker_meta = _named(
-            connector_output.kv_connector_worker_meta,
-            NamedMultiConnectorWorkerMetadata,
-            "kv_connector_worker_meta",
-        )
-        events = _named(connector_output.kv_cache_events, NamedKVEvents, "kv_cache_events")
+        worker_meta = connector_output.kv_connector_worker_meta
+        if (
+            worker_meta is not None
+            and worker_meta.__class__ is not NamedMultiConnectorWorkerMetadata
+        ):
+            _named(worker_meta, NamedMultiConnectorWorkerMetadata, "kv_connector_worker_meta")
+        events = connector_output.kv_cache_events
+        if events is not None and events.__class__ is not NamedKVEvents:
+            _named(events, NamedKVEvents, "kv_cache_events")
         self._route_output(connector_output, worker_meta, events)
-        if self._saving:
+        if self._saving and (connector_output.finished_recving or self._counted_owed):
             self._one_completion(connector_output, worker_meta)
         # The workers report a request finished sending only once every saver confirmed, and
         # vLLM's output aggregator only once every worker did.

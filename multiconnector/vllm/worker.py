@@ -28,6 +28,10 @@ __all__ = ["WorkerRole"]
 
 logger: Final = logging.getLogger("multiconnector")
 
+#: At most this many finished requests' counted savers remembered on a worker (the oldest
+#: forgotten first): a worker a counted child never reports on would otherwise keep them all.
+COUNTED_EXPECTED_LIMIT: Final = 65_536
+
 #: At most one warning per child in this many seconds about loads it was not chosen to make.
 UNCHOSEN_WARN_SECONDS: Final = 60.0
 
@@ -177,10 +181,16 @@ class WorkerRole(ConnectorBase):
                 failures = _failed(failures, name, exc)
         # Due but not yet returned (a call that raised): returned by this one.
         results = self._due_results()
+        counted = self._counted
+        ledger = self._ledger
         for name, child_results in per_child.items():
-            if child_results.finished_sending:
+            sent = child_results.finished_sending
+            if sent:
                 try:
-                    self._report_sent(name, child_results.finished_sending, results)
+                    if name in counted:
+                        self._report_counted(name, sent)
+                    else:
+                        ledger.report(name, sent, results.finished_sending)
                 except InvalidArgumentError as exc:  # nothing of this child's was applied
                     failures = _failed(failures, name, exc)
             if child_results.failed_recving or child_results.finished_recving:
@@ -213,20 +223,22 @@ class WorkerRole(ConnectorBase):
         for request_id, names in savers.items():
             mine = tuple(name for name in names if name not in counted)
             if len(mine) < len(names):
-                self._counted_expected[request_id] = {n for n in names if n in counted}
+                expected = self._counted_expected
+                expected[request_id] = {n for n in names if n in counted}
+                if len(expected) > COUNTED_EXPECTED_LIMIT:
+                    # On a worker a counted child never reports on, its requests would stay
+                    # here: the oldest is forgotten (a late report of it counts as unknown).
+                    del expected[next(iter(expected))]
             if mine:
                 every[request_id] = mine
             elif request_id not in self._ledger:
                 self._due_results().finished_sending.add(request_id)
         self._ledger.expect(every)
 
-    def _report_sent(self, name: str, request_ids: Any, results: Any) -> None:
-        """Child ``name`` finished saving ``request_ids``: a saver every worker awaits goes to
-        the ledger; one that reports on fewer workers is forwarded to the scheduler, which
-        counts it across workers (once per request and worker, and only where it saves)."""
-        if name not in self._counted:
-            self._ledger.report(name, request_ids, results.finished_sending)
-            return
+    def _report_counted(self, name: str, request_ids: Any) -> None:
+        """Child ``name``, which reports on fewer workers than all, finished saving
+        ``request_ids``: forwarded to the scheduler, which counts it across workers (once per
+        request and worker, and only where it saves)."""
         expected = self._counted_expected
         for request_id in check_request_ids(request_ids):
             owing = expected.get(request_id)

@@ -29,7 +29,9 @@ from vllm.v1.request import RequestStatus  # noqa: E402
 from vllm_children import Script, child, script  # noqa: E402
 from vllm_harness import Engine, make_config, make_connector, make_request, runner_output  # noqa: E402
 
+import multiconnector.vllm.worker as worker_module  # noqa: E402
 from multiconnector import ConnectorRegistry, MultiConnector, Outcome  # noqa: E402
+from multiconnector.vllm import NamedMultiConnectorMetadata  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -269,3 +271,18 @@ def test_children_all_reporting_on_one_worker_strand_nothing(model: Path) -> Non
     assert held == [True, True, False]
     assert [len(w.ledger) for w in workers] == [0, 0]
     assert engine.connector.saving == {}
+
+
+def test_a_worker_a_counted_child_never_reports_on_forgets_its_oldest_requests(
+    model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_module, "COUNTED_EXPECTED_LIMIT", 2)
+    a, h = script(saves=True), script(saves=True, finished_count=1)
+    _, workers, _ = two_workers(model, a=a, h=h)
+    other = workers[1]  # h never reports here
+    for number in range(5):
+        shipped = NamedMultiConnectorMetadata(
+            {name: None for name in other.children}, savers={f"r{number}": ("a", "h")}
+        )
+        other.bind_connector_metadata(shipped)
+    assert list(other._counted_expected) == ["r3", "r4"]

@@ -1,4 +1,5 @@
-"""The worker's :class:`SaveLedger` against the core aggregator, driven as the worker drove it.
+"""The core :class:`SaveLedger` and the aggregator against the transfer report rule, and each
+other, driven as a vLLM worker drives them (no vLLM needed).
 
 The reference is a :class:`multiconnector.MultiConnector` over the worker's children (all ready,
 in configuration order), driven as ``bind_connector_metadata`` and ``get_finished`` drove it
@@ -8,6 +9,8 @@ before the ledger: a request the scheduler names is begun if not held, then
 ``finished``) are the ones released. After every event both must agree on everything one can
 read: who is held, what each awaits, what was released, the per-child outcome counts, and the
 ignored events as logged (``request_finished`` duplicates, counted under no name, included).
+Both must also agree with :func:`multiconnector.rule.transfer_report` itself, applied to a plain
+model of the held requests (:class:`RuleModel`): every report's outcome and every release.
 
 One difference is on purpose (:func:`test_no_savers_is_not_held`): a request with no savers
 owes nothing, so the ledger does not hold it and never releases it, where the aggregator
@@ -16,29 +19,26 @@ finished it and handed it back to be reported as finished sending.
 
 from __future__ import annotations
 
-from vllm_support import require_vllm
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
 
-require_vllm()
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-import logging  # noqa: E402
-from collections.abc import Iterable, Iterator, Mapping  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
-from typing import Any  # noqa: E402
-
-import pytest  # noqa: E402
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from multiconnector import (  # noqa: E402
+from multiconnector import (
     ConnectorRegistry,
     InvalidArgumentError,
     InvalidNameError,
     MultiConnector,
     Outcome,
+    SaveLedger,
     State,
     UnknownConnectorError,
 )
-from multiconnector.vllm.ledger import SaveLedger  # noqa: E402
+from multiconnector.rule import transfer_report
 
 CHILDREN = ("a", "b", "c")
 
@@ -126,10 +126,51 @@ def ignored_lines() -> Iterator[Ignored]:
         logger.propagate = propagate
 
 
+class RuleModel:
+    """The held requests as plain data, changed only by :func:`transfer_report`'s verdicts: what
+    the rule itself says each report does (the ``phantom`` of a name that is no child refined
+    into ``unknown_connector``, as both sides refine it)."""
+
+    def __init__(self, children: Iterable[str]) -> None:
+        self.order = {name: i for i, name in enumerate(children)}
+        #: request id -> (awaited, expected), each in configuration order.
+        self.held: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+    def expect(self, savers: Mapping[str, tuple[str, ...]]) -> None:
+        for request_id, names in savers.items():
+            if names and request_id not in self.held:
+                ordered = tuple(sorted(set(names), key=self.order.__getitem__))
+                self.held[request_id] = (ordered, ordered)
+
+    def report(self, name: str, ids: Iterable[str], released: set[str]) -> list[Outcome]:
+        outcomes = []
+        for request_id in ids:
+            awaiting, expected = self.held.get(request_id, ((), ()))
+            if request_id in self.held:
+                state: State | None = State.finishing
+            else:
+                state = State.finished if request_id in released else None
+            outcome, dest, rest, completes = transfer_report(state, awaiting, expected, (), name)
+            if outcome is Outcome.phantom and name not in self.order:
+                outcome = Outcome.unknown_connector
+            if outcome is Outcome.applied:
+                assert dest is not None
+                if completes:
+                    assert dest is State.finished and rest == ()
+                    del self.held[request_id]
+                    released.add(request_id)
+                else:
+                    assert dest is State.finishing and rest
+                    self.held[request_id] = (rest, expected)
+            outcomes.append(outcome)
+        return outcomes
+
+
 Event = tuple[str, Any]
 
-#: Both sides' counters: only ever added to, never read by a decision.
-COUNTERS = frozenset({"_applied", "_ignored"})
+#: The ledger's counters (only ever added to, never read by a decision) and its cache of the
+#: rule's verdicts (a function of its keys): not part of the state a decision reads.
+COUNTERS = frozenset({"_applied", "_ignored", "_verdicts"})
 
 
 class Pair:
@@ -138,6 +179,7 @@ class Pair:
     def __init__(self, children: tuple[str, ...], log: Ignored, watched: Iterable[str]) -> None:
         self.ledger = SaveLedger(children)
         self.ref = Reference(children)
+        self.rule = RuleModel(children)
         self.log = log
         self.watched = tuple(watched)
 
@@ -147,9 +189,11 @@ class Pair:
             if kind == "expect":
                 self.ledger.expect(arg)
                 self.ref.expect(arg)
+                self.rule.expect(arg)
             else:
                 self.ledger.report(*arg, set())
                 self.ref.report(*arg)
+                self.rule.report(*arg, set())
 
     def apply(self, event: Event, released: set[str] | None = None) -> None:
         """Feed ``event`` to both sides; compare everything afterwards. ``released`` is the
@@ -162,6 +206,7 @@ class Pair:
             mine = self.log.take()
             outcomes = ref.expect(arg)
             theirs = self.log.take()
+            self.rule.expect(arg)
             # Only duplicates are refused: a worker's requests are never cancelled.
             assert set(outcomes) <= {Outcome.applied, Outcome.duplicate}, outcomes
         else:
@@ -172,6 +217,9 @@ class Pair:
             mine = self.log.take()
             outcomes, taken = ref.report(name, ids)
             theirs = self.log.take()
+            said = set(before)
+            assert self.rule.report(name, list(ids), said) == outcomes, (event, outcomes)
+            assert said == got, (event, said, got)
             assert got - before == taken, (event, got, taken)
             assert before <= got
             assert len(outcomes) == len(list(ids))
@@ -182,6 +230,7 @@ class Pair:
         ledger, ref = self.ledger, self.ref
         held = ref.held()
         assert ledger.held() == held
+        assert {r: awaited for r, (awaited, _) in self.rule.held.items()} == held
         assert len(ledger) == len(ref.agg) == len(held)
         for request_id in self.watched:
             assert (request_id in ledger) == (request_id in ref.agg), request_id
@@ -228,6 +277,7 @@ ALPHABET: tuple[Event, ...] = (
 DEPTH = 5
 
 
+@pytest.mark.timeout(180)  # about 8 s of CPU; the wall time on a busy 2-core machine is more
 def test_every_sequence_of_the_alphabet() -> None:
     """Every sequence of up to DEPTH events of ALPHABET, compared after every event.
 

@@ -1,0 +1,155 @@
+"""The transfer report rule, written once: what "connector ``name`` finished saving" does.
+
+:func:`transfer_report` is the one decision. From a request's state (``None``: not held), the
+names it still awaits, expects and abandoned, and the reporting name, it gives a
+:data:`Verdict`: the :class:`~multiconnector.Outcome`, the state the request moves to, what it
+awaits afterwards, and whether the report completes it (moves it into a terminal state). The
+state it moves to comes from :data:`multiconnector.machine.DECISIONS`, so from the one declaration
+the model checker explores.
+
+Every side that applies a transfer report reads its verdict here: the aggregator's
+:meth:`~multiconnector.MultiConnector.transfer_finished` and
+:meth:`~multiconnector.MultiConnector.transfer_finished_many`, and
+:class:`~multiconnector.SaveLedger` (a vLLM worker's saves). ``multiconnector.check.reference``
+is the exception on purpose: the checker's oracle restates the rule independently, to catch
+this one.
+
+Verdicts for a report the request awaits are many and alike (every request of a deployment
+awaits one of a few name tuples), so :class:`Verdicts` remembers them, keyed by what they depend
+on: the state, the awaited tuple and the name (``transfer_finished``'s guards read the awaited
+names alone). The hot paths read that memo directly and call :meth:`Verdicts.of` on a miss.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from .machine import DECISIONS, STATES, TERMINAL, RequestTransferState, State
+from .outcome import Outcome
+
+__all__ = ["COUNTER_LIMIT", "OTHER_NAMES", "SHARED_LIMIT", "Verdict", "Verdicts", "transfer_report"]
+
+#: ``(outcome, state after, awaited after, completes)``. ``state after`` is ``None`` when the
+#: report is ignored (then ``awaited after`` is the awaited tuple given); ``completes`` is true
+#: when the report moved the request into a terminal state.
+Verdict = tuple[Outcome, State | None, tuple[str, ...], bool]
+
+#: Distinct name tuples (and verdicts) kept for sharing: awaited sets are few, requests many, and
+#: made-up names cannot grow the tables past this.
+SHARED_LIMIT: Final = 4096
+#: Distinct ``(outcome, name)`` counters kept per table; later names count under OTHER_NAMES.
+COUNTER_LIMIT: Final = 1024
+#: The name under which every name past the counter limit is counted.
+OTHER_NAMES: Final = "<other names>"
+
+_DECIDE: Final = DECISIONS["transfer_finished"]
+_APPLIED: Final = Outcome.applied
+_DRAINED: Final = Outcome.drained
+_UNKNOWN: Final[Verdict] = (Outcome.unknown_request, None, (), False)
+
+
+def transfer_report(
+    state: State | None,
+    awaiting: tuple[str, ...],
+    expected: tuple[str, ...],
+    abandoned: tuple[str, ...],
+    name: str,
+) -> Verdict:
+    """The verdict on connector ``name``'s transfer report for a request in ``state``.
+
+    Applied when the request awaits ``name`` and the declaration has a transition for it: one
+    name less is awaited, and the last one moves a ``finishing`` request to ``finished``. On a
+    terminal request (``cancelled``) the same report is its drain: ``drained``, the state
+    unchanged. Any other report is ignored, and the outcome says why, tested in this order:
+    ``unknown_request`` (``state`` is ``None``), ``terminal``, ``unregistered`` (``name`` was
+    abandoned), ``duplicate`` (it was expected and already reported), else ``phantom``. A caller
+    that knows the name's connector refines ``phantom`` into ``unknown_connector`` (no such
+    connector) or ``not_ready`` (a ``None`` slot).
+    """
+    if state is None:
+        return _UNKNOWN
+    if name in awaiting:
+        guard, yes, no = _DECIDE[state]
+        if guard is None:
+            dest = yes
+        else:
+            # The guards are methods of the record (machine.py): they read it, so they get one.
+            probe = RequestTransferState(
+                "", state, awaiting=awaiting, expected=expected, abandoned=abandoned
+            )
+            dest = yes if guard(probe, name) else no
+        if dest is not None:
+            rest = tuple([n for n in awaiting if n != name])
+            if dest is state and state in TERMINAL:
+                return (_DRAINED, dest, rest, False)
+            return (_APPLIED, dest, rest, dest is not state and dest in TERMINAL)
+    if state in TERMINAL:
+        outcome = Outcome.terminal
+    elif name in abandoned:
+        outcome = Outcome.unregistered
+    elif name in expected:
+        outcome = Outcome.duplicate
+    else:
+        outcome = Outcome.phantom
+    return (outcome, None, awaiting, False)
+
+
+class Verdicts:
+    """:func:`transfer_report`'s verdicts on reports a request awaits, remembered; and the name
+    tuples they share.
+
+    ``by_state[state][awaiting][name]`` is the verdict on a report from ``name``, which a
+    request in ``state`` awaiting ``awaiting`` awaits. The hot paths read it directly (three
+    dict lookups, the guard call saved) and call :meth:`of` when it misses. Ignored reports are
+    not remembered: their verdict depends on more than the key, and they are the rare case.
+    Bounded by :data:`SHARED_LIMIT` (then verdicts are computed, not kept). Not locked: each
+    write stores a value that is a function of its key alone, so a lost or repeated write
+    changes nothing read.
+    """
+
+    __slots__ = ("by_state", "interned", "kept")
+
+    def __init__(self) -> None:
+        self.by_state: dict[State, dict[tuple[str, ...], dict[str, Verdict]]] = {
+            state: {} for state in STATES
+        }
+        #: Name tuples shared by every request with the same names (memory).
+        self.interned: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self.kept = 0
+
+    def intern(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """The shared tuple equal to ``names`` (``names`` itself when new or when full)."""
+        shared = self.interned.get(names)
+        if shared is not None:
+            return shared
+        if len(self.interned) < SHARED_LIMIT:
+            return self.interned.setdefault(names, names)
+        return names
+
+    def of(
+        self,
+        state: State | None,
+        awaiting: tuple[str, ...],
+        expected: tuple[str, ...],
+        abandoned: tuple[str, ...],
+        name: str,
+    ) -> Verdict:
+        """:func:`transfer_report`'s verdict, remembered when the request awaits ``name``."""
+        if state is None or name not in awaiting:
+            return transfer_report(state, awaiting, expected, abandoned, name)
+        by_awaiting = self.by_state[state]
+        known = by_awaiting.get(awaiting)
+        if known is not None:
+            verdict = known.get(name)
+            if verdict is not None:
+                return verdict
+        outcome, dest, rest, completes = transfer_report(state, awaiting, expected, abandoned, name)
+        verdict = (outcome, dest, self.intern(rest), completes)
+        if self.kept < SHARED_LIMIT:
+            self.kept += 1
+            by_awaiting.setdefault(awaiting, {})[name] = verdict
+        return verdict
+
+    def without(self, awaiting: tuple[str, ...], name: str) -> tuple[str, ...]:
+        """``awaiting`` without ``name``, shared."""
+        return self.intern(tuple([n for n in awaiting if n != name]))
