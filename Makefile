@@ -90,9 +90,11 @@ test: setup $(VLLM) $(ENGINE)
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not engine"
 	MULTICONNECTOR_REQUIRE_ENGINE=1 $(ENGINE_PY) -m pytest tests/engine -m engine
 
-## test-deep: the hypothesis properties with many more examples
-test-deep: setup
+## test-deep: the hypothesis properties with many more examples (and the adapter's fuzz inside
+#             vLLM's scheduler, tests/adapter/test_fuzz_scheduler.py, with many thousands)
+test-deep: setup $(VLLM)
 	HYPOTHESIS_PROFILE=deep $(PY) -m pytest tests -m "not vllm" --timeout=1800 -n $(TEST_WORKERS)
+	HYPOTHESIS_PROFILE=deep $(PY) -m pytest tests/adapter/test_fuzz_scheduler.py --timeout=3600
 
 ## mutate: mutation testing of the core (slow: not part of `make test`; see docs/mutation.md).
 #          Writes build/mutation.json and build/mutation.txt; exits 1 on an unexplained survivor.

@@ -1,0 +1,376 @@
+"""The adapter fuzzed inside vLLM's real v1 Scheduler (see fuzz_machine.py), and vLLM's class.
+
+``make test`` runs a few hundred examples (profiles ``dev`` and ``ci``); ``make test-deep``
+(profile ``deep``) many thousands. The run asserts that every rule fired. vLLM's own
+``MultiConnector`` fails the same machine: a strict expected failure, so the day vLLM fixes it
+the run says so. The orderings of vLLM's tracker are pinned below for both classes, and four
+planted bugs show that the fuzz finds what it is for.
+"""
+
+from __future__ import annotations
+
+from vllm_support import require_vllm
+
+require_vllm()
+
+import logging  # noqa: E402
+import os  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+from fuzz_machine import (  # noqa: E402
+    RULE_EVENTS,
+    AdapterMachine,
+    Fuzzed,
+    World,
+    make_request,
+)
+from hypothesis import HealthCheck, Phase, settings  # noqa: E402
+from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
+from vllm.v1.request import RequestStatus  # noqa: E402
+
+from multiconnector import Outcome  # noqa: E402
+from multiconnector.vllm import MultiConnector  # noqa: E402
+from multiconnector.vllm.ledger import SaveLedger  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
+
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
+#: Examples of the fuzz: a few hundred in ``make test``, many thousands in ``make test-deep``.
+EXAMPLES = {"deep": 6000, "mutate": 50}.get(PROFILE, 300)
+STEPS = 40
+
+
+def fuzz_settings(examples: int, **kwargs: Any) -> settings:
+    kwargs.setdefault("derandomize", PROFILE != "deep")
+    return settings(
+        max_examples=examples,
+        stateful_step_count=STEPS,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        **kwargs,
+    )
+
+
+@pytest.fixture(autouse=True)
+def quiet() -> Iterator[None]:
+    """vLLM logs every connector it builds, and our adapter every ignored report: thousands."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+class OursMachine(AdapterMachine):
+    OURS = True
+
+
+class TheirsMachine(AdapterMachine):
+    OURS = False
+
+
+class CountedSaverMachine(AdapterMachine):
+    """Child c reports on one worker of two (``get_finished_count() == 1``), as
+    ``ExampleHiddenStatesConnector`` does; it saves but never loads (see
+    test_a_counted_child_chosen_to_load_is_not_stranded)."""
+
+    COUNTS = (None, None, 1)
+    LOADERS = ("a", "b")
+
+
+def coverage_line(fired: dict[str, int]) -> str:
+    return "rules fired: " + ", ".join(f"{label}={fired.get(label, 0)}" for label in RULE_EVENTS)
+
+
+def test_the_adapter_survives_the_fuzz(capsys: pytest.CaptureFixture[str]) -> None:
+    OursMachine.fired.clear()
+    run_state_machine_as_test(OursMachine, settings=fuzz_settings(EXAMPLES))
+    fired = dict(OursMachine.fired)
+    with capsys.disabled():
+        print(f"\n{EXAMPLES} examples; {coverage_line(fired)}")
+    missing = [label for label in RULE_EVENTS if not fired.get(label)]
+    assert not missing, f"rules that never fired: {missing}"
+
+
+def test_the_adapter_survives_the_fuzz_with_a_child_reporting_on_one_worker() -> None:
+    CountedSaverMachine.fired.clear()
+    run_state_machine_as_test(CountedSaverMachine, settings=fuzz_settings(EXAMPLES // 3))
+    assert CountedSaverMachine.fired["report-save"]
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="vLLM's MultiConnector breaks")
+def test_vllm_multiconnector_fails_the_fuzz() -> None:
+    # It fails at once; not shrunk (the pinned orderings below are the short examples).
+    run_state_machine_as_test(
+        TheirsMachine,
+        settings=fuzz_settings(
+            min(EXAMPLES, 100), phases=[Phase.generate], report_multiple_bugs=False
+        ),
+    )
+
+
+# -- the orderings of vLLM's tracker, pinned, for both classes ----------------------------------
+
+
+def checked(world: World) -> None:
+    """Every invariant of the machine that holds between rules."""
+    if world.early_frees:
+        raise Fuzzed("; ".join(world.early_frees))
+    if world.problems:
+        raise Fuzzed("; ".join(world.problems))
+    world.check_counts()
+    world.check_events()
+
+
+def add(
+    world: World, request_id: str, *, tokens: int = 40, max_tokens: int = 1, **who: Any
+) -> None:
+    """A request; ``hit=name`` (or several names) loads one block from it asynchronously,
+    ``saves=names`` commit to a save at finish."""
+    hits = who.get("hit", ())
+    for name in (hits,) if isinstance(hits, str) else hits:
+        world.boards[name].hits[request_id] = 16
+    for name in who.get("saves", ()):
+        world.boards[name].saves.add(request_id)
+    world.scheduler.add_request(make_request(request_id, 0, tokens, max_tokens))
+
+
+def report(world: World, name: str, request_id: str, kind: str, ranks: Any = None) -> None:
+    child = world.boards[name]
+    for rank in range(len(world.workers)) if ranks is None else ranks:
+        w = child.workers[rank]
+        (w.sending if kind == "save" else w.recving).add(request_id)
+
+
+def step(world: World, n: int = 1) -> None:
+    for _ in range(n):
+        world.step()
+        checked(world)
+
+
+def pin_52954(world: World) -> None:
+    """vLLM #52954 (and #46240's same-step form): an abort while an asynchronous load is in
+    flight, then a ``finished_sending`` that was never registered, then the load's
+    ``finished_recving``, then the real saver's report."""
+    add(world, "r", hit="a", saves=("b",))
+    step(world)
+    assert world.scheduler.requests["r"].status is RequestStatus.WAITING_FOR_REMOTE_KVS
+    world.scheduler.finish_requests("r", RequestStatus.FINISHED_ABORTED)
+    report(world, "c", "r", "save")  # c never committed to a save of r
+    step(world)
+    report(world, "a", "r", "load")
+    step(world)
+    report(world, "b", "r", "save")
+    step(world)
+    world.drain()
+
+
+def pin_51786(world: World) -> None:
+    """vLLM #51786: the same load reported twice, the second time once the request runs."""
+    add(world, "r", hit="a", max_tokens=4)
+    step(world)
+    report(world, "a", "r", "load")
+    step(world, 2)
+    assert world.scheduler.requests["r"].status is RequestStatus.RUNNING
+    report(world, "a", "r", "load")
+    step(world)
+    world.drain()
+
+
+def pin_53049(world: World) -> None:
+    """vLLM #53049: a child that was not chosen to load reports a load, late, once the request
+    is gone."""
+    add(world, "r", hit=("a", "b"), max_tokens=2)
+    step(world)
+    report(world, "a", "r", "load")
+    step(world, 4)
+    assert "r" not in world.scheduler.requests
+    report(world, "b", "r", "load")
+    step(world)
+    world.drain()
+
+
+def pin_3332(world: World) -> None:
+    """vllm-ascend #3332: a saver that reports on one worker (``get_finished_count() == 1``)
+    beside one that reports on every worker: not released before each child's reporting
+    workers reported, and not stranded after."""
+    add(world, "r", saves=("a", "c"))
+    step(world)
+    report(world, "c", "r", "save", ranks=[0])
+    report(world, "a", "r", "save", ranks=[0])
+    step(world)
+    assert "r" in world.scheduler.requests  # worker 1's a still saving
+    report(world, "a", "r", "save", ranks=[1])
+    step(world)
+    assert "r" not in world.scheduler.requests
+    world.drain()
+
+
+PINNED: dict[str, tuple[Callable[[World], None], dict[str, Any]]] = {
+    "52954": (pin_52954, {}),
+    "51786": (pin_51786, {}),
+    "53049": (pin_53049, {}),
+    "3332": (pin_3332, {"counts": (None, None, 1)}),
+}
+#: Where vLLM's class breaks (strict: the day it does not, the run says so).
+THEIRS_BREAK = {"52954", "51786", "53049", "3332"}
+
+
+@pytest.mark.parametrize("issue", sorted(PINNED))
+def test_pinned_ordering_ours(issue: str) -> None:
+    pin, options = PINNED[issue]
+    world = World(ours=True, **options)
+    pin(world)
+    if issue == "53049":
+        counts = {}
+        for w in world.workers:
+            for outcome, n in w.connector_counts().get("b", {}).items():
+                counts[outcome] = counts.get(outcome, 0) + n
+        assert counts and Outcome.applied not in counts  # counted, never passed on
+
+
+@pytest.mark.parametrize(
+    "issue",
+    [
+        pytest.param(
+            issue,
+            marks=pytest.mark.xfail(
+                strict=True, raises=AssertionError, reason=f"vLLM's MultiConnector: {issue}"
+            ),
+        )
+        if issue in THEIRS_BREAK
+        else issue
+        for issue in sorted(PINNED)
+    ],
+)
+def test_pinned_ordering_vllm(issue: str) -> None:
+    pin, options = PINNED[issue]
+    pin(World(ours=False, **options))
+
+
+# -- what the fuzz found in the adapter, pinned ----------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=Fuzzed,
+    reason="adapter bug: a child reporting on fewer workers (get_finished_count() == 1) that is "
+    "chosen to load asynchronously reports the load on one worker; the adapter counts only "
+    "such children's saves, vLLM's output aggregator awaits every worker's finished_recving, "
+    "and the request is never freed",
+)
+def test_a_counted_child_chosen_to_load_is_not_stranded() -> None:
+    world = World(ours=True, counts=(None, None, 1))
+    add(world, "r", hit="c", tokens=17)
+    step(world, 2)
+    assert world.owed() == [("c", 0, "r", "load")]  # its one reporting worker
+    world.drain()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=Fuzzed,
+    reason="adapter bug: the applied save reports of a child reporting on fewer workers are "
+    "forwarded to the scheduler and counted in no connector_counts() (the ignored ones are)",
+)
+def test_a_counted_childs_applied_reports_are_counted() -> None:
+    world = World(ours=True, counts=(None, None, 1))
+    add(world, "r", saves=("c",))
+    step(world)
+    report(world, "c", "r", "save", ranks=[0])
+    step(world)
+    assert "r" not in world.scheduler.requests
+    world.check_counts(counted_exact=True)
+
+
+# -- planted bugs: the fuzz must find each -------------------------------------------------------
+
+
+def _release_on_first_saver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker ledger releases a request on its first saver's report."""
+    original = SaveLedger.report
+
+    def report(self: SaveLedger, name: str, request_ids: Any, released: set[str]) -> None:
+        ids = list(request_ids)
+        before = {request_id: self.awaiting(request_id) for request_id in ids}
+        original(self, name, ids, released)
+        for request_id in ids:
+            if name in before[request_id] and request_id in self:  # others still owe: released
+                del self._awaiting[request_id]
+                del self._expected[request_id]
+                released.add(request_id)
+
+    monkeypatch.setattr(SaveLedger, "report", report)
+
+
+def _pass_on_unchosen_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker passes on a load completion from a child that was not chosen to load."""
+    report_loaded = MultiConnector._report_loaded
+
+    def planted(self: MultiConnector, name: str, child_results: Any, results: Any) -> None:
+        for request_id in child_results.finished_recving | child_results.failed_recving:
+            record = self._loads.peek(request_id)
+            if record is not None and record.loader not in (None, name) and not record.loaded:
+                results.finished_recving.add(request_id)
+        report_loaded(self, name, child_results, results)
+
+    monkeypatch.setattr(MultiConnector, "_report_loaded", planted)
+
+
+def _free_aborted_saves_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler side tells vLLM to free an aborted request at once, saves or not (vLLM
+    asks a connector that supports HMA its ``request_finished_all_groups``)."""
+    request_finished = MultiConnector.request_finished_all_groups
+
+    def planted(self: MultiConnector, request: Any, block_ids: Any) -> Any:
+        delay, params = request_finished(self, request, block_ids)
+        if request.status is RequestStatus.FINISHED_ABORTED:
+            return False, params
+        return delay, params
+
+    monkeypatch.setattr(MultiConnector, "request_finished_all_groups", planted)
+
+
+def _ignore_the_second_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connector tells vLLM's output aggregator one worker's report is enough: the second
+    worker's report of a request is ignored."""
+    monkeypatch.setattr(MultiConnector, "get_finished_count", lambda self: 1)
+
+
+#: Each planted bug, and the examples within which the fuzz must find it (derandomized, so the
+#: same every run; what each took is printed).
+PLANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], int]] = {
+    "ledger releases on the first saver": (_release_on_first_saver, 100),
+    "unchosen load passed on": (_pass_on_unchosen_loads, 100),
+    "aborted save freed at once": (_free_aborted_saves_at_once, 100),
+    "second worker ignored": (_ignore_the_second_worker, 100),
+}
+
+
+class PlantedMachine(AdapterMachine):
+    OURS = True
+
+
+@pytest.mark.parametrize("plant", list(PLANTS))
+def test_the_fuzz_finds_a_planted_bug(
+    plant: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    patch, budget = PLANTS[plant]
+    patch(monkeypatch)
+    PlantedMachine.made = 0
+    with pytest.raises(AssertionError) as caught:
+        run_state_machine_as_test(
+            PlantedMachine,
+            settings=fuzz_settings(
+                budget, phases=[Phase.generate], report_multiple_bugs=False, derandomize=True
+            ),
+        )
+    with capsys.disabled():
+        print(f"\nplanted {plant!r}: found in example {PlantedMachine.made}: {caught.value}")
+    assert PlantedMachine.made <= budget
+    # An invariant of the machine, or vLLM's own assert: not the plant failing to apply.
+    cause = caught.value.__cause__
+    assert cause is None or type(cause) is AssertionError, cause
