@@ -105,6 +105,11 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._counted_expected: dict[str, set[str]] = {}
         #: Worker: counted savers' reports to forward with this step's worker metadata.
         self._forward: dict[str, dict[str, int]] = {}
+        #: Worker: each asynchronous load by a counted child not yet reported here, with it.
+        self._counted_loading: dict[str, str] = {}
+        #: Worker: counted loaders' reports (and which of them failed) to forward likewise.
+        self._forward_loads: dict[str, dict[str, int]] = {}
+        self._forward_failed: dict[str, dict[str, int]] = {}
         #: Worker: ignored reports of counted savers, per (outcome, name).
         self._counted_outcomes: dict[tuple[Any, str], int] = {}
         #: Worker: per child, when a non-chosen load was last warned about, and how many since.
@@ -113,6 +118,13 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._counted_owed: dict[str, dict[str, int]] = {}
         #: Scheduler: handed-off requests every worker reported, still owed counted reports.
         self._workers_done: set[str] = set()
+        #: Scheduler: asynchronous loads by a counted child, with its name and the reports
+        #: still owed; the loads every worker reported, still owed them; the loads a counted
+        #: report said failed; the saves reported while such a load was still owed.
+        self._loads_owed: dict[str, tuple[str, int]] = {}
+        self._recv_done: set[str] = set()
+        self._counted_failed: set[str] = set()
+        self._sent_while_loading_here: set[str] = set()
         #: Scheduler: this output's load completions, read before vLLM's own handling.
         self._recving: Any = ()
 

@@ -235,6 +235,9 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
             else:
                 self._ledger.expect(metadata.savers)
         for request_id, name in metadata.loads.items():
+            if name in self._counted:
+                self._expect_counted_load(request_id, name)
+                continue
             if request_id not in self._loads:
                 self._loads.begin(request_id)
             self._load_plan[request_id] = name

@@ -106,6 +106,8 @@ class SchedulerRole(ConnectorBase):
         ):
             self._new_loads[request_id] = loader
             self._loads_in_flight.add(request_id)
+            if loader in self._counted:
+                self._loads_owed[request_id] = (loader, self._counted[loader])
 
     def build_connector_meta(self, scheduler_output: Any) -> NamedMultiConnectorMetadata:
         children: dict[str, Any] = {}
@@ -143,8 +145,12 @@ class SchedulerRole(ConnectorBase):
         if events is not None and events.__class__ is not NamedKVEvents:
             _named(events, NamedKVEvents, "kv_cache_events")
         self._route_output(connector_output, worker_meta, events)
+        if self._loads_owed or self._counted_failed:
+            self._count_loads(connector_output, worker_meta)
         if self._saving and (connector_output.finished_recving or self._counted_owed):
             self._one_completion(connector_output, worker_meta)
+        if self._sent_while_loading_here or (self._loads_owed and self._saving):
+            self._hold_for_loads(connector_output)
         # The workers report a request finished sending only once every saver confirmed, and
         # vLLM's output aggregator only once every worker did.
         tracker = self._tracker
@@ -211,18 +217,87 @@ class SchedulerRole(ConnectorBase):
                 self._count_sent(name, counts, sending)
         connector_output.finished_sending = sending or None
 
+    def _count_loads(self, connector_output: Any, worker_meta: Any) -> None:
+        """Hold back the load completions of the loads a counted child owes reports of; pass
+        each on (with its failure, if a counted report said so) once every worker reported it
+        and the child's reports reached its count, in the step the last of those arrived."""
+        owed = self._loads_owed
+        done = self._recv_done
+        recving = set(connector_output.finished_recving or ())
+        for request_id in [r for r in recving if r in owed]:
+            recving.discard(request_id)
+            done.add(request_id)
+        if worker_meta is not None and worker_meta.loaded:
+            for name, counts in worker_meta.loaded.items():
+                failed = worker_meta.load_failed.get(name, {})
+                for request_id, n in counts.items():
+                    self._count_loaded(name, request_id, n, recving, request_id in failed)
+        if self._counted_failed and not self._counted_failed.isdisjoint(recving):
+            failed_now = self._counted_failed & recving
+            self._counted_failed -= failed_now
+            connector_output.failed_recving = set(connector_output.failed_recving) | failed_now
+        connector_output.finished_recving = recving or None
+        self._recving = connector_output.finished_recving or ()
+
+    def _count_loaded(
+        self, name: str, request_id: str, n: int, recving: set[str], failed: bool
+    ) -> None:
+        """``n`` workers reported counted child ``name`` finished loading ``request_id``
+        (``failed``: one of them reported it failed)."""
+        entry = self._loads_owed.get(request_id)
+        if entry is None or entry[0] != name:
+            outcome = Outcome.unknown_request if entry is None else Outcome.phantom
+            self._tally(outcome, name, n)
+            return
+        left = entry[1]
+        self._tally(Outcome.applied, name, min(n, left))
+        if failed:
+            self._counted_failed.add(request_id)
+        if n < left:
+            self._loads_owed[request_id] = (name, left - n)
+            return
+        if n > left:
+            self._tally(Outcome.duplicate, name, n - left)
+        del self._loads_owed[request_id]
+        if request_id in self._recv_done:
+            self._recv_done.discard(request_id)
+            recving.add(request_id)
+
+    def _hold_for_loads(self, connector_output: Any) -> None:
+        """One completion per request: a request's save completion is held back while a
+        counted child still owes reports of its load (its workers do not hold it back: they
+        do not await such a load), and passed on once the last of them arrived."""
+        owed = self._loads_owed
+        held = self._sent_while_loading_here
+        sending = set(connector_output.finished_sending or ())
+        for request_id in [r for r in held if r not in owed]:
+            held.discard(request_id)
+            sending.add(request_id)
+        for request_id in [r for r in sending if r in owed]:
+            sending.discard(request_id)
+            held.add(request_id)
+        connector_output.finished_sending = sending or None
+
+    def _tally(self, outcome: Outcome, name: str, n: int) -> None:
+        """Count ``n`` forwarded reports of counted child ``name`` as ``outcome``."""
+        key = (outcome, name)
+        self._counted_outcomes[key] = self._counted_outcomes.get(key, 0) + n
+
     def _count_sent(self, name: str, counts: Mapping[str, int], sending: set[str]) -> None:
         """``counts[r]`` workers reported counted saver ``name`` finished sending ``r``."""
         owed = self._counted_owed
         for request_id, n in counts.items():
             mine = owed.get(request_id)
             if mine is None or name not in mine:
-                self._counted_outcome(name, request_id, mine)
+                self._counted_outcome(name, request_id, mine, n)
                 continue
             left = mine[name]
+            self._tally(Outcome.applied, name, min(n, left))
             if n < left:
                 mine[name] = left - n
                 continue
+            if n > left:
+                self._tally(Outcome.duplicate, name, n - left)
             del mine[name]
             if not mine:
                 del owed[request_id]
@@ -230,7 +305,9 @@ class SchedulerRole(ConnectorBase):
                     self._workers_done.discard(request_id)
                     sending.add(request_id)
 
-    def _counted_outcome(self, name: str, request_id: str, owed: dict[str, int] | None) -> None:
+    def _counted_outcome(
+        self, name: str, request_id: str, owed: dict[str, int] | None, n: int
+    ) -> None:
         """Count why a counted report is ignored: the request owes no counted report
         (``unknown_request``), or none of ``name`` (``duplicate`` if ``name`` saves it and its
         count was reached, else ``phantom``)."""
@@ -240,8 +317,7 @@ class SchedulerRole(ConnectorBase):
             outcome = Outcome.duplicate
         else:
             outcome = Outcome.phantom
-        key = (outcome, name)
-        self._counted_outcomes[key] = self._counted_outcomes.get(key, 0) + 1
+        self._tally(outcome, name, n)
 
     def _confirm_here(self, finished: set[str]) -> None:
         """Confirm, on the scheduler's own books, the names still awaited there for the

@@ -167,12 +167,16 @@ class NamedMultiConnectorWorkerMetadata(KVConnectorWorkerMetadata):  # type: ign
     ``sent`` carries, per child that reports a transfer on fewer workers than all, how many
     workers reported each request finished sending (1 from one worker; summed as workers'
     metadata is aggregated): the scheduler counts them against the child's finished count.
+    ``loaded`` carries such a child's load reports (of the requests it was chosen to load) the
+    same way, and ``load_failed`` those of them that were failed loads.
 
     .. versionadded:: 0.1.0
     """
 
     children: dict[str, Any] = field(default_factory=dict)
     sent: dict[str, dict[str, int]] = field(default_factory=dict)
+    loaded: dict[str, dict[str, int]] = field(default_factory=dict)
+    load_failed: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def aggregate(self, other: Any) -> NamedMultiConnectorWorkerMetadata:
         """A new object: each name's metadata aggregated with the other worker's, by name."""
@@ -184,12 +188,24 @@ class NamedMultiConnectorWorkerMetadata(KVConnectorWorkerMetadata):  # type: ign
         for name, theirs in other.children.items():
             mine = merged.get(name)
             merged[name] = theirs if mine is None else mine.aggregate(theirs)
-        sent = {name: dict(counts) for name, counts in self.sent.items()}
-        for name, counts in other.sent.items():
-            mine_sent = sent.setdefault(name, {})
-            for request_id, n in counts.items():
-                mine_sent[request_id] = mine_sent.get(request_id, 0) + n
-        return NamedMultiConnectorWorkerMetadata(merged, sent)
+        return NamedMultiConnectorWorkerMetadata(
+            merged,
+            _summed(self.sent, other.sent),
+            _summed(self.loaded, other.loaded),
+            _summed(self.load_failed, other.load_failed),
+        )
+
+
+def _summed(
+    mine: dict[str, dict[str, int]], theirs: dict[str, dict[str, int]]
+) -> dict[str, dict[str, int]]:
+    """A new ``name -> request id -> count`` dict: ``mine``'s counts plus ``theirs``."""
+    summed = {name: dict(counts) for name, counts in mine.items()}
+    for name, counts in theirs.items():
+        into = summed.setdefault(name, {})
+        for request_id, n in counts.items():
+            into[request_id] = into.get(request_id, 0) + n
+    return summed
 
 
 class NamedKVEvents(KVConnectorKVEvents):  # type: ignore[misc]

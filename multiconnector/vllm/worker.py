@@ -239,6 +239,16 @@ class WorkerRole(ConnectorBase):
                 self._due_results().finished_sending.add(request_id)
         self._ledger.expect(every)
 
+    def _expect_counted_load(self, request_id: str, name: str) -> None:
+        """Counted child ``name`` loads ``request_id``: this worker's part is done at once (it
+        reports the load finished now); the child's own report is forwarded to the scheduler,
+        which holds the completion back until the child's count of workers reported."""
+        loading = self._counted_loading
+        loading[request_id] = name
+        if len(loading) > COUNTED_EXPECTED_LIMIT:
+            del loading[next(iter(loading))]  # as for counted saves: the oldest forgotten
+        self._due_results().finished_recving.add(request_id)
+
     def _report_counted(self, name: str, request_ids: Any) -> None:
         """Child ``name``, which reports on fewer workers than all, finished saving
         ``request_ids``: forwarded to the scheduler, which counts it across workers (once per
@@ -264,7 +274,15 @@ class WorkerRole(ConnectorBase):
         Failed receives also count as finished: the scheduler must stop waiting."""
         loads = self._loads
         failed = child_results.failed_recving
+        counted_loading = self._counted_loading
         for request_id in child_results.finished_recving | failed:
+            if counted_loading and counted_loading.get(request_id) == name:
+                # A counted loader's report: forwarded to the scheduler, which counts it.
+                del counted_loading[request_id]
+                self._forward_loads.setdefault(name, {})[request_id] = 1
+                if request_id in failed:
+                    self._forward_failed.setdefault(name, {})[request_id] = 1
+                continue
             outcome = loads.load_finished(request_id, name)
             if outcome is not Outcome.applied:
                 if outcome is Outcome.phantom:
@@ -370,15 +388,19 @@ class WorkerRole(ConnectorBase):
                 if found is None:
                     found = {}
                 found[name] = meta
-        forward = self._forward
+        if failures is not None:  # the forwarded reports go with the next call's metadata
+            self._raise("build_connector_worker_meta", failures, result=found or {})
+        forward, loaded, load_failed = self._forward, self._forward_loads, self._forward_failed
+        if found is None and not forward and not loaded:
+            return None
         if forward:
             self._forward = {}
-        if failures is not None:
-            self._forward = forward  # sent with the next call's metadata
-            self._raise("build_connector_worker_meta", failures, result=found or {})
-        if found is None and not forward:
-            return None
-        return NamedMultiConnectorWorkerMetadata(found or {}, sent=forward)
+        if loaded:
+            self._forward_loads = {}
+            self._forward_failed = {}
+        return NamedMultiConnectorWorkerMetadata(
+            found or {}, sent=forward, loaded=loaded, load_failed=load_failed
+        )
 
     def get_finished_count(self) -> int | None:
         """``None``: vLLM's output aggregator awaits every worker's report of a request.
