@@ -98,9 +98,17 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         #: Worker: requests whose saves all reported here while their load was still in flight
         #: here: held back until the load reports (one completion per request).
         self._sent_while_loading: set[str] = set()
+        #: Worker: per child, when a non-chosen load was last warned about, and how many since.
+        self._unchosen_warned: dict[str, tuple[float | None, int]] = {}
         # Both roles: the children that report a transfer on fewer workers than all (their
         # get_finished_count), with how many; the scheduler counts their reports.
         self._counted: dict[str, int] = _finished_counts(self._items, vllm_config)
+        self._init_counted()
+        #: Scheduler: this output's load completions, read before vLLM's own handling.
+        self._recving: Any = ()
+
+    def _init_counted(self) -> None:
+        """The state both roles keep for the children that report on fewer workers."""
         #: Worker: each finished request's counted savers that have not reported here yet.
         self._counted_expected: dict[str, set[str]] = {}
         #: Worker: counted savers' reports to forward with this step's worker metadata.
@@ -110,10 +118,9 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         #: Worker: counted loaders' reports (and which of them failed) to forward likewise.
         self._forward_loads: dict[str, dict[str, int]] = {}
         self._forward_failed: dict[str, dict[str, int]] = {}
-        #: Worker: ignored reports of counted savers, per (outcome, name).
+        #: Per (outcome, name), counted children's reports: on a worker the ignored ones, on
+        #: the scheduler the forwarded ones (applied up to the count, or why ignored).
         self._counted_outcomes: dict[tuple[Any, str], int] = {}
-        #: Worker: per child, when a non-chosen load was last warned about, and how many since.
-        self._unchosen_warned: dict[str, tuple[float | None, int]] = {}
         #: Scheduler: each handed-off request's counted savers with the reports still owed.
         self._counted_owed: dict[str, dict[str, int]] = {}
         #: Scheduler: handed-off requests every worker reported, still owed counted reports.
@@ -125,8 +132,6 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._recv_done: set[str] = set()
         self._counted_failed: set[str] = set()
         self._sent_while_loading_here: set[str] = set()
-        #: Scheduler: this output's load completions, read before vLLM's own handling.
-        self._recving: Any = ()
 
     # -- helpers -------------------------------------------------------------------------------
 
