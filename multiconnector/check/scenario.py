@@ -9,7 +9,7 @@ alphabet (:func:`_events`) to it. The other modules read a world: :mod:`.snapsho
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -26,9 +26,10 @@ from ..errors import (
 from ..machine import TERMINAL, RequestTransferState, State
 from ..outcome import Outcome
 from ..registry import ConnectorRegistry
+from .canonical import arrangements
 
 if TYPE_CHECKING:
-    from .snapshot import _Interner
+    from .canonical import Fixed, _Interner, _Symmetry
 
 #: The kinds of events the aggregator scenario applies.
 ALPHABET: Final[tuple[str, ...]] = (
@@ -280,8 +281,9 @@ class _Scenario:
     factory: Callable[..., MultiConnector]
     pad: _Pad
     connectors: Mapping[str, Any]
-    #: Renamings of request indices and connector names under which the scenario is unchanged.
-    symmetries: tuple[tuple[tuple[int, ...], Mapping[str, str]], ...]
+    #: Renamings of request indices and connector names under which the scenario is unchanged,
+    #: and how a state's canonical form under them is found.
+    symmetry: _Symmetry
     interner: _Interner
     #: Drive request_finished whole instead of in its two halves (a factory whose class
     #: overrides request_finished itself: its halves may not be MultiConnector's).
@@ -351,9 +353,9 @@ class _World:
         self.entries: object = None
         # Read lazily: a model being replayed is read only once its path is applied.
         self.dirty = True
-        #: The symmetries (their indices, identity left out) that map the state read at the
-        #: last snapshot onto itself: see :func:`_alike`.
-        self.fixed: tuple[int, ...] = ()
+        #: What maps the state read at the last snapshot onto itself (renamings, and classes
+        #: of names any permutation within which does): see :func:`_alike`.
+        self.fixed: Fixed = ((), ())
         #: What the counters should show: the outcomes the events returned (and each request
         #: an unregistering abandoned), by (outcome, connector name or ``None``), summed since
         #: the start. Never part of the state: ``counters`` compares it with the aggregator's
@@ -770,16 +772,97 @@ def _alike(world: _World, event: Event) -> tuple[Event, ...]:
     same: list[Event] = []
     if event[0] == "request_finished" and not scenario.pad.asked:
         same += _finishing(world, event[1])
-    if world.fixed:
+    automorphisms, classes = world.fixed
+    if automorphisms:
         # A renaming that maps the state onto itself maps ``event`` to an event that leads to
         # the renamed next state, whose canonical snapshot is the same, with renamed verdicts.
         position = {name: i for i, (name, _) in enumerate(world.registry)}
-        for k in world.fixed:
-            perm, rename = scenario.symmetries[k]
-            image = _image(event, perm, rename, position)
-            if image is not None:
-                same.append(image)
+        for alike in _permuted(event, classes, position):
+            for perm, rename in automorphisms:
+                image = _image(alike, perm, rename, position)
+                if image is not None:
+                    same.append(image)
     return tuple(same)
+
+
+def _permuted(
+    event: Event, classes: Sequence[Sequence[str]], position: Mapping[str, int]
+) -> Iterator[Event]:
+    """``event`` with its names permuted within ``classes`` in every way (``event`` first):
+    every distinct event, made without trying every permutation.
+
+    An event names a connector, or gives each of a set of savers a label (whether it saves and
+    its params choice, or its token answer); permuting a class's names permutes the labels
+    among them, so the events are the distinct arrangements of each class's labels."""
+    yield event
+    kind = event[0]
+    if not classes or kind not in _RENAMED:
+        return
+    if kind in (
+        "unregister",
+        "register",
+        "transfer_finished_many",
+        "transfer_finished",
+        "load_finished",
+    ):
+        at = 1 if kind in ("unregister", "register", "transfer_finished_many") else 2
+        for members in classes:
+            if event[at] in members:
+                for other in members:
+                    if other != event[at]:
+                        yield (*event[:at], other, *event[at + 1 :])
+        return
+    # request_finished (the savers saving, and with params their choices) or match_tokens
+    # (each ready saver's token answer): a label per name.
+    labels: dict[str, Any] = {}
+    if kind == "match_tokens":
+        labels = dict(event[2])
+    else:
+        choices = dict(event[3]) if len(event) > 3 else {}
+        labels = {n: (True, choices.get(n)) for n in event[2]}
+        labels.update({n: (False, c) for n, c in choices.items() if n not in labels})
+    per_class = [
+        [
+            dict(zip(members, arranged, strict=True))
+            for arranged in arrangements([labels.get(n, _UNLABELLED) for n in members])
+        ]
+        for members in classes
+    ]
+    for choice in itertools.product(*per_class):
+        relabelled = dict(labels)
+        for assigned in choice:
+            for n, label in assigned.items():
+                if label is _UNLABELLED:
+                    relabelled.pop(n, None)
+                else:
+                    relabelled[n] = label
+        if relabelled == labels:
+            continue
+        names = sorted(relabelled, key=lambda n: position.get(n, -1))
+        if kind == "match_tokens":
+            yield (kind, event[1], tuple((n, relabelled[n]) for n in names))
+            continue
+        saving = tuple(n for n in names if relabelled[n][0])
+        if len(event) == 3:
+            yield (kind, event[1], saving)
+        else:
+            chosen = tuple((n, relabelled[n][1]) for n in names if relabelled[n][1] is not None)
+            yield (kind, event[1], saving, chosen)
+
+
+#: The kinds of events that name connectors (the others are only renumbered).
+_RENAMED: Final = frozenset(
+    {
+        "unregister",
+        "register",
+        "transfer_finished_many",
+        "transfer_finished",
+        "load_finished",
+        "request_finished",
+        "match_tokens",
+    }
+)
+_UNLABELLED: Final = object()
 
 
 def _image(
