@@ -116,7 +116,8 @@ class CheckReport:
     """What :func:`explore` found: figures, one result per property, coverage.
 
     ``states_generated`` counts every event applied to an expanded state (TLC's "states
-    generated"); ``distinct_states`` the states found; ``edges`` the distinct (state, next state)
+    generated"); ``distinct_states`` the states found (their rates: :attr:`generated_per_second`
+    and :attr:`distinct_per_second`); ``edges`` the distinct (state, next state)
     pairs. ``finished`` is true when the search ran out of states to expand, not out of bounds.
     ``stopped_by`` names the bounds that cut it short (:data:`MAX_STATES`, :data:`MAX_DEPTH`,
     :data:`MAX_SECONDS`); ``complete_depth`` is the largest ``n`` such that every event sequence
@@ -185,8 +186,13 @@ class CheckReport:
         )
 
     @property
-    def states_per_second(self) -> float:
-        """States generated per second of wall time."""
+    def distinct_per_second(self) -> float:
+        """Distinct states found per second of wall time: what grows with the problem."""
+        return self.distinct_states / self.wall_time if self.wall_time > 0 else 0.0
+
+    @property
+    def generated_per_second(self) -> float:
+        """States generated (events applied) per second of wall time."""
         return self.states_generated / self.wall_time if self.wall_time > 0 else 0.0
 
     @property
@@ -232,7 +238,8 @@ class CheckReport:
             "alike": self.alike,
             "verdict": self.verdict,
             "wall_time": round(self.wall_time, 4),
-            "states_per_second": round(self.states_per_second, 1),
+            "distinct_per_second": round(self.distinct_per_second, 1),
+            "generated_per_second": round(self.generated_per_second, 1),
             "properties": [
                 {
                     "name": p.name,
@@ -274,7 +281,10 @@ class CheckReport:
             out.append(
                 f"reduction: {self.alike:,} events spared as alike (one applied did the same)"
             )
-        out.append(f"time: {self.wall_time:.2f} s, {self.states_per_second:,.0f} states/s")
+        out.append(
+            f"time: {self.wall_time:.2f} s, {self.distinct_per_second:,.0f} distinct states/s "
+            f"({self.generated_per_second:,.0f} states generated/s)"
+        )
         out.append("properties:")
         for p in self.properties:
             out.append(f"  {p.status}  {p.name}: {p.description}")
