@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import inspect
 import time
@@ -115,6 +116,7 @@ class _Search(Generic[M, E]):
         independent: Callable[[E, E], bool] | None = None,
         alike: Callable[[M, E], Iterable[E]] | None = None,
         fork: Callable[[M], M | None] | None = None,
+        actor: Callable[[E], Hashable | None] | None = None,
     ) -> None:
         self.initial, self.events, self.apply, self.snapshot = initial, events, apply, snapshot
         self.checks = list(invariants.items())
@@ -122,7 +124,12 @@ class _Search(Generic[M, E]):
         self.fired, self.reached = fired, reached
         self.max_states, self.max_depth = max_states, max_depth
         self.max_seconds, self.expected = max_seconds, expected
+        if actor is not None and independent is None:
+            independent = functools.partial(_different_actors, actor)
         self.independent = independent
+        self.actor = actor
+        #: With ``actor``: each sleep set's events with their actors (for :meth:`asleep`).
+        self.acting: dict[frozenset[Any], tuple[tuple[Any, Hashable | None], ...]] = {}
         self.alike = alike
         self.fork = fork
         #: Events not applied because an event applied from the same state did the same.
@@ -240,7 +247,7 @@ class _Search(Generic[M, E]):
         self.add(self.snapshot(root), root, -1, None, 0)
         ids, via, depth, open_ = self.ids, self.via, self.depth, self.open
         apply, snapshot, ways_out = self.apply, self.snapshot, self.ways_out
-        independent, alike, fork = self.independent, self.alike, self.fork
+        independent, alike, fork, actor = self.independent, self.alike, self.fork, self.actor
         # With fork: the model each new state was found with, until it is expanded.
         kept: dict[int, M] = {}
         out_src, out_dst = self.out_src, self.out_dst
@@ -277,6 +284,7 @@ class _Search(Generic[M, E]):
                 targets: set[int] = set()
                 asleep = self.sleep[sid]
                 done: list[Any] = []  # the events applied here so far (sleep sets)
+                acts: list[Hashable | None] = []  # with actor: those of done, read when needed
                 same: set[Any] = set()  # events that would do what one applied here did
                 for event in list(self.events(model)):
                     if asleep is not None and event in asleep:
@@ -312,7 +320,9 @@ class _Search(Generic[M, E]):
                             model = None
                             continue
                         sleep = None
-                        if independent is not None:
+                        if actor is not None:
+                            sleep = self.asleep_by_actor(asleep, done, acts)
+                        elif independent is not None:
                             sleep = self.asleep(asleep, done[:-1], event)
                         target = self.add(key, model, sid, event, depth[sid] + 1, sleep=sleep)
                         if fork is not None and len(kept) < _KEEP_MODELS:
@@ -362,6 +372,29 @@ class _Search(Generic[M, E]):
         kept = [x for x in done if independent(x, event)]
         if here:
             kept += [x for x in here if independent(x, event)]
+        if not kept:
+            return None
+        found = frozenset(kept)
+        return self.sleep_sets.setdefault(found, found)
+
+    def asleep_by_actor(
+        self, here: frozenset[Any] | None, done: list[Any], acts: list[Hashable | None]
+    ) -> frozenset[Any] | None:
+        """:meth:`asleep` for the event ``done[-1]`` when independence is by ``actor``: the
+        same set, from the actors each event done was listed with (no call per event)."""
+        actor = self.actor
+        assert actor is not None
+        acts.extend(map(actor, done[len(acts) :]))
+        this = acts[-1]
+        if this is None:
+            return None  # independent of nothing
+        # done[-1] is the event itself: its own actor leaves it out.
+        kept = [x for x, a in zip(done, acts, strict=True) if a is not None and a != this]
+        if here:
+            acting = self.acting.get(here)
+            if acting is None:
+                acting = self.acting[here] = tuple((x, actor(x)) for x in here)
+            kept += [x for x, a in acting if a is not None and a != this]
         if not kept:
             return None
         found = frozenset(kept)
@@ -597,6 +630,12 @@ class _Search(Generic[M, E]):
             steps=tuple(steps),
             extra=dict(annotate(model)) if annotate is not None else {},
         )
+
+
+def _different_actors(actor: Callable[[Any], Hashable | None], a: Any, b: Any) -> bool:
+    """Independence by actor: both events have one, and not the same."""
+    first, second = actor(a), actor(b)
+    return first is not None and second is not None and first != second
 
 
 def _arrow(t: Triple) -> str:

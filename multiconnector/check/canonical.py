@@ -82,7 +82,7 @@ class _Interner:
         mentioned = self.part_roles(number)
         if not rename or not mentioned:
             return number
-        images = tuple(rename.get(n, n) for n in mentioned)
+        images = tuple(map(rename.get, mentioned, mentioned))
         found = self.renamed.get((number, images))
         if found is None:
             found = self.number(_rename_part(self.things[number], rename))
@@ -98,7 +98,8 @@ class _Interner:
     def rename_registry(self, number: int, rename: Mapping[str, str]) -> int:
         if not rename:
             return number
-        images = tuple(rename.get(n, n) for n in self.registry_names(number))
+        names = self.registry_names(number)
+        images = tuple(map(rename.get, names, names))
         found = self.renamed.get((number, images))
         if found is None:
             found = self.number(_rename_registry(self.things[number], rename))
@@ -373,26 +374,46 @@ class Signatures(_Symmetry):
                     composed[n] = image
             automorphisms.append((tuple(undo[perm[i]] for i in range(len(perm))), composed))
         identity = tuple(range(len(perm0)))
-        unmoved = (raw[0], raw[1])
         classes: list[tuple[str, ...]] = []
         for g in self.groups:
             ordered = sorted(g, key=signatures.__getitem__)
             for _, same in itertools.groupby(ordered, key=signatures.__getitem__):
-                run: list[str] = []
-                for n in same:
-                    if run:
-                        swap = {run[-1]: n, n: run[-1]}
-                        renamed = _key(numbers, raw, identity, swap)
-                        if (renamed[0], renamed[1]) != unmoved:
-                            if len(run) > 1:
-                                classes.append(tuple(run))
-                            run = []
-                    run.append(n)
-                if len(run) > 1:
-                    classes.append(tuple(run))
+                classes += _symmetric(numbers, raw, tuple(same))
         if not automorphisms and not classes:
             return NOTHING_FIXED
         return ((identity, {}), *automorphisms), tuple(classes)
+
+
+def _unmoved(numbers: _Interner, raw: Raw, rename: Mapping[str, str]) -> bool:
+    """Whether renaming names by ``rename`` maps ``raw`` onto itself."""
+    reg_id, part_ids, _, _ = raw
+    return numbers.rename_registry(reg_id, rename) == reg_id and all(
+        numbers.rename_part(number, rename) == number for number in part_ids
+    )
+
+
+def _symmetric(numbers: _Interner, raw: Raw, names: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """``names`` (equal signatures) as classes any permutation within which maps ``raw`` onto
+    itself: checked on the state, a swap of the first two and a rotation of all (which
+    generate every permutation); should either change it, split where swapping neighbours
+    does (each class then a run of neighbours whose swaps do not)."""
+    if len(names) < 2:
+        return []
+    swap = {names[0]: names[1], names[1]: names[0]}
+    rotate = dict(zip(names, names[1:] + names[:1], strict=True))
+    if _unmoved(numbers, raw, swap) and _unmoved(numbers, raw, rotate):
+        return [names]
+    classes: list[tuple[str, ...]] = []
+    run = [names[0]]
+    for n in names[1:]:
+        if not _unmoved(numbers, raw, {run[-1]: n, n: run[-1]}):
+            if len(run) > 1:
+                classes.append(tuple(run))
+            run = []
+        run.append(n)
+    if len(run) > 1:
+        classes.append(tuple(run))
+    return classes
 
 
 def _orderings(ties: list[list[int]]) -> Iterator[list[int]]:

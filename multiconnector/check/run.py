@@ -52,6 +52,7 @@ from .scenario import (
     PARAM_CHOICES,
     RAISES,
     SAVER,
+    _actor,
     _alike,
     _apply,
     _events,
@@ -61,7 +62,6 @@ from .scenario import (
     _Scenario,
     _Scripted,
     _World,
-    independent,
 )
 from .snapshot import _snapshot
 from .trace import _annotate, _data, _describe, _label
@@ -239,7 +239,7 @@ def check_aggregator(
         max_depth=max_depth,
         max_seconds=_budget(max_seconds, started),
         expected=None if strict_coverage else reachable_in(kinds, alphabet),
-        independent=independent if reduction else None,
+        actor=_actor if reduction else None,
         alike=_alike if reduction else None,
         fork=_fork,
         progress=progress,
