@@ -23,6 +23,7 @@ from multiconnector import (
     InvalidNameError,
     KeyClashError,
     MultiConnector,
+    MultiConnectorError,
     Outcome,
     State,
 )
@@ -39,6 +40,7 @@ from multiconnector.check import (
     PROPERTIES,
     RIGHT_OUTCOME,
     CheckReport,
+    UnknownPropertyError,
     check_aggregator,
     declared_transitions,
     explore,
@@ -388,6 +390,14 @@ def test_text_report_has_every_figure() -> None:
         "result: PASS",
     ):
         assert needle in text
+
+
+def test_asking_a_report_for_a_property_it_lacks_is_a_typed_error() -> None:
+    report = check_aggregator(SMALL, requests=1, max_depth=2)
+    with pytest.raises(UnknownPropertyError, match="no property 'load once' in this report"):
+        report.result(LOAD_ONCE)
+    assert issubclass(UnknownPropertyError, KeyError)
+    assert issubclass(UnknownPropertyError, MultiConnectorError)
 
 
 def test_json_report_round_trips(tmp_path: Path) -> None:

@@ -7,13 +7,27 @@ from typing import Any, Final, final
 
 import attrs
 
+from ..errors import MultiConnectorError
+
 __all__ = [
     "CheckReport",
     "Counterexample",
     "PropertyResult",
     "TraceStep",
     "TransitionCoverage",
+    "UnknownPropertyError",
 ]
+
+
+class UnknownPropertyError(MultiConnectorError, KeyError):
+    """:meth:`CheckReport.result` was asked for a property the report does not have.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __str__(self) -> str:  # KeyError shows its argument's repr; this is a sentence
+        return str(self.args[0]) if self.args else ""
+
 
 #: Verdicts of a :class:`CheckReport` (:attr:`CheckReport.verdict`).
 PASS: Final = "PASS"
@@ -200,11 +214,13 @@ class CheckReport:
         return tuple(p for p in self.properties if not p.passed)
 
     def result(self, name: str) -> PropertyResult:
-        """The result of the property called ``name``; ``KeyError`` if there is none."""
+        """The result of the property called ``name``; :class:`UnknownPropertyError` (a
+        ``KeyError``) if there is none."""
         for p in self.properties:
             if p.name == name:
                 return p
-        raise KeyError(name)
+        known = ", ".join(repr(p.name) for p in self.properties)
+        raise UnknownPropertyError(f"no property {name!r} in this report; it has {known}")
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (what ``--json`` writes)."""

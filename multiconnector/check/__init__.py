@@ -81,6 +81,7 @@ from .._explore import (
     PropertyResult,
     TraceStep,
     TransitionCoverage,
+    UnknownPropertyError,
     declared_transitions,
     explore,
 )
@@ -115,6 +116,7 @@ __all__ = [
     "PropertyResult",
     "TraceStep",
     "TransitionCoverage",
+    "UnknownPropertyError",
     "check_aggregator",
     "declared_transitions",
     "explore",
