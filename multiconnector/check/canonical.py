@@ -12,7 +12,7 @@ chosen renaming of itself, its *key*, the same for every renaming of it. Two way
 Both give a key that is a renaming of the state itself (so two states with one key are
 symmetric: *sound*), and the same key for every renaming of a state (so symmetric states are
 one: *complete*): see :class:`Signatures` for why. Both also give the renamings that map the
-state onto itself, which :func:`~multiconnector.check.scenario._alike` uses to spare the events
+state onto itself, which :func:`~multiconnector.check.alike._alike` uses to spare the events
 they map to one another.
 
 Nothing here knows the world: a state is read as numbers (:class:`_Interner`), a request's part

@@ -18,6 +18,7 @@ from ..errors import (
     InvalidArgumentError,
 )
 from ..machine import build_machine
+from .alike import _alike
 from .canonical import Signatures, _Interner
 from .fork import _fork
 from .properties import (
@@ -53,7 +54,6 @@ from .scenario import (
     RAISES,
     SAVER,
     _actor,
-    _alike,
     _apply,
     _events,
     _Garbage,
