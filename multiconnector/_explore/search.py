@@ -264,7 +264,8 @@ class _Search(Generic[M, E]):
         try:
             while index < len(via):
                 if deadline is not None and time.perf_counter() > deadline:
-                    # Stop cleanly: what is left in the queue stays open, never half-expanded.
+                    # Stop cleanly: what is left in the queue stays open (a state the budget ran
+                    # out in the middle of included: every state found so far was checked).
                     stopped.setdefault(MAX_SECONDS, None)
                     for rest in range(index, len(via)):
                         open_[rest] = 1
@@ -295,6 +296,16 @@ class _Search(Generic[M, E]):
                         done.append(event)  # explored as far as sleep sets go: it did the same
                         continue
                     done.append(event)
+                    # A state of many events can take seconds: stop within it. It stays open
+                    # (not fully expanded); what it reached so far was checked.
+                    if (
+                        deadline is not None
+                        and len(done) & 15 == 0
+                        and time.perf_counter() > deadline
+                    ):
+                        open_[sid] = 1
+                        index -= 1  # the loop's next turn marks it and the rest open
+                        break
                     if model is None:
                         if pristine is not None and fork is not None:
                             model = fork(pristine)

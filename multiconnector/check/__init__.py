@@ -26,8 +26,8 @@ yet reported or been unregistered, whether the caller cancelled it, and (load si
 loader the token answers it scripted chose and whether that loader's completion was delivered
 while the request was live. Request ids are
 interchangeable, and so are connector names of one kind, so snapshots are put in a canonical
-form under their renamings (symmetry reduction; ``symmetry=False`` turns it off). States, events and the declared transitions come from
-:mod:`multiconnector.machine`.
+form under their renamings (symmetry reduction; ``symmetry=False`` turns it off). States,
+events and the declared transitions come from :mod:`multiconnector.machine`.
 
 The modules: :mod:`.scenario` (the connectors, the world, the events), :mod:`.snapshot` (the
 state of a world), :mod:`.canonical` (its canonical form under symmetry), :mod:`.alike` (events
