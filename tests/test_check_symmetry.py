@@ -95,7 +95,7 @@ def test_nine_interchangeable_names_cost_no_permutations() -> None:
     connectors = {"lmcache": "saver", **{f"p2p@{i}": "saver" for i in range(8)}}
     start = time.perf_counter()
     report = check_aggregator(connectors, requests=1, max_depth=4)
-    assert time.perf_counter() - start < 30
+    assert time.perf_counter() - start < 120  # trying 9! renamings per state: hours
     assert report.ok and report.verdict == "PASS"
     assert "725,760 renamings" not in report.to_text()  # one request: 9! only
     assert "362,880 renamings" in report.to_text()
