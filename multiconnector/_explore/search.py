@@ -351,10 +351,23 @@ class _Search(Generic[M, E]):
                     if collecting and index & _COLLECT_EVERY == 0:
                         gc.collect(1)  # the young objects only: cycles made since the last one
         finally:
-            if collecting:
-                gc.enable()
+            # The models kept for states not expanded (a search cut short leaves many) are
+            # dropped before the collector is back: its first full pass would walk them all
+            # (seconds past a time budget, with nine savers).
+            kept.clear()
             show.close()
             self.wall = time.perf_counter() - start
+        try:
+            self.traps(start)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def traps(self, start: float) -> None:
+        """``no trap``, judged on the graph found (the collector still paused: its first full
+        pass over what the search keeps would take seconds past a time budget)."""
+        via, open_, out_src, out_dst = self.via, self.open, self.out_src, self.out_dst
+        independent, ways_out = self.independent, self.ways_out
         if self.goal is not None:
             good = _able(len(via), self.goals, open_, out_src, out_dst)
             if independent is not None:
