@@ -20,7 +20,7 @@ KEYS = (
     "bytes_per_inflight_request",
     "per_event_ratio_1m_vs_1k",
     "threads8_vs_single_throughput",
-    "check_states_per_second",
+    "check_distinct_per_second",
 )
 
 
@@ -45,7 +45,7 @@ def test_runner_prints_the_table_and_writes_every_key(tmp_path: Path) -> None:
     for key in KEYS[:-1]:
         value = figures[key]
         assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
-    check = figures["check_states_per_second"]
+    check = figures["check_distinct_per_second"]
     assert isinstance(check, float) and check > 0  # asked for with --only: it must run
     assert figures["quick"] is True
     header = table.splitlines()[0]

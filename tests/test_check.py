@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from multiconnector import (
     InvalidNameError,
     KeyClashError,
     MultiConnector,
+    MultiConnectorError,
     Outcome,
     State,
 )
@@ -38,6 +40,7 @@ from multiconnector.check import (
     PROPERTIES,
     RIGHT_OUTCOME,
     CheckReport,
+    UnknownPropertyError,
     check_aggregator,
     declared_transitions,
     explore,
@@ -380,12 +383,21 @@ def test_text_report_has_every_figure() -> None:
         "edges",
         "max depth 9",
         "search: complete: every reachable state was explored (max depth 9)",
-        "states/s",
+        "distinct states/s (",
+        "states generated/s)",
         "PASS  no trap",
         "pending --request_finished--> finishing",
         "result: PASS",
     ):
         assert needle in text
+
+
+def test_asking_a_report_for_a_property_it_lacks_is_a_typed_error() -> None:
+    report = check_aggregator(SMALL, requests=1, max_depth=2)
+    with pytest.raises(UnknownPropertyError, match="no property 'load once' in this report"):
+        report.result(LOAD_ONCE)
+    assert issubclass(UnknownPropertyError, KeyError)
+    assert issubclass(UnknownPropertyError, MultiConnectorError)
 
 
 def test_json_report_round_trips(tmp_path: Path) -> None:
@@ -398,8 +410,14 @@ def test_json_report_round_trips(tmp_path: Path) -> None:
     assert {p["result"] for p in data["properties"]} == {"PASS"}
     assert {(c["source"], c["event"], c["dest"]) for c in data["coverage"]} == declared()
     assert data["bounds"]["requests"] == 1
-    for key in ("states_generated", "edges", "max_depth", "wall_time", "states_per_second"):
+    for key in ("states_generated", "edges", "max_depth", "wall_time"):
         assert data[key] > 0
+    assert data["distinct_per_second"] == pytest.approx(
+        data["distinct_states"] / data["wall_time"], rel=0.01
+    )
+    assert data["generated_per_second"] == pytest.approx(
+        data["states_generated"] / data["wall_time"], rel=0.01
+    )
     assert data["verdict"] == "PASS" and data["stopped_by"] == []
     assert data["complete_depth"] == data["max_depth"]
 
@@ -495,6 +513,63 @@ def test_max_seconds_stops_cleanly_with_the_complete_depth() -> None:
     bounded = check_aggregator(SMALL, requests=1, max_depth=cut.complete_depth)
     assert bounded.distinct_states <= cut.distinct_states
     assert f"every event sequence of up to {cut.complete_depth} event" in cut.explored()
+
+
+EIGHT_RANKS = "lmcache," + ",".join(f"p2p@{rank}" for rank in range(8))
+
+
+def test_max_seconds_holds_on_eight_ranks(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--max-seconds 5`` on a cache and eight ranks with two requests: inconclusive (exit 3)
+    in under 7 s, set-up, search, trap search and report included."""
+    argv = ["--connectors", EIGHT_RANKS, "--requests", "2", "--max-seconds", "5", "--no-progress"]
+    start = time.perf_counter()
+    assert run_cli(argv) == 3
+    assert time.perf_counter() - start < 7
+    out = capsys.readouterr().out
+    assert "search: NOT complete (max seconds hit)" in out and "result: INCONCLUSIVE" in out
+
+
+def test_a_budget_the_set_up_spent_stops_after_the_initial_state() -> None:
+    report = check_aggregator(SMALL, requests=1, max_seconds=1e-9)
+    assert report.verdict == "INCONCLUSIVE" and report.stopped_by == ("max seconds",)
+    assert report.distinct_states == 1 and report.complete_depth == 0
+    assert report.bounds["max seconds"] == 1e-9  # the bound as given, not what was left of it
+
+
+def test_the_trap_search_keeps_to_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of time in the trap search: no trap is claimed that a spared edge might undo, and
+    the search says it was cut short. Two independent switches; both on is the goal; the state
+    reached by the second switch first sleeps on the first, so only the trap search finds its
+    way to the goal."""
+
+    def events(m: list[int]) -> list[int]:
+        return [i for i in (0, 1) if not m[i]]
+
+    def apply(m: list[int], i: int) -> None:
+        m[i] = 1
+
+    def search(**kwargs: Any) -> Any:
+        return engine.explore(
+            lambda: [0, 0],
+            events,
+            apply,
+            tuple,
+            goal=lambda m: m == [1, 1],
+            independent=lambda a, b: a != b,
+            **kwargs,
+        )
+
+    assert search().verdict == "PASS" and search().reexpanded == 1
+    real = engine.search._Search.expand_traps
+
+    def late(self: Any, good: bytearray) -> bytearray:
+        self.deadline = 0.0  # already past when the trap search starts
+        return real(self, good)
+
+    monkeypatch.setattr(engine.search._Search, "expand_traps", late)
+    report = search(max_seconds=60)
+    assert report.stopped_by == ("max seconds",) and report.result("no trap").passed
+    assert report.verdict == "INCONCLUSIVE" and report.reexpanded == 0
 
 
 def test_a_max_depth_bound_is_accepted(capsys: pytest.CaptureFixture[str]) -> None:
@@ -861,7 +936,7 @@ def test_independence_is_by_request_and_generic_over_per_request_kinds(
 
 def _figures(report: CheckReport) -> dict[str, Any]:
     data = report.to_dict()
-    for timing in ("wall_time", "states_per_second"):
+    for timing in ("wall_time", "distinct_per_second", "generated_per_second"):
         data.pop(timing)
     return data
 

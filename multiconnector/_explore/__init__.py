@@ -36,6 +36,7 @@ from .report import (
     TraceStep,
     TransitionCoverage,
     Triple,
+    UnknownPropertyError,
 )
 from .search import NondeterminismError, declared_transitions
 
@@ -59,6 +60,7 @@ __all__ = [
     "TraceStep",
     "TransitionCoverage",
     "Triple",
+    "UnknownPropertyError",
     "declared_transitions",
     "explore",
 ]

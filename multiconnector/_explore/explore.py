@@ -46,6 +46,7 @@ def explore(
     independent: Callable[[E, E], bool] | None = None,
     alike: Callable[[M, E], Iterable[E]] | None = None,
     fork: Callable[[M], M | None] | None = None,
+    actor: Callable[[E], Hashable | None] | None = None,
 ) -> CheckReport:
     """Explore every state reachable from ``initial()`` breadth-first and check properties.
 
@@ -96,6 +97,10 @@ def explore(
       counterexample lengths are unchanged (docs/check.md, "Reductions"). For ``"no trap"``,
       every state that cannot reach a goal in the reduced graph is expanded fully until
       none is left, so traps are those of the full graph.
+    * ``actor(event)``, when given instead of ``independent``, says the same faster: two
+      events are independent when both have an actor (not ``None``) and the actors differ
+      (the request an event is about, say). The search then reads each event's actor once
+      instead of calling ``independent`` for every pair it compares.
     * ``alike(model, event)``, when given, is called after ``event`` was applied to ``model``
       and names other events, enabled in the state it was applied in, that would have done
       exactly the same there (the same next state, the same verdicts): a choice the model
@@ -153,6 +158,10 @@ def explore(
         raise InvalidArgumentError(f"expected={shown(expected)} must be callable or None")
     if independent is not None and not callable(independent):
         raise InvalidArgumentError(f"independent={shown(independent)} must be callable or None")
+    if actor is not None and not callable(actor):
+        raise InvalidArgumentError(f"actor={shown(actor)} must be callable or None")
+    if actor is not None and independent is not None:
+        raise InvalidArgumentError("give independent or actor, not both")
     if fork is not None and not callable(fork):
         raise InvalidArgumentError(f"fork={shown(fork)} must be callable or None")
     if alike is not None and not callable(alike):
@@ -180,6 +189,7 @@ def explore(
         independent=independent,
         alike=alike,
         fork=fork,
+        actor=actor,
     )
     search.run(_Progress(progress))
     return search.report(

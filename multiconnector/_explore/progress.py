@@ -29,10 +29,10 @@ class _Progress:
         now = time.perf_counter()
         if now - self.start < PROGRESS_AFTER:
             return
-        rate = generated / (now - self.start)
+        rate = distinct / (now - self.start)
         text = (
             f"depth {depth}, {distinct:,} distinct states, {generated:,} generated, "
-            f"{queued:,} queued, {rate:,.0f} states/s"
+            f"{queued:,} queued, {rate:,.0f} distinct states/s"
         )
         if self.live is None and not self.plain:
             self.live = self._rich()

@@ -7,13 +7,27 @@ from typing import Any, Final, final
 
 import attrs
 
+from ..errors import MultiConnectorError
+
 __all__ = [
     "CheckReport",
     "Counterexample",
     "PropertyResult",
     "TraceStep",
     "TransitionCoverage",
+    "UnknownPropertyError",
 ]
+
+
+class UnknownPropertyError(MultiConnectorError, KeyError):
+    """:meth:`CheckReport.result` was asked for a property the report does not have.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __str__(self) -> str:  # KeyError shows its argument's repr; this is a sentence
+        return str(self.args[0]) if self.args else ""
+
 
 #: Verdicts of a :class:`CheckReport` (:attr:`CheckReport.verdict`).
 PASS: Final = "PASS"
@@ -116,7 +130,8 @@ class CheckReport:
     """What :func:`explore` found: figures, one result per property, coverage.
 
     ``states_generated`` counts every event applied to an expanded state (TLC's "states
-    generated"); ``distinct_states`` the states found; ``edges`` the distinct (state, next state)
+    generated"); ``distinct_states`` the states found (their rates: :attr:`generated_per_second`
+    and :attr:`distinct_per_second`); ``edges`` the distinct (state, next state)
     pairs. ``finished`` is true when the search ran out of states to expand, not out of bounds.
     ``stopped_by`` names the bounds that cut it short (:data:`MAX_STATES`, :data:`MAX_DEPTH`,
     :data:`MAX_SECONDS`); ``complete_depth`` is the largest ``n`` such that every event sequence
@@ -185,8 +200,13 @@ class CheckReport:
         )
 
     @property
-    def states_per_second(self) -> float:
-        """States generated per second of wall time."""
+    def distinct_per_second(self) -> float:
+        """Distinct states found per second of wall time: what grows with the problem."""
+        return self.distinct_states / self.wall_time if self.wall_time > 0 else 0.0
+
+    @property
+    def generated_per_second(self) -> float:
+        """States generated (events applied) per second of wall time."""
         return self.states_generated / self.wall_time if self.wall_time > 0 else 0.0
 
     @property
@@ -194,11 +214,13 @@ class CheckReport:
         return tuple(p for p in self.properties if not p.passed)
 
     def result(self, name: str) -> PropertyResult:
-        """The result of the property called ``name``; ``KeyError`` if there is none."""
+        """The result of the property called ``name``; :class:`UnknownPropertyError` (a
+        ``KeyError``) if there is none."""
         for p in self.properties:
             if p.name == name:
                 return p
-        raise KeyError(name)
+        known = ", ".join(repr(p.name) for p in self.properties)
+        raise UnknownPropertyError(f"no property {name!r} in this report; it has {known}")
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (what ``--json`` writes)."""
@@ -232,7 +254,8 @@ class CheckReport:
             "alike": self.alike,
             "verdict": self.verdict,
             "wall_time": round(self.wall_time, 4),
-            "states_per_second": round(self.states_per_second, 1),
+            "distinct_per_second": round(self.distinct_per_second, 1),
+            "generated_per_second": round(self.generated_per_second, 1),
             "properties": [
                 {
                     "name": p.name,
@@ -274,7 +297,10 @@ class CheckReport:
             out.append(
                 f"reduction: {self.alike:,} events spared as alike (one applied did the same)"
             )
-        out.append(f"time: {self.wall_time:.2f} s, {self.states_per_second:,.0f} states/s")
+        out.append(
+            f"time: {self.wall_time:.2f} s, {self.distinct_per_second:,.0f} distinct states/s "
+            f"({self.generated_per_second:,.0f} states generated/s)"
+        )
         out.append("properties:")
         for p in self.properties:
             out.append(f"  {p.status}  {p.name}: {p.description}")

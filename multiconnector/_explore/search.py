@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import inspect
 import time
@@ -108,6 +109,7 @@ class _Search(Generic[M, E]):
         independent: Callable[[E, E], bool] | None = None,
         alike: Callable[[M, E], Iterable[E]] | None = None,
         fork: Callable[[M], M | None] | None = None,
+        actor: Callable[[E], Hashable | None] | None = None,
     ) -> None:
         self.initial, self.events, self.apply, self.snapshot = initial, events, apply, snapshot
         self.checks = list(invariants.items())
@@ -115,7 +117,12 @@ class _Search(Generic[M, E]):
         self.fired, self.reached = fired, reached
         self.max_states, self.max_depth = max_states, max_depth
         self.max_seconds, self.expected = max_seconds, expected
+        if actor is not None and independent is None:
+            independent = functools.partial(_different_actors, actor)
         self.independent = independent
+        self.actor = actor
+        #: With ``actor``: each sleep set's events with their actors (for :meth:`asleep`).
+        self.acting: dict[frozenset[Any], tuple[tuple[Any, Hashable | None], ...]] = {}
         self.alike = alike
         self.fork = fork
         #: Events not applied because an event applied from the same state did the same.
@@ -152,6 +159,8 @@ class _Search(Generic[M, E]):
         self.generated = 0
         self.edges = 0
         self.wall = 0.0
+        #: When ``max_seconds`` runs out (``time.perf_counter()``), set when the search starts.
+        self.deadline: float | None = None
 
     # -- the search ----------------------------------------------------------------------------
 
@@ -231,12 +240,12 @@ class _Search(Generic[M, E]):
         self.add(self.snapshot(root), root, -1, None, 0)
         ids, via, depth, open_ = self.ids, self.via, self.depth, self.open
         apply, snapshot, ways_out = self.apply, self.snapshot, self.ways_out
-        independent, alike, fork = self.independent, self.alike, self.fork
+        independent, alike, fork, actor = self.independent, self.alike, self.fork, self.actor
         # With fork: the model each new state was found with, until it is expanded.
         kept: dict[int, M] = {}
         out_src, out_dst = self.out_src, self.out_dst
         index = 0
-        deadline = None if self.max_seconds is None else start + self.max_seconds
+        deadline = self.deadline = None if self.max_seconds is None else start + self.max_seconds
         # The cyclic garbage collector is paused while searching: the search makes millions of
         # short-lived objects and keeps the models of the states still to expand, and each of
         # the collector's passes over them found nothing to free (reference counting frees what
@@ -247,8 +256,9 @@ class _Search(Generic[M, E]):
         stopped = self.stopped
         try:
             while index < len(via):
-                if deadline is not None and index & 15 == 0 and time.perf_counter() > deadline:
-                    # Stop cleanly: what is left in the queue stays open, never half-expanded.
+                if deadline is not None and time.perf_counter() > deadline:
+                    # Stop cleanly: what is left in the queue stays open (a state the budget ran
+                    # out in the middle of included: every state found so far was checked).
                     stopped.setdefault(MAX_SECONDS, None)
                     for rest in range(index, len(via)):
                         open_[rest] = 1
@@ -268,6 +278,7 @@ class _Search(Generic[M, E]):
                 targets: set[int] = set()
                 asleep = self.sleep[sid]
                 done: list[Any] = []  # the events applied here so far (sleep sets)
+                acts: list[Hashable | None] = []  # with actor: those of done, read when needed
                 same: set[Any] = set()  # events that would do what one applied here did
                 for event in list(self.events(model)):
                     if asleep is not None and event in asleep:
@@ -278,6 +289,16 @@ class _Search(Generic[M, E]):
                         done.append(event)  # explored as far as sleep sets go: it did the same
                         continue
                     done.append(event)
+                    # A state of many events can take seconds: stop within it. It stays open
+                    # (not fully expanded); what it reached so far was checked.
+                    if (
+                        deadline is not None
+                        and len(done) & 15 == 0
+                        and time.perf_counter() > deadline
+                    ):
+                        open_[sid] = 1
+                        index -= 1  # the loop's next turn marks it and the rest open
+                        break
                     if model is None:
                         if pristine is not None and fork is not None:
                             model = fork(pristine)
@@ -303,7 +324,9 @@ class _Search(Generic[M, E]):
                             model = None
                             continue
                         sleep = None
-                        if independent is not None:
+                        if actor is not None:
+                            sleep = self.asleep_by_actor(asleep, done, acts)
+                        elif independent is not None:
                             sleep = self.asleep(asleep, done[:-1], event)
                         target = self.add(key, model, sid, event, depth[sid] + 1, sleep=sleep)
                         if fork is not None and len(kept) < _KEEP_MODELS:
@@ -321,10 +344,23 @@ class _Search(Generic[M, E]):
                     if collecting and index & _COLLECT_EVERY == 0:
                         gc.collect(1)  # the young objects only: cycles made since the last one
         finally:
-            if collecting:
-                gc.enable()
+            # The models kept for states not expanded (a search cut short leaves many) are
+            # dropped before the collector is back: its first full pass would walk them all
+            # (seconds past a time budget, with nine savers).
+            kept.clear()
             show.close()
             self.wall = time.perf_counter() - start
+        try:
+            self.traps(start)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def traps(self, start: float) -> None:
+        """``no trap``, judged on the graph found (the collector still paused: its first full
+        pass over what the search keeps would take seconds past a time budget)."""
+        via, open_, out_src, out_dst = self.via, self.open, self.out_src, self.out_dst
+        independent, ways_out = self.independent, self.ways_out
         if self.goal is not None:
             good = _able(len(via), self.goals, open_, out_src, out_dst)
             if independent is not None:
@@ -340,6 +376,7 @@ class _Search(Generic[M, E]):
                     + " leads from this state to a goal state"
                     + (f" ({_description(self.goal, '')})" if _docstring(self.goal) else ""),
                 )
+            self.wall = time.perf_counter() - start  # the trap search included
 
     def asleep(
         self, here: frozenset[Any] | None, done: list[Any], event: Any
@@ -352,6 +389,29 @@ class _Search(Generic[M, E]):
         kept = [x for x in done if independent(x, event)]
         if here:
             kept += [x for x in here if independent(x, event)]
+        if not kept:
+            return None
+        found = frozenset(kept)
+        return self.sleep_sets.setdefault(found, found)
+
+    def asleep_by_actor(
+        self, here: frozenset[Any] | None, done: list[Any], acts: list[Hashable | None]
+    ) -> frozenset[Any] | None:
+        """:meth:`asleep` for the event ``done[-1]`` when independence is by ``actor``: the
+        same set, from the actors each event done was listed with (no call per event)."""
+        actor = self.actor
+        assert actor is not None
+        acts.extend(map(actor, done[len(acts) :]))
+        this = acts[-1]
+        if this is None:
+            return None  # independent of nothing
+        # done[-1] is the event itself: its own actor leaves it out.
+        kept = [x for x, a in zip(done, acts, strict=True) if a is not None and a != this]
+        if here:
+            acting = self.acting.get(here)
+            if acting is None:
+                acting = self.acting[here] = tuple((x, actor(x)) for x in here)
+            kept += [x for x, a in acting if a is not None and a != this]
         if not kept:
             return None
         found = frozenset(kept)
@@ -372,7 +432,15 @@ class _Search(Generic[M, E]):
             todo = [s for s in range(n) if not good[s] and not full[s] and self.sleep[s]]
             if not todo:
                 return good
-            for sid in todo:
+            for k, sid in enumerate(todo):
+                if self.deadline is not None and time.perf_counter() > self.deadline:
+                    # Out of time: the states not given all their edges back count as able to
+                    # reach a goal (as a bound's open states do), so no trap is claimed that the
+                    # spared edges might have left; the search says it was cut short.
+                    self.stopped.setdefault(MAX_SECONDS, None)
+                    for rest in todo[k:]:
+                        self.open[rest] = 1
+                    return _able(n, self.goals, self.open, self.out_src, self.out_dst)
                 full[sid] = 1
                 asleep = self.sleep[sid]
                 assert asleep is not None
@@ -579,6 +647,12 @@ class _Search(Generic[M, E]):
             steps=tuple(steps),
             extra=dict(annotate(model)) if annotate is not None else {},
         )
+
+
+def _different_actors(actor: Callable[[Any], Hashable | None], a: Any, b: Any) -> bool:
+    """Independence by actor: both events have one, and not the same."""
+    first, second = actor(a), actor(b)
+    return first is not None and second is not None and first != second
 
 
 def _arrow(t: Triple) -> str:

@@ -25,12 +25,14 @@ which connectors promised an asynchronous save (they answered ``True`` when aske
 yet reported or been unregistered, whether the caller cancelled it, and (load side) which
 loader the token answers it scripted chose and whether that loader's completion was delivered
 while the request was live. Request ids are
-interchangeable, so snapshots are canonicalized over their permutations (symmetry reduction;
-``symmetry=False`` turns it off). States, events and the declared transitions come from
-:mod:`multiconnector.machine`.
+interchangeable, and so are connector names of one kind, so snapshots are put in a canonical
+form under their renamings (symmetry reduction; ``symmetry=False`` turns it off). States,
+events and the declared transitions come from :mod:`multiconnector.machine`.
 
 The modules: :mod:`.scenario` (the connectors, the world, the events), :mod:`.snapshot` (the
-canonical state), :mod:`.properties` (what is judged), :mod:`.trace` (how it is shown),
+state of a world), :mod:`.canonical` (its canonical form under symmetry), :mod:`.alike` (events
+that would do what one applied did), :mod:`.fork` (a world copied), :mod:`.properties` (what is
+judged), :mod:`.trace` (how it is shown),
 :mod:`.run` (:func:`check_aggregator`) and :mod:`.cli` (the command).
 
 Properties (each PASS or FAIL, with a shortest counterexample):
@@ -81,6 +83,7 @@ from .._explore import (
     PropertyResult,
     TraceStep,
     TransitionCoverage,
+    UnknownPropertyError,
     declared_transitions,
     explore,
 )
@@ -115,6 +118,7 @@ __all__ = [
     "PropertyResult",
     "TraceStep",
     "TransitionCoverage",
+    "UnknownPropertyError",
     "check_aggregator",
     "declared_transitions",
     "explore",

@@ -28,7 +28,7 @@ from ..outcome import Outcome
 from ..registry import ConnectorRegistry
 
 if TYPE_CHECKING:
-    from .snapshot import _Interner
+    from .canonical import Fixed, _Interner, _Symmetry
 
 #: The kinds of events the aggregator scenario applies.
 ALPHABET: Final[tuple[str, ...]] = (
@@ -280,8 +280,9 @@ class _Scenario:
     factory: Callable[..., MultiConnector]
     pad: _Pad
     connectors: Mapping[str, Any]
-    #: Renamings of request indices and connector names under which the scenario is unchanged.
-    symmetries: tuple[tuple[tuple[int, ...], Mapping[str, str]], ...]
+    #: Renamings of request indices and connector names under which the scenario is unchanged,
+    #: and how a state's canonical form under them is found.
+    symmetry: _Symmetry
     interner: _Interner
     #: Drive request_finished whole instead of in its two halves (a factory whose class
     #: overrides request_finished itself: its halves may not be MultiConnector's).
@@ -351,9 +352,9 @@ class _World:
         self.entries: object = None
         # Read lazily: a model being replayed is read only once its path is applied.
         self.dirty = True
-        #: The symmetries (their indices, identity left out) that map the state read at the
-        #: last snapshot onto itself: see :func:`_alike`.
-        self.fixed: tuple[int, ...] = ()
+        #: What maps the state read at the last snapshot onto itself (renamings, and classes
+        #: of names any permutation within which does): see :func:`.alike._alike`.
+        self.fixed: Fixed = ((), ())
         #: What the counters should show: the outcomes the events returned (and each request
         #: an unregistering abandoned), by (outcome, connector name or ``None``), summed since
         #: the start. Never part of the state: ``counters`` compares it with the aggregator's
@@ -758,64 +759,10 @@ def independent(a: Event, b: Event) -> bool:
     return a[0] in _PER_REQUEST and b[0] in _PER_REQUEST and a[1] != b[1]
 
 
-def _alike(world: _World, event: Event) -> tuple[Event, ...]:
-    """The events that would have done what ``event`` just did from the same state.
-
-    The ``request_finished`` events of one request differ only in what the scripted savers
-    answer when asked (every subset of them saving). When nobody was asked (the call was
-    refused, or no saver is ready), the subset was never read: the aggregator ran the same code
-    on the same state, so every subset leads to the same state with the same verdicts.
-    """
-    scenario = world.scenario
-    same: list[Event] = []
-    if event[0] == "request_finished" and not scenario.pad.asked:
-        same += _finishing(world, event[1])
-    if world.fixed:
-        # A renaming that maps the state onto itself maps ``event`` to an event that leads to
-        # the renamed next state, whose canonical snapshot is the same, with renamed verdicts.
-        position = {name: i for i, (name, _) in enumerate(world.registry)}
-        for k in world.fixed:
-            perm, rename = scenario.symmetries[k]
-            image = _image(event, perm, rename, position)
-            if image is not None:
-                same.append(image)
-    return tuple(same)
-
-
-def _image(
-    event: Event, perm: tuple[int, ...], rename: Mapping[str, str], position: Mapping[str, int]
-) -> Event | None:
-    """``event`` with its request and connector names renamed, in the form :func:`_events`
-    lists it (a set of names in registration order); ``None`` for a kind it does not know."""
-    kind = event[0]
-    if kind in ("unregister", "register"):
-        return (kind, rename.get(event[1], event[1]))
-    if kind == "take":
-        return event
-    if kind == "transfer_finished_many":  # (name, the batch's request indices, sorted)
-        return (kind, rename.get(event[1], event[1]), tuple(sorted(perm[i] for i in event[2])))
-    if kind not in _PER_REQUEST:
-        return None
-    i = perm[event[1]]
-    if len(event) == 2:
-        return (kind, i)
-    if kind == "request_finished":
-        names = sorted((rename.get(n, n) for n in event[2]), key=lambda n: position.get(n, -1))
-        if len(event) == 3:
-            return (kind, i, tuple(names))
-        choices = sorted(
-            ((rename.get(n, n), c) for n, c in event[3]), key=lambda nc: position.get(nc[0], -1)
-        )
-        return (kind, i, tuple(names), tuple(choices))
-    if kind in ("transfer_finished", "load_finished"):
-        return (kind, i, rename.get(event[2], event[2]))
-    if kind == "match_tokens":
-        answers = sorted(
-            ((rename.get(n, n), tokens) for n, tokens in event[2]),
-            key=lambda answer: position.get(answer[0], -1),
-        )
-        return (kind, i, tuple(answers))
-    return None
+def _actor(event: Event) -> int | None:
+    """The request a per-request event is about (``None`` for the others): :func:`independent`
+    as :func:`~multiconnector._explore.explore` reads it fastest."""
+    return event[1] if event[0] in _PER_REQUEST else None
 
 
 def _finishing(world: _World, i: int) -> list[Event]:

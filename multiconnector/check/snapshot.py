@@ -1,86 +1,14 @@
-"""The canonical state of a world: its parts numbered once, the least renaming under symmetry."""
+"""The state of a world: its parts numbered once, then its canonical form under symmetry."""
 
 from __future__ import annotations
 
-import itertools
 import operator
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable
 from typing import Any, Final
 
 from ..machine import TERMINAL
+from .canonical import AS_SET, IN_ORDER, _names_key
 from .scenario import _NOTHING, _TAKEN, _Request, _World
-
-
-class _Interner:
-    """Numbers the distinct request parts and registries, and their renamings, once each.
-
-    Snapshots are then tuples of small ints: cheap to hash, compare and keep.
-    """
-
-    def __init__(self, symmetries: Sequence[tuple[tuple[int, ...], Mapping[str, str]]]) -> None:
-        self.renamings = [rename for _, rename in symmetries]
-        self.ids: dict[Any, int] = {}
-        #: renamed[k][id]: the id of the thing numbered ``id``, renamed by renaming ``k``.
-        self.renamed: list[dict[int, int]] = [{} for _ in self.renamings]
-        #: The canonical key of each raw key (registry, parts, order, queue) met so far, and the
-        #: symmetries that map it onto itself: most events lead to a state already seen, whose
-        #: canonical form is then a dict look-up.
-        self.canonical: dict[tuple[Any, ...], tuple[tuple[Any, ...], tuple[int, ...]]] = {}
-        #: The thing each number stands for.
-        self.things: list[Any] = []
-        #: The part number of each request's raw fields met so far (see :func:`_raw`).
-        self.parts: dict[tuple[Any, ...], int] = {}
-
-    def number(self, thing: Any) -> int:
-        found = self.ids.get(thing)
-        if found is None:
-            found = self.ids[thing] = len(self.ids)
-            self.things.append(thing)
-        return found
-
-    def rename(self, k: int, number: int, how: Callable[..., Any]) -> int:
-        table = self.renamed[k]
-        found = table.get(number)
-        if found is None:
-            rename = self.renamings[k]
-            thing = self.things[number]
-            found = table[number] = self.number(how(thing, rename) if rename else thing)
-        return found
-
-
-def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
-    kind, phase, view, owed, cancelled, load, asking, *params = part
-    if load is not None:  # (tag, names and flags): rename the names, keep the flags
-        load = tuple(rename.get(x, x) if isinstance(x, str) else x for x in load)
-    if asking:
-        asking = tuple(
-            tuple(sorted((rename.get(n, n), current) for n, current in one)) for one in asking
-        )
-    if params:  # the params choices of the calls asking (see _part)
-        params = [tuple(tuple(sorted((rename.get(n, n), c) for n, c in one)) for one in params[0])]
-    if view is not None:
-        view = (
-            view[0],
-            _names_key(rename.get(n, n) for n in view[1]),
-            _names_key(rename.get(n, n) for n in view[2]),
-            _names_key(rename.get(n, n) for n in view[3]),
-        )
-    return (
-        kind,
-        phase,
-        view,
-        frozenset(rename.get(n, n) for n in owed),
-        cancelled,
-        load,
-        asking,
-        *params,
-    )
-
-
-def _names_key(names: Iterable[str]) -> tuple[str, ...]:
-    """A set of names as a key: sorted, each once (see :func:`_part`)."""
-    return tuple(sorted(set(names)))
-
 
 #: Every field of a request :func:`_part` reads, but ``asking`` (which reads the registry too)
 #: and ``answers`` (the params dicts answered, while asking):
@@ -157,18 +85,9 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
     return ("request", r.phase, view, r.owed, r.cancelled, load, asking)
 
 
-def _rename_registry(registry: Any, rename: Mapping[str, str]) -> Any:
-    tag, names = registry
-    renamed = tuple((rename.get(n, n), ready) for n, ready in names)
-    return (tag, renamed if tag == _IN_ORDER else tuple(sorted(renamed)))
-
-
-#: The registry part's tag: names in registration order, or as a set.
-_IN_ORDER, _AS_SET = "registry", "registered"
-
-
 def _snapshot(world: _World) -> Hashable:
-    """The canonical state: the least renaming of the observed state under the symmetries."""
+    """The canonical state: the observed state, numbered, in its canonical form under symmetry
+    (:mod:`.canonical`)."""
     world.sync()
     scenario = world.scenario
     numbers = scenario.interner
@@ -180,9 +99,9 @@ def _snapshot(world: _World) -> Hashable:
     # connectors it asks, and what it records of their answers (awaiting, expected, abandoned,
     # a call's asked savers) is part of the state as sets.
     if scenario.registry_order:
-        registry = (_IN_ORDER, world.registry)
+        registry = (IN_ORDER, world.registry)
     else:
-        registry = (_AS_SET, tuple(sorted(world.registry)))
+        registry = (AS_SET, tuple(sorted(world.registry)))
     reg_id = numbers.number(registry)
     part_ids = []
     entry = world.mc.registry.entry
@@ -205,54 +124,5 @@ def _snapshot(world: _World) -> Hashable:
     # again) has no end of states.
     order, queue = tuple(sorted(world.order)), tuple(sorted(set(world.queue)))
     raw = (reg_id, tuple(part_ids), order, queue)
-    known = numbers.canonical.get(raw)
-    if known is not None:
-        world.fixed = known[1]
-        return known[0]
-    best: tuple[Any, ...] | None = None
-    fixed: list[int] = []
-    unmoved: tuple[Any, ...] | None = None  # the key under the identity, symmetries[0]
-    for k, (perm, _) in enumerate(scenario.symmetries):
-        moved = [0] * len(requests)
-        for i, number in enumerate(part_ids):
-            moved[perm[i]] = numbers.rename(k, number, _rename_part)
-        key = (
-            numbers.rename(k, reg_id, _rename_registry),
-            tuple(moved),
-            tuple(sorted(perm[i] if i >= 0 else -1 for i in order)),
-            tuple(sorted(perm[i] if i >= 0 else -1 for i in queue)),
-        )
-        if unmoved is None:
-            unmoved = key
-        elif key == unmoved:
-            fixed.append(k)  # this renaming maps the state onto itself
-        if best is None or key < best:
-            best = key
-    assert best is not None
-    world.fixed = tuple(fixed)
-    numbers.canonical[raw] = (best, world.fixed)
-    return best
-
-
-def _symmetries(
-    kinds: Mapping[str, str | None], requests: int, on: bool
-) -> tuple[tuple[tuple[int, ...], Mapping[str, str]], ...]:
-    """Request-index permutations times renamings of connectors of one kind."""
-    identity: tuple[tuple[tuple[int, ...], Mapping[str, str]], ...] = (
-        (tuple(range(requests)), {}),
-    )
-    if not on:
-        return identity
-    groups: dict[str | None, list[str]] = {}
-    for name, kind in kinds.items():
-        groups.setdefault(kind, []).append(name)
-    renamings: list[dict[str, str]] = [{}]
-    for group in groups.values():
-        renamings = [
-            {**base, **{a: b for a, b in zip(group, p, strict=True) if a != b}}
-            for base in renamings
-            for p in itertools.permutations(group)
-        ]
-    return tuple(
-        (perm, rename) for perm in itertools.permutations(range(requests)) for rename in renamings
-    )
+    key, world.fixed = scenario.symmetry.canonical(numbers, raw)
+    return key
