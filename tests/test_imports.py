@@ -31,11 +31,6 @@ def _tool() -> ModuleType:
 
 tool = _tool()
 
-#: Module cycles still being taken apart on other branches, each allowed only while every module
-#: of the cycle is inside the package named. Each entry goes once its cycle is gone (the test
-#: below fails on an entry that matches nothing, so that it cannot linger).
-ALLOWED_CYCLES: dict[str, str] = {}
-
 #: ``sys.path`` edits that are features, not shortcuts between folders of this repository.
 ALLOWED_PATH_EDITS = {
     # ``load("module:attr")`` searches the current directory first, as ``python -m`` does.
@@ -50,16 +45,8 @@ def graph() -> Any:
     return tool.build(ROOT)
 
 
-def _allowed(cycle: list[str]) -> bool:
-    return any(all(tool.within(m, package) for m in cycle) for package in ALLOWED_CYCLES)
-
-
 def test_no_module_cycle(graph: Any) -> None:
-    found = tool.cycles(graph.arrows)
-    assert [c for c in found if not _allowed(c)] == []
-    for package in ALLOWED_CYCLES:
-        matched = [c for c in found if all(tool.within(m, package) for m in c)]
-        assert matched, f"ALLOWED_CYCLES[{package!r}] matches no cycle any more: remove it"
+    assert tool.cycles(graph.arrows) == []
 
 
 def test_no_room_cycle(graph: Any) -> None:
