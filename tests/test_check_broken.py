@@ -58,12 +58,12 @@ KNOWN: dict[str, tuple[str, int]] = {
     # params (checked with params=True and savers a and b only): begin, request_finished asks
     # (a and b answer the shared key), applies it: no clash raised
     "params clash merged by overwriting": ("params merged", 3),
-    # begin, request_finished (a subclass's: driven whole) with a and b answering params
+    # begin, request_finished asks with a and b answering params: a's changed, or raised
     "params input mutated": ("params merged", 2),
     "params clash raised before the savers are recorded": ("params merged", 2),
     # begin, request_finished asks (a and b answer the shared key equal), applies it
     "params allow_equal inverted": ("params merged", 3),
-    "params duplicate key untested in the inlined merge": ("params merged", 2),
+    "params duplicate key untested in the inlined merge": ("params merged", 3),
     # begin, request_finished saving a and b (asks, applies), unregister a, a reports
     "ignored report's outcome misclassified": ("right outcome", 5),
     # begin, request_finished saving a (asks, applies), cancel, a reports (drained)
