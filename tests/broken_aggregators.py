@@ -539,6 +539,11 @@ CATALOG: tuple[Broken, ...] = (
         why="begin, match_tokens with a answering 1 (a is chosen), unregister a, load_finished a",
         factory=UnregisteredLoaderAccepted,
         events=ALPHABET + LOAD_EVENTS,
+        also={
+            "no early free": "its unregistering forgotten, a cancelled request whose loader went"
+            " is settled again when the name is unregistered again: queued twice",
+            "no exception": "take() raises on the record queued twice",
+        },
     ),
     # -- params (checked with params=True; two savers, no None slot, to stay small) ----------
     Broken(

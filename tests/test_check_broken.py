@@ -217,7 +217,15 @@ def test_the_load_bugs_pass_every_other_property_and_the_default_alphabet() -> N
             failed = {p.name: len(p.counterexample or ()) for p in report.failures}
             assert failed["load once"] == bug.shortest, report.to_text()
             assert min(failed.values()) == bug.shortest
-            consequences = {"no early free", "right outcome", "counters", "callbacks"}
+            # A record queued twice (a forgotten unregistering settles it again) makes take()
+            # raise: a consequence too.
+            consequences = {
+                "no early free",
+                "right outcome",
+                "counters",
+                "callbacks",
+                "no exception",
+            }
             assert set(failed) - {"load once"} <= consequences, report.to_text()
             assert check_aggregator(**BOUND, factory=factory).ok
 
