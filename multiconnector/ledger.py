@@ -129,14 +129,10 @@ class SaveLedger:
         applied = 0
         for request_id in ids:
             owed = awaiting.get(request_id)
-            verdict = None
-            if owed is not None:
-                by_name = known.get(owed)
-                if by_name is not None:
-                    verdict = by_name.get(name)
-            if verdict is None:
-                verdict = self._verdict(request_id, owed, name, released)
-            outcome, _, rest, completes = verdict
+            try:  # the remembered verdict (a KeyError when not held, ignored or new)
+                outcome, _, rest, completes = known[owed][name]  # type: ignore[index]
+            except KeyError:
+                outcome, _, rest, completes = self._verdict(request_id, owed, name, released)
             if outcome is not _APPLIED:
                 if outcome is _PHANTOM and name not in self._order:
                     outcome = Outcome.unknown_connector

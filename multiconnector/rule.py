@@ -144,6 +144,8 @@ class Verdicts:
             if verdict is not None:
                 return verdict
         outcome, dest, rest, completes = transfer_report(state, awaiting, expected, abandoned, name)
+        if dest is None:  # ignored (a state that awaits nothing): not a function of the key
+            return (outcome, dest, rest, completes)
         verdict = (outcome, dest, self.intern(rest), completes)
         if self.kept < SHARED_LIMIT:
             self.kept += 1

@@ -539,6 +539,11 @@ CATALOG: tuple[Broken, ...] = (
         why="begin, match_tokens with a answering 1 (a is chosen), unregister a, load_finished a",
         factory=UnregisteredLoaderAccepted,
         events=ALPHABET + LOAD_EVENTS,
+        also={
+            "no early free": "its unregistering forgotten, a cancelled request whose loader went"
+            " is settled again when the name is unregistered again: queued twice",
+            "no exception": "take() raises on the record queued twice",
+        },
     ),
     # -- params (checked with params=True; two savers, no None slot, to stay small) ----------
     Broken(
@@ -554,7 +559,7 @@ CATALOG: tuple[Broken, ...] = (
         name="params input mutated",
         prop="params merged",
         shortest=2,
-        why="begin, request_finished (driven whole) with a and b answering params: a's changed",
+        why="begin, request_finished asks with a and b answering params: a's changed",
         factory=MergeMutatesInput,
         connectors=PARAMS_CONNECTORS,
         params=True,
@@ -563,7 +568,7 @@ CATALOG: tuple[Broken, ...] = (
         name="params clash raised before the savers are recorded",
         prop="params merged",
         shortest=2,
-        why="begin, request_finished (driven whole) with a clash: raised, the request pending",
+        why="begin, request_finished asks, with a clash: raised, the request pending",
         factory=ClashRaisedBeforeRecorded,
         connectors=PARAMS_CONNECTORS,
         params=True,
@@ -584,8 +589,8 @@ CATALOG: tuple[Broken, ...] = (
     Broken(
         name="params duplicate key untested in the inlined merge",
         prop="params merged",
-        shortest=2,
-        why="begin, request_finished (driven whole) with a and b answering the shared key",
+        shortest=3,
+        why="begin, request_finished asks (a and b answer the shared key), applies: no clash",
         factory=FastPathDuplicateKeyUntested,
         connectors=PARAMS_CONNECTORS,
         params=True,

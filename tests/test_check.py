@@ -119,7 +119,7 @@ def test_load_side_bound_in_make_test_passes() -> None:
         events=ALPHABET + LOAD_EVENTS,
     )
     assert_all_pass(report, LOAD_PROPERTIES)
-    assert (report.distinct_states, report.max_depth) == (6377, 15)
+    assert (report.distinct_states, report.max_depth) == (7945, 17)
     assert report.bounds["events"] == [*ALPHABET, *LOAD_EVENTS]
 
 

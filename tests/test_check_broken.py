@@ -58,12 +58,12 @@ KNOWN: dict[str, tuple[str, int]] = {
     # params (checked with params=True and savers a and b only): begin, request_finished asks
     # (a and b answer the shared key), applies it: no clash raised
     "params clash merged by overwriting": ("params merged", 3),
-    # begin, request_finished (a subclass's: driven whole) with a and b answering params
+    # begin, request_finished asks with a and b answering params: a's changed, or raised
     "params input mutated": ("params merged", 2),
     "params clash raised before the savers are recorded": ("params merged", 2),
     # begin, request_finished asks (a and b answer the shared key equal), applies it
     "params allow_equal inverted": ("params merged", 3),
-    "params duplicate key untested in the inlined merge": ("params merged", 2),
+    "params duplicate key untested in the inlined merge": ("params merged", 3),
     # begin, request_finished saving a and b (asks, applies), unregister a, a reports
     "ignored report's outcome misclassified": ("right outcome", 5),
     # begin, request_finished saving a (asks, applies), cancel, a reports (drained)
@@ -217,7 +217,15 @@ def test_the_load_bugs_pass_every_other_property_and_the_default_alphabet() -> N
             failed = {p.name: len(p.counterexample or ()) for p in report.failures}
             assert failed["load once"] == bug.shortest, report.to_text()
             assert min(failed.values()) == bug.shortest
-            consequences = {"no early free", "right outcome", "counters", "callbacks"}
+            # A record queued twice (a forgotten unregistering settles it again) makes take()
+            # raise: a consequence too.
+            consequences = {
+                "no early free",
+                "right outcome",
+                "counters",
+                "callbacks",
+                "no exception",
+            }
             assert set(failed) - {"load once"} <= consequences, report.to_text()
             assert check_aggregator(**BOUND, factory=factory).ok
 

@@ -192,13 +192,14 @@ class Reports(Books):
         if record is None:
             outcome = _UNKNOWN_REQUEST
         else:
-            known = self._verdicts.by_state[record.state].get(record.awaiting)
-            verdict = None if known is None else known.get(name)
-            if verdict is None:
-                verdict = self._verdicts.of(
+            try:  # the remembered verdict (a KeyError when ignored or new)
+                outcome, dest, rest, completes = self._verdicts.by_state[record.state][
+                    record.awaiting
+                ][name]
+            except KeyError:
+                outcome, dest, rest, completes = self._verdicts.of(
                     record.state, record.awaiting, record.expected, record.abandoned, name
                 )
-            outcome, dest, rest, completes = verdict
             if outcome is _APPLIED:
                 assert dest is not None
                 source = record.state
