@@ -2,8 +2,8 @@
 (only its ``config.json``: the scheduler side needs nothing else), the KV cache config, the
 scheduler, and what the model runner returns for a step.
 
-The adapter's tests build theirs the same way (``tests/adapter/vllm_harness.py``); the benchmarks
-keep their own, so that ``bench`` imports nothing from ``tests``.
+The adapter's tests use these too (``tests/adapter/vllm_harness.py`` imports them): ``bench``
+imports nothing from ``tests``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ pickle round trip, as vLLM ships it to workers), asks for transfer results and h
 
 from __future__ import annotations
 
-import json
 import pickle
 from pathlib import Path
 from typing import Any
@@ -27,35 +26,46 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     SlidingWindowSpec,
 )
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
-from vllm.v1.structured_output import StructuredOutputManager
 
-BLOCK = 16
-EOS = 2
+# The scheduler, the model folder and a step's output: the same pieces as the benchmarks'.
+from bench.scheduler_parts import (
+    BLOCK,
+    EOS,
+    make_kv_cache_config,
+    make_scheduler,
+    runner_output,
+    write_model,
+)
+
 OURS = ("MultiConnector", "multiconnector.vllm")
 THEIRS = ("MultiConnector", None)
 
-TINY_OPT = {
-    "architectures": ["OPTForCausalLM"],
-    "model_type": "opt",
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "ffn_dim": 128,
-    "vocab_size": 1000,
-    "max_position_embeddings": 512,
-    "word_embed_proj_dim": 64,
-    "do_layer_norm_before": True,
-    "torch_dtype": "float32",
-}
+__all__ = [
+    "BLOCK",
+    "EOS",
+    "OURS",
+    "THEIRS",
+    "Engine",
+    "builtin_config",
+    "implemented",
+    "make_config",
+    "make_connector",
+    "make_hybrid_kv_cache_config",
+    "make_kv_cache_config",
+    "make_request",
+    "make_scheduler",
+    "runner_output",
+    "write_model",
+]
+
 
 init_none_hash(sha256)
 
@@ -69,12 +79,6 @@ def implemented(cls: type[Any]) -> set[str]:
         if klass.__module__.startswith("multiconnector.")
         for name in vars(klass)
     }
-
-
-def write_model(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(TINY_OPT))
-    return folder
 
 
 def make_config(
@@ -106,44 +110,9 @@ def make_config(
     )
 
 
-def make_kv_cache_config(num_blocks: int = 64) -> KVCacheConfig:
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    return KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
-    )
-
-
-def make_scheduler(
-    config: VllmConfig, num_blocks: int = 64, kv_cache_config: KVCacheConfig | None = None
-) -> Scheduler:
-    config.cache_config.num_gpu_blocks = num_blocks
-    return Scheduler(
-        vllm_config=config,
-        kv_cache_config=kv_cache_config or make_kv_cache_config(num_blocks),
-        log_stats=True,
-        structured_output_manager=StructuredOutputManager(config),
-        block_size=BLOCK,
-    )
-
-
 def make_connector(config: VllmConfig, role: KVConnectorRole) -> Any:
     """The connector vLLM's factory builds for ``role``, loaded as configured."""
     return KVConnectorFactory.create_connector(config, role, make_kv_cache_config())
-
-
-def runner_output(
-    scheduler_output: Any, kv_output: KVConnectorOutput | None, token: int = 7
-) -> ModelRunnerOutput:
-    """What the model runner returns for a step: ``token`` sampled for every scheduled request."""
-    ids = list(scheduler_output.num_scheduled_tokens)
-    return ModelRunnerOutput(
-        req_ids=ids,
-        req_id_to_index={rid: i for i, rid in enumerate(ids)},
-        sampled_token_ids=[[token] for _ in ids],
-        kv_connector_output=kv_output,
-    )
 
 
 def make_request(request_id: str, num_tokens: int = 40, max_tokens: int = 1) -> Request:
