@@ -19,6 +19,7 @@ from ..errors import (
 )
 from ..machine import build_machine
 from .alike import _alike
+from .apply import _apply
 from .canonical import Signatures, _Interner
 from .fork import _fork
 from .properties import (
@@ -54,7 +55,6 @@ from .scenario import (
     RAISES,
     SAVER,
     _actor,
-    _apply,
     _events,
     _Garbage,
     _Pad,
