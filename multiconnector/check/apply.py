@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
-
 from ..errors import (
     ConnectorFailures,
     InvalidAnswerError,
@@ -44,28 +42,9 @@ def _apply(world: _World, event: Event) -> None:
     """no event raises, except the ConnectorFailures a raising connector documents"""
     kind = event[0]
     world.applied += 1
-    request = world.requests[event[1]] if kind in _PER_REQUEST else None
-    last = _begin(world, event, request)
-    if kind in _LOADING:
-        assert request is not None
-        _apply_load(world, request, event)
-        return
-    called = _call(world, request, event)
-    _observe(world, request, event, called)
-    if last is not None:
-        last.taken = called.taken
-        last.outcomes = called.outcomes
-        last.result = called.result
-        last.clash = called.clash
-        last.answers = called.answers
-        last.called = tuple(world.scenario.pad.finished)
-
-
-def _begin(world: _World, event: Event, request: _Request | None) -> _Last | None:
-    """The world before ``event``: its :class:`_Last` (``None`` while a path is replayed:
-    nothing reads what happened in between), and the pad's records of calls emptied."""
     requests = world.requests
-    if world.dirty:
+    request = requests[event[1]] if kind in _PER_REQUEST else None
+    if world.dirty:  # replaying a path: nothing reads what happened in between
         last = world.last = None
     else:
         last = world.last = _Last(
@@ -84,25 +63,39 @@ def _begin(world: _World, event: Event, request: _Request | None) -> _Last | Non
     pad.asked = []
     if pad.finished:
         pad.finished = []
-    return last
+    if kind in _LOADING:
+        assert request is not None
+        _apply_load(world, request, event)
+        return
+    called = _call(world, request, event)
+    _observe(world, request, event, called)
+    if last is not None:
+        last.taken = called.taken
+        last.outcomes = called.outcomes
+        last.result = called.result
+        last.clash = called.clash
+        last.answers = called.answers
+        last.called = tuple(pad.finished)
 
 
-@attrs.define(slots=True, eq=False)
 class _Called:
     """What the aggregator's call for one event (not a load event) returned or raised."""
 
-    #: The records ``take()`` handed back.
-    taken: list[RequestTransferState] = attrs.field(factory=list)
-    #: As :attr:`_Last.outcomes`.
-    outcomes: tuple[Outcome, ...] | None = None
-    #: The params request_finished returned (or its error's ``result`` carried).
-    result: Any = None
-    #: The params error it raised (a ``KeyClashError``), if any.
-    clash: BaseException | None = None
-    #: The saver answers (choices, answered) a second half applied, with params.
-    answers: Any = None
-    #: For ``unregister``: how many held requests awaited the name.
-    abandoned: int = 0
+    __slots__ = ("abandoned", "answers", "clash", "outcomes", "result", "taken")
+
+    def __init__(self) -> None:
+        #: The records ``take()`` handed back.
+        self.taken: list[RequestTransferState] = []
+        #: As :attr:`_Last.outcomes`.
+        self.outcomes: tuple[Outcome, ...] | None = None
+        #: The params request_finished returned (or its error's ``result`` carried).
+        self.result: Any = None
+        #: The params error it raised (a ``KeyClashError``), if any.
+        self.clash: BaseException | None = None
+        #: The saver answers (choices, answered) a second half applied, with params.
+        self.answers: Any = None
+        #: For ``unregister``: how many held requests awaited the name.
+        self.abandoned = 0
 
 
 def _call(world: _World, request: _Request | None, event: Event) -> _Called:
