@@ -234,14 +234,16 @@ class _Search(Generic[M, E]):
         return sid
 
     def run(self, show: _Progress) -> None:
-        """The breadth-first search from ``initial()``, within the bounds, then ``no trap``."""
         start = time.perf_counter()
         root = self.initial()
         self.observe(root, -1, None)
         self.add(self.snapshot(root), root, -1, None, 0)
-        via, depth, open_ = self.via, self.depth, self.open
+        ids, via, depth, open_ = self.ids, self.via, self.depth, self.open
+        apply, snapshot, ways_out = self.apply, self.snapshot, self.ways_out
+        independent, alike, fork, actor = self.independent, self.alike, self.fork, self.actor
         # With fork: the model each new state was found with, until it is expanded.
         kept: dict[int, M] = {}
+        out_src, out_dst = self.out_src, self.out_dst
         index = 0
         deadline = self.deadline = None if self.max_seconds is None else start + self.max_seconds
         # The cyclic garbage collector is paused while searching: the search makes millions of
@@ -270,8 +272,73 @@ class _Search(Generic[M, E]):
                 model: M | None = kept.pop(sid, None)
                 if model is None:
                     model = self.revisit(sid)
-                if not self.expand(sid, model, kept):
-                    index -= 1  # the loop's next turn marks it and the rest open
+                # An untouched copy of this state's model, copied again for each event that
+                # leaves the state (instead of replaying its path again); None: replay.
+                pristine = fork(model) if fork is not None else None
+                targets: set[int] = set()
+                asleep = self.sleep[sid]
+                done: list[Any] = []  # the events applied here so far (sleep sets)
+                acts: list[Hashable | None] = []  # with actor: those of done, read when needed
+                same: set[Any] = set()  # events that would do what one applied here did
+                for event in list(self.events(model)):
+                    if asleep is not None and event in asleep:
+                        self.pruned += 1
+                        continue
+                    if event in same:
+                        self.spared += 1
+                        done.append(event)  # explored as far as sleep sets go: it did the same
+                        continue
+                    done.append(event)
+                    # A state of many events can take seconds: stop within it. It stays open
+                    # (not fully expanded); what it reached so far was checked.
+                    if (
+                        deadline is not None
+                        and len(done) & 15 == 0
+                        and time.perf_counter() > deadline
+                    ):
+                        open_[sid] = 1
+                        index -= 1  # the loop's next turn marks it and the rest open
+                        break
+                    if model is None:
+                        if pristine is not None and fork is not None:
+                            model = fork(pristine)
+                        if model is None:
+                            model = self.revisit(sid)
+                    self.generated += 1
+                    try:
+                        apply(model, event)
+                    except Exception as exc:
+                        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                        self.record(NO_EXCEPTION, sid, event, text)
+                        model = None
+                        continue
+                    self.observe(model, sid, event)
+                    if alike is not None:
+                        same.update(alike(model, event))
+                    key = snapshot(model)
+                    target = ids.get(key)
+                    if target is None:
+                        if self.max_states is not None and len(via) >= self.max_states:
+                            open_[sid] = 1
+                            stopped.setdefault(MAX_STATES, None)
+                            model = None
+                            continue
+                        sleep = None
+                        if actor is not None:
+                            sleep = self.asleep_by_actor(asleep, done, acts)
+                        elif independent is not None:
+                            sleep = self.asleep(asleep, done[:-1], event)
+                        target = self.add(key, model, sid, event, depth[sid] + 1, sleep=sleep)
+                        if fork is not None and len(kept) < _KEEP_MODELS:
+                            kept[target] = model  # expanded from this model, not replayed
+                    if target not in targets:
+                        targets.add(target)
+                    if target != sid and (ways_out is None or ways_out(event)):
+                        out_src.append(sid)
+                        out_dst.append(target)
+                    if target != sid:
+                        model = None  # it stands for another state now: replay for the next
+                self.edges += len(targets)
                 if index & 31 == 0:
                     show.update(len(via), self.generated, depth[sid], len(via) - index)
                     if collecting and index & _COLLECT_EVERY == 0:
@@ -288,81 +355,6 @@ class _Search(Generic[M, E]):
         finally:
             if collecting:
                 gc.enable()
-
-    def expand(self, sid: int, found: M, kept: dict[int, M]) -> bool:
-        """Applies each event enabled in state ``sid`` (``found``: a model in it) that neither
-        a sleep set nor ``alike`` spares, adds the states found and their edges, and keeps
-        (with ``fork``) a new state's model in ``kept``; false when the time budget ran out
-        within it (it stays open: what it reached so far was checked)."""
-        ids, via, depth, open_ = self.ids, self.via, self.depth, self.open
-        apply, snapshot, ways_out = self.apply, self.snapshot, self.ways_out
-        independent, alike, fork, actor = self.independent, self.alike, self.fork, self.actor
-        out_src, out_dst, deadline = self.out_src, self.out_dst, self.deadline
-        model: M | None = found
-        # An untouched copy of this state's model, copied again for each event that
-        # leaves the state (instead of replaying its path again); None: replay.
-        pristine = fork(found) if fork is not None else None
-        targets: set[int] = set()
-        asleep = self.sleep[sid]
-        done: list[Any] = []  # the events applied here so far (sleep sets)
-        acts: list[Hashable | None] = []  # with actor: those of done, read when needed
-        same: set[Any] = set()  # events that would do what one applied here did
-        for event in list(self.events(found)):
-            if asleep is not None and event in asleep:
-                self.pruned += 1
-                continue
-            if event in same:
-                self.spared += 1
-                done.append(event)  # explored as far as sleep sets go: it did the same
-                continue
-            done.append(event)
-            # A state of many events can take seconds: stop within it. It stays open
-            # (not fully expanded); what it reached so far was checked.
-            if deadline is not None and len(done) & 15 == 0 and time.perf_counter() > deadline:
-                open_[sid] = 1
-                self.edges += len(targets)
-                return False
-            if model is None:
-                if pristine is not None and fork is not None:
-                    model = fork(pristine)
-                if model is None:
-                    model = self.revisit(sid)
-            self.generated += 1
-            try:
-                apply(model, event)
-            except Exception as exc:
-                text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                self.record(NO_EXCEPTION, sid, event, text)
-                model = None
-                continue
-            self.observe(model, sid, event)
-            if alike is not None:
-                same.update(alike(model, event))
-            key = snapshot(model)
-            target = ids.get(key)
-            if target is None:
-                if self.max_states is not None and len(via) >= self.max_states:
-                    open_[sid] = 1
-                    self.stopped.setdefault(MAX_STATES, None)
-                    model = None
-                    continue
-                sleep = None
-                if actor is not None:
-                    sleep = self.asleep_by_actor(asleep, done, acts)
-                elif independent is not None:
-                    sleep = self.asleep(asleep, done[:-1], event)
-                target = self.add(key, model, sid, event, depth[sid] + 1, sleep=sleep)
-                if fork is not None and len(kept) < _KEEP_MODELS:
-                    kept[target] = model  # expanded from this model, not replayed
-            if target not in targets:
-                targets.add(target)
-            if target != sid and (ways_out is None or ways_out(event)):
-                out_src.append(sid)
-                out_dst.append(target)
-            if target != sid:
-                model = None  # it stands for another state now: replay for the next
-        self.edges += len(targets)
-        return True
 
     def traps(self, start: float) -> None:
         """``no trap``, judged on the graph found (the collector still paused: its first full
