@@ -117,6 +117,90 @@ def explore(
 
     .. versionadded:: 0.1.0
     """
+    invariants = _checked(
+        initial=initial,
+        events=events,
+        apply=apply,
+        snapshot=snapshot,
+        invariants=invariants,
+        goal=goal,
+        ways_out=ways_out,
+        machine=machine,
+        fired=fired,
+        reached=reached,
+        describe=describe,
+        label=label,
+        data=data,
+        annotate=annotate,
+        max_states=max_states,
+        max_depth=max_depth,
+        progress=progress,
+        max_seconds=max_seconds,
+        expected=expected,
+        independent=independent,
+        alike=alike,
+        fork=fork,
+        actor=actor,
+    )
+    search = _Search(
+        initial=initial,
+        events=events,
+        apply=apply,
+        snapshot=snapshot,
+        invariants=invariants,
+        goal=goal,
+        ways_out=ways_out,
+        machine=machine,
+        fired=fired,
+        reached=reached,
+        max_states=max_states,
+        max_depth=max_depth,
+        max_seconds=max_seconds,
+        expected=expected,
+        independent=independent,
+        alike=alike,
+        fork=fork,
+        actor=actor,
+    )
+    search.run(_Progress(progress))
+    return search.report(
+        title=title,
+        bounds=dict(bounds or {"max states": max_states, "max depth": max_depth}),
+        describe=describe,
+        label=label,
+        data=data,
+        annotate=annotate,
+    )
+
+
+def _checked(
+    *,
+    initial: object,
+    events: object,
+    apply: object,
+    snapshot: object,
+    invariants: object,
+    goal: object,
+    ways_out: object,
+    machine: object,
+    fired: object,
+    reached: object,
+    describe: object,
+    label: object,
+    data: object,
+    annotate: object,
+    max_states: int | None,
+    max_depth: int | None,
+    progress: object,
+    max_seconds: float | None,
+    expected: object,
+    independent: object,
+    alike: object,
+    fork: object,
+    actor: object,
+) -> dict[str, Callable[[Any], object]]:
+    """:func:`explore`'s arguments checked, in order (an :class:`InvalidArgumentError` names
+    the first bad one); returns the invariants as a new dict (empty for ``None``)."""
     required: dict[str, object] = {
         "initial": initial,
         "events": events,
@@ -139,14 +223,7 @@ def explore(
     for argument, fn in optional.items():
         if fn is not None and not callable(fn):
             raise InvalidArgumentError(f"{argument}={shown(fn)} must be callable or None")
-    if invariants is None:
-        invariants = {}
-    if not isinstance(invariants, Mapping) or not all(
-        isinstance(k, str) and callable(v) for k, v in invariants.items()
-    ):
-        raise InvalidArgumentError(
-            f"invariants={shown(invariants)} must map property names (str) to callables"
-        )
+    checked = _invariants(invariants)
     for argument, bound in (("max_states", max_states), ("max_depth", max_depth)):
         if bound is not None and (type(bound) is not int or bound < 1):
             raise InvalidArgumentError(f"{argument}={shown(bound)} must be an int >= 1 or None")
@@ -171,32 +248,17 @@ def explore(
         raise InvalidArgumentError(
             f"machine={shown(machine)} and fired={shown(fired)} must be given together"
         )
-    search = _Search(
-        initial=initial,
-        events=events,
-        apply=apply,
-        snapshot=snapshot,
-        invariants=dict(invariants),
-        goal=goal,
-        ways_out=ways_out,
-        machine=machine,
-        fired=fired,
-        reached=reached,
-        max_states=max_states,
-        max_depth=max_depth,
-        max_seconds=max_seconds,
-        expected=expected,
-        independent=independent,
-        alike=alike,
-        fork=fork,
-        actor=actor,
-    )
-    search.run(_Progress(progress))
-    return search.report(
-        title=title,
-        bounds=dict(bounds or {"max states": max_states, "max depth": max_depth}),
-        describe=describe,
-        label=label,
-        data=data,
-        annotate=annotate,
-    )
+    return checked
+
+
+def _invariants(invariants: object) -> dict[str, Callable[[Any], object]]:
+    """``invariants`` checked: ``None`` or a mapping of property names to callables; a copy."""
+    if invariants is None:
+        return {}
+    if not isinstance(invariants, Mapping) or not all(
+        isinstance(k, str) and callable(v) for k, v in invariants.items()
+    ):
+        raise InvalidArgumentError(
+            f"invariants={shown(invariants)} must map property names (str) to callables"
+        )
+    return dict(invariants)

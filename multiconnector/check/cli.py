@@ -81,6 +81,7 @@ def _seconds(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The parser of ``multiconnector check``: scenario, search, then output options."""
     parser = Parser(
         prog="multiconnector check",
         description="Explore every reachable state of a bounded scenario on the real "
@@ -89,6 +90,23 @@ def _parser() -> argparse.ArgumentParser:
         "arguments, 3 INCONCLUSIVE (--max-states or --max-seconds cut the search short "
         "before any violation was found).",
     )
+    _add_scenario_arguments(parser)
+    _add_search_arguments(parser)
+    parser.add_argument(
+        "--json",
+        type=output_file,
+        default=None,
+        metavar="FILE",
+        help="also write the report as JSON to FILE (checked before the search starts; its "
+        "folder must exist)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="never show progress")
+    add_check_arguments(parser)
+    return parser
+
+
+def _add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
+    """The scenario's options: its connectors, unknown names, requests and alphabet."""
     default = ",".join(
         n if k == SAVER else f"{n}={k or 'none'}" for n, k in DEFAULT_CONNECTORS.items()
     )
@@ -132,6 +150,10 @@ def _parser() -> argparse.ArgumentParser:
         "as documented, that a clash is raised exactly when keys clash, and that no saver's "
         "params are changed (multiplies the request_finished events by 4 per saver)",
     )
+
+
+def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    """The search's options: its bounds, its reductions and how coverage is judged."""
     parser.add_argument(
         "--max-states",
         type=_positive,
@@ -173,17 +195,6 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not merge states that differ only by request ids or same-kind connector names",
     )
-    parser.add_argument(
-        "--json",
-        type=output_file,
-        default=None,
-        metavar="FILE",
-        help="also write the report as JSON to FILE (checked before the search starts; its "
-        "folder must exist)",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="never show progress")
-    add_check_arguments(parser)
-    return parser
 
 
 def _alphabet(events: list[str] | None, load: bool) -> list[str] | None:

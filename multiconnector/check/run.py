@@ -19,6 +19,7 @@ from ..errors import (
 )
 from ..machine import build_machine
 from .alike import _alike
+from .apply import _apply
 from .canonical import Signatures, _Interner
 from .fork import _fork
 from .properties import (
@@ -54,7 +55,6 @@ from .scenario import (
     RAISES,
     SAVER,
     _actor,
-    _apply,
     _events,
     _Garbage,
     _Pad,
@@ -124,6 +124,126 @@ def check_aggregator(
        ``strict_coverage``; ``params``; ``transfer_finished_many`` in :data:`ALPHABET`.
     """
     started = time.perf_counter()  # max_seconds counts the set-up too
+    kinds = _kinds(connectors, unknown)
+    if type(requests) is not int or not 1 <= requests <= 6:
+        raise InvalidArgumentError(f"requests={shown(requests)} must be an int from 1 to 6")
+    alphabet = _alphabet(events)
+    if not callable(factory):
+        raise InvalidArgumentError(f"factory={shown(factory)} must be callable")
+    check_bool(symmetry, "symmetry")
+    check_bool(strict_coverage, "strict_coverage")
+    check_bool(reduction, "reduction")
+    check_bool(params, "params")
+    scenario, probe = _scenario(
+        kinds, unknown, requests, alphabet, factory, symmetry=symmetry, params=params
+    )
+    return _explore_scenario(
+        scenario,
+        probe,
+        started=started,
+        max_states=max_states,
+        max_depth=max_depth,
+        max_seconds=max_seconds,
+        strict_coverage=strict_coverage,
+        reduction=reduction,
+        progress=progress,
+    )
+
+
+def _explore_scenario(
+    scenario: _Scenario,
+    probe: _World,
+    *,
+    started: float,
+    max_states: int | None,
+    max_depth: int | None,
+    max_seconds: float | None,
+    strict_coverage: bool,
+    reduction: bool,
+    progress: bool,
+) -> CheckReport:
+    """:func:`explore` on the scenario, with the checker's properties, reductions and report
+    (``started``: when the call began, as ``max_seconds`` counts the set-up too)."""
+    kinds, alphabet, params = scenario.kinds, scenario.alphabet, scenario.params
+    requests = len(scenario.ids)
+    factory = scenario.factory
+    bounds = _bounds(
+        scenario,
+        requests=requests,
+        max_states=max_states,
+        max_depth=max_depth,
+        max_seconds=max_seconds,
+        reduction=reduction,
+    )
+    factory_name = getattr(factory, "__qualname__", type(probe).__qualname__)
+    return explore(
+        scenario.fresh,
+        _events,
+        _apply,
+        _snapshot,
+        _invariants(alphabet, params),
+        goal=_no_live_request,
+        ways_out=_not_cancel,
+        machine=build_machine(),
+        fired=_fired,
+        describe=_describe,
+        label=_label(probe),
+        data=_data(scenario.ids),
+        annotate=_annotate,
+        max_states=max_states,
+        max_depth=max_depth,
+        max_seconds=_budget(max_seconds, started),
+        expected=None if strict_coverage else reachable_in(kinds, alphabet),
+        actor=_actor if reduction else None,
+        alike=_alike if reduction else None,
+        fork=_fork,
+        progress=progress,
+        bounds=bounds,
+        title=f"multiconnector check: the transfer machine, on the real {factory_name}",
+    )
+
+
+def _scenario(
+    kinds: dict[str, str | None],
+    unknown: Sequence[str],
+    requests: int,
+    alphabet: frozenset[str],
+    factory: Callable[..., MultiConnector],
+    *,
+    symmetry: bool,
+    params: bool,
+) -> tuple[_Scenario, _World]:
+    """The scenario of checked arguments, and its first world (a probe of what ``factory``
+    builds: a subclass with its own ``request_finished`` is driven whole, ``atomic``)."""
+    pad = _Pad()
+    scenario = _Scenario(
+        names=tuple(kinds),
+        kinds=kinds,
+        unknown=tuple(unknown),
+        ids=tuple(f"r{i}" for i in range(1, requests + 1)),
+        alphabet=alphabet,
+        factory=factory,
+        pad=pad,
+        connectors=_connectors(kinds, pad),
+        symmetry=_canonical_form(kinds, requests, on=symmetry),
+        interner=_Interner(),
+        registry_order=_registry_order(alphabet, params),
+        params=params,
+        batchers=tuple(n for n, k in kinds.items() if k in (SAVER, GARBAGE)),
+    )
+    probe = scenario.fresh()
+    allow_equal = getattr(probe.mc, "_allow_equal", False) is True
+    atomic = type(probe.mc).request_finished is not MultiConnector.request_finished
+    if atomic or allow_equal:
+        scenario = attrs.evolve(scenario, atomic=atomic, allow_equal=allow_equal)
+    return scenario, probe
+
+
+def _kinds(
+    connectors: Mapping[str, str | None] | None, unknown: Sequence[str]
+) -> dict[str, str | None]:
+    """``connectors`` checked (default: :data:`DEFAULT_CONNECTORS`) as a dict of name to kind,
+    and ``unknown`` checked against it: never one of its names."""
     if connectors is None:
         connectors = DEFAULT_CONNECTORS
     if not isinstance(connectors, Mapping) or not connectors:
@@ -144,8 +264,11 @@ def check_aggregator(
         check_name(name, "unknown item")
         if name in kinds:
             raise InvalidArgumentError(f"unknown={shown(unknown)} names a connector: {name!r}")
-    if type(requests) is not int or not 1 <= requests <= 6:
-        raise InvalidArgumentError(f"requests={shown(requests)} must be an int from 1 to 6")
+    return kinds
+
+
+def _alphabet(events: Collection[str] | None) -> frozenset[str]:
+    """``events`` checked: the kinds of events the scenario applies (default: :data:`ALPHABET`)."""
     if events is None:
         alphabet = frozenset(ALPHABET)
     else:
@@ -157,13 +280,11 @@ def check_aggregator(
             raise InvalidArgumentError(
                 f"events={shown(events)} has unknown kinds {bad}; choose from {list(_KINDS)}"
             )
-    if not callable(factory):
-        raise InvalidArgumentError(f"factory={shown(factory)} must be callable")
-    check_bool(symmetry, "symmetry")
-    check_bool(strict_coverage, "strict_coverage")
-    check_bool(reduction, "reduction")
-    check_bool(params, "params")
-    pad = _Pad()
+    return alphabet
+
+
+def _connectors(kinds: Mapping[str, str | None], pad: _Pad) -> dict[str, Any]:
+    """The connector each name registers, by its kind (``None`` for a not-ready slot)."""
     made: dict[str, Any] = {}
     for name, kind in kinds.items():
         made[name] = _Scripted(name, pad) if kind == SAVER else None
@@ -171,26 +292,20 @@ def check_aggregator(
             made[name] = _Raising(name, pad)
         elif kind == GARBAGE:
             made[name] = _Garbage(name, pad)
-    scenario = _Scenario(
-        names=tuple(kinds),
-        kinds=kinds,
-        unknown=tuple(unknown),
-        ids=tuple(f"r{i}" for i in range(1, requests + 1)),
-        alphabet=alphabet,
-        factory=factory,
-        pad=pad,
-        connectors=made,
-        symmetry=_canonical_form(kinds, requests, on=symmetry),
-        interner=_Interner(),
-        registry_order=_registry_order(alphabet, params),
-        params=params,
-        batchers=tuple(n for n, k in kinds.items() if k in (SAVER, GARBAGE)),
-    )
-    probe = scenario.fresh()
-    allow_equal = getattr(probe.mc, "_allow_equal", False) is True
-    atomic = type(probe.mc).request_finished is not MultiConnector.request_finished
-    if atomic or allow_equal:
-        scenario = attrs.evolve(scenario, atomic=atomic, allow_equal=allow_equal)
+    return made
+
+
+def _bounds(
+    scenario: _Scenario,
+    *,
+    requests: int,
+    max_states: int | None,
+    max_depth: int | None,
+    max_seconds: float | None,
+    reduction: bool,
+) -> dict[str, Any]:
+    """The scenario and the search's bounds, as the report shows them."""
+    kinds, unknown, alphabet = scenario.kinds, scenario.unknown, scenario.alphabet
     shown_kinds = {SAVER: "saver", RAISES: "raises", GARBAGE: "garbage", None: "None slot"}
     bounds = {
         "connectors": [f"{n} ({shown_kinds[k]})" for n, k in kinds.items()],
@@ -204,11 +319,16 @@ def check_aggregator(
         "max depth": max_depth if max_depth is not None else "unbounded",
         "reduction": "sleep sets (events of different requests commute)" if reduction else "off",
     }
-    if params:
+    if scenario.params:
         bounds["params"] = "every saver answers one of: " + ", ".join(str(c) for c in PARAM_CHOICES)
     if max_seconds is not None:
         bounds["max seconds"] = max_seconds
-    factory_name = getattr(factory, "__qualname__", type(probe).__qualname__)
+    return bounds
+
+
+def _invariants(alphabet: frozenset[str], params: bool) -> dict[str, Callable[[_World], object]]:
+    """The properties judged on every state, in the report's order: :data:`LOAD_ONCE` with a
+    load event in ``alphabet``, :data:`PARAMS_MERGED` with ``params``."""
     invariants: dict[str, Callable[[_World], object]] = {
         TERMINAL_ABSORBING: _terminal_absorbing,
         NO_EARLY_FREE: _no_early_free,
@@ -221,31 +341,7 @@ def check_aggregator(
     invariants[CALLBACKS] = _callbacks
     if params:
         invariants[PARAMS_MERGED] = _params_merged
-    return explore(
-        scenario.fresh,
-        _events,
-        _apply,
-        _snapshot,
-        invariants,
-        goal=_no_live_request,
-        ways_out=_not_cancel,
-        machine=build_machine(),
-        fired=_fired,
-        describe=_describe,
-        label=_label(probe),
-        data=_data(scenario.ids),
-        annotate=_annotate,
-        max_states=max_states,
-        max_depth=max_depth,
-        max_seconds=_budget(max_seconds, started),
-        expected=None if strict_coverage else reachable_in(kinds, alphabet),
-        actor=_actor if reduction else None,
-        alike=_alike if reduction else None,
-        fork=_fork,
-        progress=progress,
-        bounds=bounds,
-        title=f"multiconnector check: the transfer machine, on the real {factory_name}",
-    )
+    return invariants
 
 
 #: The search's budget once the set-up spent all of ``max_seconds``: it stops after the initial

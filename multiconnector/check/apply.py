@@ -1,0 +1,326 @@
+"""How one event of the scenario is applied to a world: :func:`_apply`.
+
+It calls the real aggregator (:func:`_call`), and records on the world what the checker saw
+on its own (:func:`_observe`) and, while exploring (not replaying), what the event did
+(:class:`~.scenario._Last`), for the properties that judge a transition.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import (
+    ConnectorFailures,
+    InvalidAnswerError,
+    KeyClashError,
+    UnknownRequestError,
+)
+from ..machine import TERMINAL, RequestTransferState
+from ..outcome import Outcome
+from .scenario import (
+    _ABANDONED,
+    _APPLY_ANSWERS,
+    _HELD,
+    _LOADING,
+    _PENDING,
+    _PER_REQUEST,
+    _TAKEN,
+    GARBAGE,
+    RAISES,
+    ConnectorCrash,
+    Event,
+    _held,
+    _Last,
+    _Load,
+    _Request,
+    _Scenario,
+    _World,
+)
+
+
+def _apply(world: _World, event: Event) -> None:
+    """no event raises, except the ConnectorFailures a raising connector documents"""
+    kind = event[0]
+    world.applied += 1
+    requests = world.requests
+    request = requests[event[1]] if kind in _PER_REQUEST else None
+    if world.dirty:  # replaying a path: nothing reads what happened in between
+        last = world.last = None
+    else:
+        last = world.last = _Last(
+            event=event,
+            before=tuple(r.view for r in requests),
+            phases=tuple(r.phase for r in requests),
+            lengths=tuple(
+                len(r.record.history or ()) if r.record is not None else 0 for r in requests
+            ),
+            taken=[],
+            registry=world.registry,
+            claimed=request is not None and bool(request.asking),
+        )
+    world.dirty = True
+    pad = world.scenario.pad
+    pad.asked = []
+    if pad.finished:
+        pad.finished = []
+    if kind in _LOADING:
+        assert request is not None
+        _apply_load(world, request, event)
+        return
+    called = _call(world, request, event)
+    _observe(world, request, event, called)
+    if last is not None:
+        last.taken = called.taken
+        last.outcomes = called.outcomes
+        last.result = called.result
+        last.clash = called.clash
+        last.answers = called.answers
+        last.called = tuple(pad.finished)
+
+
+class _Called:
+    """What the aggregator's call for one event (not a load event) returned or raised."""
+
+    __slots__ = ("abandoned", "answers", "clash", "outcomes", "result", "taken")
+
+    def __init__(self) -> None:
+        #: The records ``take()`` handed back.
+        self.taken: list[RequestTransferState] = []
+        #: As :attr:`_Last.outcomes`.
+        self.outcomes: tuple[Outcome, ...] | None = None
+        #: The params request_finished returned (or its error's ``result`` carried).
+        self.result: Any = None
+        #: The params error it raised (a ``KeyClashError``), if any.
+        self.clash: BaseException | None = None
+        #: The saver answers (choices, answered) a second half applied, with params.
+        self.answers: Any = None
+        #: For ``unregister``: how many held requests awaited the name.
+        self.abandoned = 0
+
+
+def _call(world: _World, request: _Request | None, event: Event) -> _Called:
+    """Calls the aggregator for ``event``; the errors a connector of the scenario documents
+    (it raises, it answers garbage, params clash when checked) are caught and recorded."""
+    scenario = world.scenario
+    mc = world.mc
+    kind = event[0]
+    pad = scenario.pad
+    called = _Called()
+    try:
+        if kind == "transfer_finished":
+            assert request is not None
+            called.outcomes = (mc.transfer_finished(request.request_id, event[2]),)
+        elif kind == "request_finished":
+            assert request is not None
+            _request_finished(world, request, event, called)
+        elif kind == _APPLY_ANSWERS:
+            assert request is not None
+            asked, request.asking = request.asking[0], request.asking[1:]
+            if request.answers:
+                called.answers, request.answers = request.answers[0], request.answers[1:]
+            called.result = mc._answer(asked)
+            called.outcomes = (called.result[0],)
+        elif kind == "transfer_finished_many":
+            ids = [world.requests[i].request_id for i in event[2]]
+            called.outcomes = tuple(mc.transfer_finished_many(event[1], ids))
+        elif kind == "cancel":
+            assert request is not None
+            called.outcomes = (mc.cancel(request.request_id),)
+        elif kind == "begin":
+            assert request is not None
+            mc.begin(request.request_id)
+        elif kind == "take":
+            called.taken = mc.take()
+        elif kind == "unregister":
+            name = event[1]
+            called.abandoned = sum(1 for r in _held(mc).values() if name in r.awaiting)
+            mc.unregister(name)
+        elif kind == "register":
+            mc.register(event[1], scenario.connectors[event[1]])
+        else:  # pragma: no cover - events come from _events
+            raise AssertionError(f"unknown event {event!r}")
+    except ConnectorFailures as exc:
+        # Documented: a connector that raises counts as not saving; the others are applied.
+        called.clash = _documented(scenario, exc)
+        _carried(called, exc.result)
+    except KeyClashError as exc:
+        # Checked by "params merged": whether a clash was due, and raised by the right half.
+        if not scenario.params:
+            raise
+        called.clash = exc
+        _carried(called, exc.result)
+    finally:
+        pad.savers = frozenset()
+        if pad.params:
+            pad.params = {}
+    return called
+
+
+def _request_finished(world: _World, request: _Request, event: Event, called: _Called) -> None:
+    """A ``request_finished`` event: the savers' answers chosen, then the call driven whole
+    (a subclass with its own request_finished) or its first half (claim and ask; a later
+    event applies the answers)."""
+    scenario = world.scenario
+    mc = world.mc
+    pad = scenario.pad
+    pad.savers = frozenset(event[2])
+    if scenario.params:
+        pad.params = dict(event[3])
+        pad.answered = []
+    if scenario.atomic:
+        called.result = mc.request_finished(request.request_id, ())
+        called.outcomes = (called.result[0],)
+        return
+    asked = mc._ask(request.request_id, ())
+    if len(asked) != 2:
+        request.asking = (*request.asking, asked)
+        if scenario.params:
+            request.answers = (*request.answers, (event[3], tuple(pad.answered)))
+        called.outcomes = ()
+    else:
+        called.outcomes = (asked[0],)
+
+
+def _documented(scenario: _Scenario, exc: ConnectorFailures) -> BaseException | None:
+    """The params clash ``exc`` carries last (with params), when every other failure is one
+    the scenario documents (a raising connector's crash, a garbage answer); else re-raised."""
+    errors = list(exc.exceptions)
+    clash = None
+    if scenario.params:
+        clashes = [e for e in errors if isinstance(e, KeyClashError)]
+        if len(clashes) == 1 and errors[-1] is clashes[0]:
+            clash = errors.pop()
+    expected = all(
+        (scenario.kinds.get(n) == RAISES and isinstance(e, ConnectorCrash))
+        or (scenario.kinds.get(n) == GARBAGE and isinstance(e, InvalidAnswerError))
+        for n, e in zip(exc.failed, errors, strict=False)
+    ) and len(exc.failed) == len(errors)
+    if not expected:
+        raise exc
+    return clash
+
+
+def _carried(called: _Called, result: Any) -> None:
+    """The result an error carried: an ``(outcome, params)`` pair gives the outcome."""
+    called.result = result
+    if isinstance(result, tuple) and len(result) == 2:
+        called.outcomes = (result[0],)
+
+
+def _observe(world: _World, request: _Request | None, event: Event, called: _Called) -> None:
+    """What the checker saw, independently of the aggregator's bookkeeping: the promised
+    saves still owed, the outcomes tallied, the phases of the requests, the records taken."""
+    scenario = world.scenario
+    requests = world.requests
+    tally = world.tally
+    kind = event[0]
+    outcomes = called.outcomes
+    if kind == "request_finished":
+        assert request is not None
+        request.owed |= {name for name, saves in scenario.pad.asked if saves}
+        if scenario.params and called.answers is None:
+            called.answers = (event[3], tuple(scenario.pad.answered))
+        if outcomes:
+            tally[outcomes[0], None] = tally.get((outcomes[0], None), 0) + 1
+    elif kind == "transfer_finished":
+        assert request is not None
+        request.owed -= {event[2]}
+        assert outcomes is not None
+        tally[outcomes[0], event[2]] = tally.get((outcomes[0], event[2]), 0) + 1
+    elif kind == _APPLY_ANSWERS:
+        if outcomes:
+            tally[outcomes[0], None] = tally.get((outcomes[0], None), 0) + 1
+    elif kind == "transfer_finished_many":
+        assert outcomes is not None
+        name = event[1]
+        for i, outcome in zip(event[2], outcomes, strict=False):
+            requests[i].owed -= {name}
+            tally[outcome, name] = tally.get((outcome, name), 0) + 1
+    elif kind == "unregister":
+        if called.abandoned:
+            key = (_ABANDONED, event[1])
+            tally[key] = tally.get(key, 0) + called.abandoned
+        for r in requests:
+            r.owed -= {event[1]}
+            if r.load_owed == event[1]:
+                r.load_owed = None
+            if r.loader == event[1]:
+                r.loaded = True  # its load is over: the connector is gone
+                r.loader_gone = True
+    elif kind == "cancel":
+        assert request is not None and outcomes is not None
+        tally[outcomes[0], None] = tally.get((outcomes[0], None), 0) + 1
+        if request.phase == _HELD:
+            request.cancelled = True
+    elif kind == "begin":
+        assert request is not None
+        request.phase = _HELD
+    for record in called.taken:
+        i = world.index.get(record.request_id)
+        if i is not None:
+            requests[i].phase = _TAKEN
+            requests[i].record = record
+
+
+def _apply_load(world: _World, request: _Request, event: Event) -> None:
+    """A load event; the checker's own record of the chosen loader follows what it saw."""
+    scenario = world.scenario
+    mc = world.mc
+    pad = scenario.pad
+    # Only the machine state is read from the aggregator (never its loader bookkeeping): it
+    # decides whether the request is pending (a match counts) or live (a load is due).
+    before = mc.peek(request.request_id)
+    state = before.state if before is not None else None
+    if event[0] == "match_tokens":
+        pad.tokens = dict(event[2])
+        pad.matched = []
+        try:
+            mc.match_tokens(request.request_id)
+        except UnknownRequestError:
+            if before is not None:
+                raise
+        except ConnectorFailures as exc:  # documented: a raising connector counts as 0
+            if not all(scenario.kinds.get(n) == RAISES for n in exc.failed) or not all(
+                isinstance(e, ConnectorCrash) for e in exc.exceptions
+            ):
+                raise
+        finally:
+            pad.tokens = {}
+        answers = pad.matched
+        if state is _PENDING and all(tokens is not None for _, tokens in answers):
+            request.loader = next((n for n, tokens in answers if tokens), None)
+            request.loaded = False
+            request.loader_gone = False
+            request.load_owed = request.loader
+        return
+    name = event[2]
+    pad.loads = []
+    live = state is not None and state not in TERMINAL
+    loader, loaded, gone, owed = (
+        request.loader,
+        request.loaded,
+        request.loader_gone,
+        request.load_owed,
+    )
+    outcome = mc.load_finished(request.request_id, name)
+    tally = world.tally
+    tally[outcome, name] = tally.get((outcome, name), 0) + 1
+    if live and name == loader and not gone:
+        request.loaded = True
+    if request.load_owed == name:  # delivered: that connector is done with the blocks
+        request.load_owed = None
+    last = world.last
+    if last is not None:
+        last.outcomes = (outcome,)
+        last.load = _Load(
+            request.request_id,
+            name,
+            live,
+            loader,
+            loaded,
+            gone,
+            outcome,
+            tuple(pad.loads),
+            owed,
+        )
+        last.called = tuple(pad.finished)
