@@ -26,7 +26,7 @@ from ._validate import check_name, check_request_id, check_request_ids, shown
 from .errors import InvalidArgumentError, UnknownConnectorError
 from .machine import State
 from .outcome import Outcome
-from .rule import COUNTER_LIMIT, OTHER_NAMES, SHARED_LIMIT, Verdict, Verdicts
+from .rule import SHARED_LIMIT, Verdict, Verdicts, count
 
 __all__ = ["SaveLedger"]
 
@@ -160,15 +160,7 @@ class SaveLedger:
         return self._verdicts.of(_FINISHING, owed, self._expected[request_id], (), name)
 
     def _ignore(self, event: str, request_id: str, name: str | None, outcome: Outcome) -> None:
-        ignored = self._ignored
-        key = (outcome, name)
-        n = ignored.get(key)
-        if n is None and len(ignored) >= COUNTER_LIMIT:
-            # Reports may carry any name at all: past the limit, new names share one key (as
-            # the aggregator's counters do), so made-up names cannot grow memory without bound.
-            key = (outcome, OTHER_NAMES)
-            n = ignored.get(key)
-        ignored[key] = 1 if n is None else n + 1
+        count(self._ignored, outcome, name)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "ignored %s for request %r from %r: %s", event, request_id, name, outcome.value

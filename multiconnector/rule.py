@@ -27,7 +27,15 @@ from typing import Final
 from .machine import DECISIONS, STATES, TERMINAL, RequestTransferState, State
 from .outcome import Outcome
 
-__all__ = ["COUNTER_LIMIT", "OTHER_NAMES", "SHARED_LIMIT", "Verdict", "Verdicts", "transfer_report"]
+__all__ = [
+    "COUNTER_LIMIT",
+    "OTHER_NAMES",
+    "SHARED_LIMIT",
+    "Verdict",
+    "Verdicts",
+    "count",
+    "transfer_report",
+]
 
 #: ``(outcome, state after, awaited after, completes)``. ``state after`` is ``None`` when the
 #: report is ignored (then ``awaited after`` is the awaited tuple given); ``completes`` is true
@@ -41,6 +49,21 @@ SHARED_LIMIT: Final = 4096
 COUNTER_LIMIT: Final = 1024
 #: The name under which every name past the counter limit is counted.
 OTHER_NAMES: Final = "<other names>"
+
+
+def count(
+    counts: dict[tuple[Outcome, str | None], int], outcome: Outcome, name: str | None
+) -> None:
+    """Add one to ``counts[(outcome, name)]``. Reports may carry any name at all: past
+    :data:`COUNTER_LIMIT` distinct keys, new names share the key ``(outcome, OTHER_NAMES)``, so a
+    flood of made-up names cannot grow memory without bound."""
+    key = (outcome, name)
+    n = counts.get(key)
+    if n is None and len(counts) >= COUNTER_LIMIT:
+        key = (outcome, OTHER_NAMES)
+        n = counts.get(key)
+    counts[key] = 1 if n is None else n + 1
+
 
 _DECIDE: Final = DECISIONS["transfer_finished"]
 _APPLIED: Final = Outcome.applied

@@ -22,7 +22,7 @@ from ..errors import ConnectorFailures, InvalidArgumentError, ShutDownError
 from ..machine import DECISIONS, TERMINAL, RequestTransferState, State, Step
 from ..outcome import Outcome
 from ..registry import Connector, ConnectorRegistry, Entry
-from ..rule import COUNTER_LIMIT, OTHER_NAMES, Verdicts
+from ..rule import OTHER_NAMES, Verdicts, count
 
 __all__ = ["OTHER_NAMES", "Books"]
 
@@ -46,8 +46,6 @@ _CANCELLED: Final = State.cancelled
 #: Counter key for events that concern a request, not a connector.
 _NO_NAME: Final = None
 _ON_GONE: Final = DECISIONS["connector_gone"]
-#: Distinct (outcome, name) counters kept per lock stripe; later names count under OTHER_NAMES.
-_COUNTER_LIMIT: Final = COUNTER_LIMIT
 
 
 class Books:
@@ -209,15 +207,7 @@ class Books:
         return _PHANTOM
 
     def _count(self, index: int, outcome: Outcome, name: str | None) -> None:
-        counts = self._counts[index]
-        key = (outcome, name)
-        n = counts.get(key)
-        if n is None and len(counts) >= _COUNTER_LIMIT:
-            # Reports may carry any name at all: past the limit, new names share one key, so
-            # a flood of made-up names cannot grow memory without bound.
-            key = (outcome, OTHER_NAMES)
-            n = counts.get(key)
-        counts[key] = 1 if n is None else n + 1
+        count(self._counts[index], outcome, name)
 
     @staticmethod
     def _log_ignored(event: str, request_id: str, name: str | None, outcome: Outcome) -> None:
