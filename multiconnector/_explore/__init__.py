@@ -18,6 +18,7 @@ they are found, so a state's number never decreases with its depth.
 
 from .explore import explore
 from .report import (
+    ACTORS_APART,
     COVERAGE,
     FAIL,
     INCONCLUSIVE,
@@ -41,6 +42,7 @@ from .report import (
 from .search import NondeterminismError, declared_transitions
 
 __all__ = [
+    "ACTORS_APART",
     "COVERAGE",
     "FAIL",
     "INCONCLUSIVE",

@@ -13,6 +13,7 @@ from .report import (
     Triple,
 )
 from .search import _Search
+from .views import View
 
 __all__ = ["explore"]
 
@@ -47,6 +48,8 @@ def explore(
     alike: Callable[[M, E], Iterable[E]] | None = None,
     fork: Callable[[M], M | None] | None = None,
     actor: Callable[[E], Hashable | None] | None = None,
+    views: Callable[[M], Iterable[View]] | None = None,
+    events_of: Callable[[M, frozenset[Any]], Iterable[E]] | None = None,
 ) -> CheckReport:
     """Explore every state reachable from ``initial()`` breadth-first and check properties.
 
@@ -110,6 +113,17 @@ def explore(
       exactly as the model replayed to the same state would (or ``None``: replay it). A state
       is then expanded from the model it was found with (up to a quarter of a million kept at
       once), and a copy replaces the replay otherwise needed after each event that leaves it.
+    * ``views(model)``, given with ``actor``, turns on the search by views
+      (:mod:`multiconnector._explore.views`): it lists ``(actor, key, goal)`` for each actor of
+      the model, ``key`` that actor's *view* (everything its future and verdicts depend on, the
+      shared part included) and ``goal`` whether the view is a goal for that actor. A state is
+      expanded only when one of its views is new, and then only with the events of those
+      actors and the events of no actor. It replaces the sleep sets, and ``no trap`` is judged
+      on the graph of views. Sound when actors interact only through the events of no actor
+      and ``goal`` is every actor's goal reached; then verdicts and counterexample lengths are
+      those of the whole search, at about the cost of one actor. ``events_of(model, actors)``,
+      when given, lists only the events of those actors and of no actor, in ``events``' order
+      (faster than listing every event and skipping the others').
     * ``progress=True`` shows the figures on stderr when the search runs longer than two seconds
       (with ``rich`` on a terminal when it is installed).
 
@@ -141,6 +155,8 @@ def explore(
         alike=alike,
         fork=fork,
         actor=actor,
+        views=views,
+        events_of=events_of,
     )
     search = _Search(
         initial=initial,
@@ -161,6 +177,8 @@ def explore(
         alike=alike,
         fork=fork,
         actor=actor,
+        views=views,
+        events_of=events_of,
     )
     search.run(_Progress(progress))
     return search.report(
@@ -198,6 +216,8 @@ def _checked(
     alike: object,
     fork: object,
     actor: object,
+    views: object,
+    events_of: object,
 ) -> dict[str, Callable[[Any], object]]:
     """:func:`explore`'s arguments checked, in order (an :class:`InvalidArgumentError` names
     the first bad one); returns the invariants as a new dict (empty for ``None``)."""
@@ -239,6 +259,12 @@ def _checked(
         raise InvalidArgumentError(f"actor={shown(actor)} must be callable or None")
     if actor is not None and independent is not None:
         raise InvalidArgumentError("give independent or actor, not both")
+    if views is not None and not callable(views):
+        raise InvalidArgumentError(f"views={shown(views)} must be callable or None")
+    if views is not None and actor is None:
+        raise InvalidArgumentError("views needs actor: which actor each event is of")
+    if events_of is not None and not callable(events_of):
+        raise InvalidArgumentError(f"events_of={shown(events_of)} must be callable or None")
     if fork is not None and not callable(fork):
         raise InvalidArgumentError(f"fork={shown(fork)} must be callable or None")
     if alike is not None and not callable(alike):

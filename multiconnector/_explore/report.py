@@ -45,6 +45,8 @@ Triple = tuple[str, str, str]
 
 NO_EXCEPTION: Final = "no exception"
 NO_TRAP: Final = "no trap"
+#: With ``explore(views=...)``: an actor's event changed no other actor's view.
+ACTORS_APART: Final = "actors apart"
 STATES_REACHED: Final = "states reached"
 TRANSITIONS_FIRED: Final = "transitions fired"
 
@@ -162,6 +164,11 @@ class CheckReport:
     #: Events not applied because an event applied from the same state did the same
     #: (``explore``'s ``alike``).
     alike: int = 0
+    #: With ``explore(views=...)``: the distinct views found (``distinct_states`` are then the
+    #: states kept, each for a new view), and the events not applied because they were another
+    #: actor's (see :mod:`multiconnector._explore.views`); 0 otherwise.
+    views: int = 0
+    other_actors: int = 0
 
     @property
     def ok(self) -> bool:
@@ -252,6 +259,8 @@ class CheckReport:
             "pruned": self.pruned,
             "reexpanded": self.reexpanded,
             "alike": self.alike,
+            "views": self.views,
+            "other_actors": self.other_actors,
             "verdict": self.verdict,
             "wall_time": round(self.wall_time, 4),
             "distinct_per_second": round(self.distinct_per_second, 1),
@@ -288,6 +297,12 @@ class CheckReport:
             f"distinct, {self.edges:,} edges, max depth {self.max_depth}"
         )
         out.append(f"search: {self.explored()}")
+        if self.views:
+            out.append(
+                f"by views: {self.views:,} distinct views of one request each, "
+                f"{self.distinct_states:,} states kept for a new view, "
+                f"{self.other_actors:,} events of another request not applied"
+            )
         if self.pruned:
             out.append(
                 f"reduction: {self.pruned:,} transitions spared by sleep sets"

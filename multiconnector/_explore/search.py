@@ -15,6 +15,7 @@ from .._validate import shown
 from ..errors import InvalidArgumentError, NondeterminismError
 from .progress import _Progress
 from .report import (
+    ACTORS_APART,
     MAX_DEPTH,
     MAX_SECONDS,
     MAX_STATES,
@@ -30,6 +31,7 @@ from .report import (
     Triple,
     _jsonable,
 )
+from .views import View, _Views
 
 __all__ = ["NondeterminismError", "declared_transitions"]
 
@@ -110,17 +112,22 @@ class _Search(Generic[M, E]):
         alike: Callable[[M, E], Iterable[E]] | None = None,
         fork: Callable[[M], M | None] | None = None,
         actor: Callable[[E], Hashable | None] | None = None,
+        views: Callable[[M], Iterable[View]] | None = None,
+        events_of: Callable[[M, frozenset[Any]], Iterable[E]] | None = None,
     ) -> None:
         self.initial, self.events, self.apply, self.snapshot = initial, events, apply, snapshot
+        #: With ``views``: the search by views (:mod:`.views`), which replaces the sleep sets.
+        self.views = None if views is None or actor is None else _Views(views, actor, ways_out)
+        self.events_of = events_of if self.views is not None else None
         self.checks = list(invariants.items())
         self.goal, self.ways_out = goal, ways_out
         self.fired, self.reached = fired, reached
         self.max_states, self.max_depth = max_states, max_depth
         self.max_seconds, self.expected = max_seconds, expected
-        if actor is not None and independent is None:
+        if actor is not None and independent is None and self.views is None:
             independent = functools.partial(_different_actors, actor)
         self.independent = independent
-        self.actor = actor
+        self.actor = None if self.views is not None else actor
         #: With ``actor``: each sleep set's events with their actors (for :meth:`asleep`).
         self.acting: dict[frozenset[Any], tuple[tuple[Any, Hashable | None], ...]] = {}
         self.alike = alike
@@ -193,6 +200,19 @@ class _Search(Generic[M, E]):
         # Breadth-first: the first violation found of each property is a shortest one.
         self.first.setdefault(name, (source, event, message))
 
+    def listed(self, model: M, sid: int) -> tuple[list[E], bool]:
+        """The events to try from state ``sid``, and whether the search by views must still
+        skip other actors' among them (not when ``events_of`` listed only the actors whose view
+        is new there, and no actor's)."""
+        if self.events_of is not None and self.views is not None:
+            return list(self.events_of(model, self.views.new[sid])), False
+        return list(self.events(model)), self.views is not None
+
+    def apart(self, message: str | None, source: int, event: Any) -> None:
+        """``actors apart``, with ``views``: an actor's event changed another actor's view."""
+        if message is not None:
+            self.record(ACTORS_APART, source, event, message)
+
     def observe(self, model: M, source: int, event: Any) -> None:
         for name, check in self.checks:
             if name in self.first:
@@ -241,6 +261,9 @@ class _Search(Generic[M, E]):
         ids, via, depth, open_ = self.ids, self.via, self.depth, self.open
         apply, snapshot, ways_out = self.apply, self.snapshot, self.ways_out
         independent, alike, fork, actor = self.independent, self.alike, self.fork, self.actor
+        views = self.views
+        if views is not None:
+            views.arrive(root, 0)  # every view of the first state is new
         # With fork: the model each new state was found with, until it is expanded.
         kept: dict[int, M] = {}
         out_src, out_dst = self.out_src, self.out_dst
@@ -280,7 +303,10 @@ class _Search(Generic[M, E]):
                 done: list[Any] = []  # the events applied here so far (sleep sets)
                 acts: list[Hashable | None] = []  # with actor: those of done, read when needed
                 same: set[Any] = set()  # events that would do what one applied here did
-                for event in list(self.events(model)):
+                listed, filtered = self.listed(model, sid)
+                for event in listed:
+                    if filtered and views is not None and not views.applies(sid, event):
+                        continue
                     if asleep is not None and event in asleep:
                         self.pruned += 1
                         continue
@@ -317,8 +343,17 @@ class _Search(Generic[M, E]):
                         same.update(alike(model, event))
                     key = snapshot(model)
                     target = ids.get(key)
+                    found = None
                     if target is None:
-                        if self.max_states is not None and len(via) >= self.max_states:
+                        room = self.max_states is None or len(via) < self.max_states
+                        if views is not None:
+                            found = views.arrive(model, len(via), room=room)
+                            if found is not None and not views.kept(found[0]):
+                                # every view of it was found: not kept
+                                self.apart(views.edge(sid, event, found), sid, event)
+                                model = None
+                                continue
+                        if not room:
                             open_[sid] = 1
                             stopped.setdefault(MAX_STATES, None)
                             model = None
@@ -331,9 +366,15 @@ class _Search(Generic[M, E]):
                         target = self.add(key, model, sid, event, depth[sid] + 1, sleep=sleep)
                         if fork is not None and len(kept) < _KEEP_MODELS:
                             kept[target] = model  # expanded from this model, not replayed
-                    if target not in targets:
-                        targets.add(target)
-                    if target != sid and (ways_out is None or ways_out(event)):
+                    elif views is not None:
+                        # Read, not looked up: the known state's views were numbered under another
+                        # naming of its actors (a canonical snapshot merges renamed states).
+                        found = views.arrive(model, len(via), room=False)
+                    targets.add(target)
+                    if views is not None:
+                        assert found is not None  # a state already kept has no new view
+                        self.apart(views.edge(sid, event, found), sid, event)
+                    elif target != sid and (ways_out is None or ways_out(event)):
                         out_src.append(sid)
                         out_dst.append(target)
                     if target != sid:
@@ -361,11 +402,16 @@ class _Search(Generic[M, E]):
         pass over what the search keeps would take seconds past a time budget)."""
         via, open_, out_src, out_dst = self.via, self.open, self.out_src, self.out_dst
         independent, ways_out = self.independent, self.ways_out
+        views = self.views
         if self.goal is not None:
-            good = _able(len(via), self.goals, open_, out_src, out_dst)
-            if independent is not None:
-                good = self.expand_traps(good)
-            trap = good.find(0) if 0 in good else None
+            if views is not None:  # on the graph of views: a trap is a view's, found by a state
+                good = _able(len(views.ids), views.goals, views.open_views(open_), *views.edges)
+                trap = views.first[good.find(0)] if 0 in good else None
+            else:
+                good = _able(len(via), self.goals, open_, out_src, out_dst)
+                if independent is not None:
+                    good = self.expand_traps(good)
+                trap = good.find(0) if 0 in good else None
             if trap is not None:
                 self.record(
                     NO_TRAP,
@@ -499,6 +545,14 @@ class _Search(Generic[M, E]):
             result(NO_EXCEPTION, _docstring(self.apply) or "no exception escapes from an event")
         ]
         results += [result(name, _description(check, name)) for name, check in self.checks]
+        if self.views is not None:
+            results.append(
+                result(
+                    ACTORS_APART,
+                    "an actor's event changes no other actor's view (what the search by views "
+                    "assumes)",
+                )
+            )
         if self.goal is not None:
             goal = _description(self.goal, "")
             results.append(
@@ -534,6 +588,8 @@ class _Search(Generic[M, E]):
             pruned=self.pruned,
             reexpanded=self.reexpanded,
             alike=self.spared,
+            views=0 if self.views is None else len(self.views.ids),
+            other_actors=0 if self.views is None else self.views.skipped,
             wall_time=self.wall,
             properties=tuple(results),
             coverage=table,

@@ -59,6 +59,7 @@ def _apply(world: _World, event: Event) -> None:
             claimed=request is not None and bool(request.asking),
         )
     world.dirty = True
+    world.raw = None
     pad = world.scenario.pad
     pad.asked = []
     if pad.finished:

@@ -185,6 +185,13 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
         "reduction): the same verdicts, more time",
     )
     parser.add_argument(
+        "--per-request",
+        action="store_true",
+        help="check each request's view (the registry and its own record) once instead of "
+        "every combination of the requests' states: two requests cost about what one costs; "
+        "assumes requests interact only through the registry, take and batches",
+    )
+    parser.add_argument(
         "--strict-coverage",
         action="store_true",
         help="fail when any declared state or transition is not reached, even one this "
@@ -236,6 +243,7 @@ def run_cli(argv: Sequence[str]) -> int:
             strict_coverage=args.strict_coverage,
             reduction=not args.no_reduction,
             params=args.params,
+            per_request=args.per_request,
             progress=not args.no_progress,
         )
     except MultiConnectorError as exc:

@@ -9,7 +9,7 @@ the alphabet (:func:`_events`) to it. The other modules read a world: :mod:`.sna
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -24,7 +24,7 @@ from ..outcome import Outcome
 from ..registry import ConnectorRegistry
 
 if TYPE_CHECKING:
-    from .canonical import Fixed, _Interner, _Symmetry
+    from .canonical import Fixed, Raw, _Interner, _Symmetry
 
 #: The kinds of events the aggregator scenario applies.
 ALPHABET: Final[tuple[str, ...]] = (
@@ -323,6 +323,7 @@ class _World:
         "mc",
         "order",
         "queue",
+        "raw",
         "registry",
         "requests",
         "scenario",
@@ -351,6 +352,9 @@ class _World:
         #: What maps the state read at the last snapshot onto itself (renamings, and classes
         #: of names any permutation within which does): see :func:`.alike._alike`.
         self.fixed: Fixed = ((), ())
+        #: The state read at the last snapshot, numbered, before its canonical form (what
+        #: :func:`.snapshot._views` cuts into each request's view).
+        self.raw: Raw | None = None
         #: What the counters should show: the outcomes the events returned (and each request
         #: an unregistering abandoned), by (outcome, connector name or ``None``), summed since
         #: the start. Never part of the state: ``counters`` compares it with the aggregator's
@@ -434,15 +438,30 @@ _KINDS: Final = ALPHABET + LOAD_EVENTS
 
 
 def _events(world: _World) -> list[Event]:
+    """Every event of the alphabet enabled in ``world``."""
+    return _events_of(world, range(len(world.requests)), alike=False)
+
+
+def _events_of(world: _World, ids: Iterable[int], *, alike: bool = True) -> list[Event]:
+    """The events of the requests ``ids`` and of no request (registry events, ``take``,
+    batches), in the order :func:`_events` lists them.
+
+    ``alike`` (for the search by views): of the ``request_finished`` events that differ only by
+    a permutation of savers that maps the state onto itself (``world.fixed``, read at the last
+    snapshot, which is this state's), only the first is listed. The others lead to renamings of
+    its next state, one canonical state with renamed verdicts: what
+    :func:`.alike._alike` would spare after applying the first, without listing them.
+    """
     world.sync()
     scenario = world.scenario
     alphabet = scenario.alphabet
-    ids = range(len(world.requests))
+    ids = sorted(ids)
     out: list[Event] = []
     if "begin" in alphabet:
         out += [("begin", i) for i in ids if world.requests[i].phase == _UNBORN]
     if "request_finished" in alphabet:
-        out += [e for i in ids for e in _finishing(world, i)]
+        classes = world.fixed[1] if alike and not scenario.params else ()
+        out += [e for i in ids for e in _finishing(world, i, classes)]
         out += [(_APPLY_ANSWERS, i) for i in ids if world.requests[i].asking]
     if "transfer_finished" in alphabet:
         names = scenario.names + scenario.unknown
@@ -451,7 +470,7 @@ def _events(world: _World) -> list[Event]:
         out += [
             ("transfer_finished_many", n, b)
             for n in scenario.batchers
-            for b in _BATCHES[len(ids)]
+            for b in _BATCHES[len(world.requests)]
             if _batched(world.requests, b, n)
         ]
     if "cancel" in alphabet:
@@ -475,6 +494,22 @@ def _events(world: _World) -> list[Event]:
     if "take" in alphabet:
         out.append(("take",))
     return out
+
+
+def _subsets(savers: list[str], classes: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
+    """Every subset of ``savers`` (by size, then in their order), or with ``classes`` one per
+    number of each class's members in it: the first ones, in ``savers``' order."""
+    if not classes:
+        return [c for k in range(len(savers) + 1) for c in itertools.combinations(savers, k)]
+    position = {n: p for p, n in enumerate(savers)}
+    groups = [sorted((n for n in c if n in position), key=position.__getitem__) for c in classes]
+    grouped = {n for g in groups for n in g}
+    groups += [[n] for n in savers if n not in grouped]
+    found = {
+        tuple(sorted((n for part in choice for n in part), key=position.__getitem__))
+        for choice in itertools.product(*([g[:k] for k in range(len(g) + 1)] for g in groups))
+    }
+    return sorted(found, key=lambda s: (len(s), [position[n] for n in s]))
 
 
 def _batched(requests: Sequence[_Request], batch: tuple[int, ...], name: str) -> bool:
@@ -528,13 +563,14 @@ def _actor(event: Event) -> int | None:
     return event[1] if event[0] in _PER_REQUEST else None
 
 
-def _finishing(world: _World, i: int) -> list[Event]:
+def _finishing(world: _World, i: int, classes: Sequence[Sequence[str]] = ()) -> list[Event]:
     """The ``request_finished`` events of request ``i``: every subset of the ready scripted
     savers saving (each in registration order, smallest first) and, with params, every choice of
-    their answers (``None`` ones left out)."""
+    their answers (``None`` ones left out). With ``classes`` (names any permutation within which
+    maps the state onto itself), one subset per number of each class's names saving."""
     scenario = world.scenario
     savers = [n for n, ready in world.registry if ready and scenario.kinds.get(n) == SAVER]
-    subsets = [c for k in range(len(savers) + 1) for c in itertools.combinations(savers, k)]
+    subsets = _subsets(savers, classes)
     if not scenario.params:
         return [("request_finished", i, s) for s in subsets]
     choices = [

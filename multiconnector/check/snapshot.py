@@ -123,6 +123,39 @@ def _snapshot(world: _World) -> Hashable:
     # verdict. Without this a bug that re-queues a record on every event (a drain applied
     # again) has no end of states.
     order, queue = tuple(sorted(world.order)), tuple(sorted(set(world.queue)))
-    raw = (reg_id, tuple(part_ids), order, queue)
+    raw = world.raw = (reg_id, tuple(part_ids), order, queue)
     key, world.fixed = scenario.symmetry.canonical(numbers, raw)
     return key
+
+
+def _views(world: _World) -> list[tuple[int, Hashable, Hashable, bool]]:
+    """Each request's view of the state, for the search by views (``--per-request``):
+    (request index, its own part, its context, whether it is a goal).
+
+    Its own part is the registry and its record, whether it is held and whether queued, in the
+    canonical form of a one-request state: everything its future and its verdicts read, as long
+    as requests interact only through the registry, ``take()`` and batches (the assumption the
+    sleep sets rest on too; docs/check.md, "Requests apart"). Its context is how many other
+    requests are held: so each view is explored with no other request held and with one held,
+    and an event of one request is checked not to change another's own part next to it. Its
+    goal: not live (finished, cancelled, handed back or not begun). Read from the last
+    :func:`_snapshot`.
+    """
+    raw = world.raw
+    if raw is None:
+        _snapshot(world)
+        raw = world.raw
+        assert raw is not None
+    reg_id, part_ids, order, queue = raw
+    scenario = world.scenario
+    canonical, numbers = scenario.symmetry.canonical, scenario.interner
+    requests = world.requests
+    held = [r.view is not None for r in requests]
+    views: list[tuple[int, Hashable, Hashable, bool]] = []
+    for i, number in enumerate(part_ids):
+        one = (reg_id, (number,), (0,) if i in order else (), (0,) if i in queue else ())
+        view = requests[i].view
+        others = sum(h for j, h in enumerate(held) if j != i)
+        goal = view is None or view[0] in TERMINAL
+        views.append((i, canonical(numbers, one)[0], others, goal))
+    return views
