@@ -176,6 +176,7 @@ def test_raising_connector_does_not_stop_the_others() -> None:
     with pytest.raises(ConnectorFailures) as info:
         mc.request_finished("r")
     assert info.value.exceptions == (boom,) and info.value.failed == ("bad",)
+    assert str(info.value).startswith("1 failure(s) while finishing request 'r'")
     assert info.value.result == (Outcome.applied, {"a": 1, "c": 1})
     assert len(a.finished_calls) == len(c.finished_calls) == 1
     record = mc.get("r")

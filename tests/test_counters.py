@@ -119,3 +119,23 @@ def test_an_abandoned_saver_is_counted_on_the_stripe_of_its_request(stripe: int)
     assert mc.connector_counts()[OTHER_NAMES] == {Outcome.unknown_connector: 1}
     mc.unregister("a")
     assert mc.connector_counts()["a"] == {Outcome.abandoned: 1}
+
+
+@pytest.mark.parametrize("stripe", [0, 1])
+def test_a_batch_counts_each_report_on_the_stripe_of_its_request(stripe: int) -> None:
+    # As one transfer_finished call does: a batch holding every lock (one id is half of two
+    # stripes) still counts each report on its request's stripe, so another stripe being full
+    # does not fold its name away.
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted()}), stripes=2)
+    rid, other = ids_on(mc, [stripe, 1 - stripe])
+    mc.begin(rid)
+    mc.request_finished(rid)
+    mc.begin(other)
+    for i in range(1024):  # made-up names fill the other stripe's counters
+        assert mc.transfer_finished(other, f"ghost{i}") is Outcome.unknown_connector
+    assert mc.transfer_finished_many("fresh", [rid]) == [Outcome.unknown_connector]
+    assert mc.transfer_finished_many("a", [rid]) == [Outcome.applied]
+    counts = mc.connector_counts()
+    assert counts["fresh"] == {Outcome.unknown_connector: 1}
+    assert counts["a"] == {Outcome.applied: 1}
+    assert OTHER_NAMES not in counts

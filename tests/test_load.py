@@ -270,3 +270,21 @@ def test_a_gone_loaders_name_unregistered_again_settles_nothing_twice() -> None:
     (record,) = mc.take()
     assert (record.loaded, record.loader_gone, record.abandoned) == (False, True, ("b",))
     assert mc.take() == [] and len(mc) == 0
+
+
+def test_a_live_request_whose_loader_reported_and_left_ignores_a_new_connectors_load() -> None:
+    # Loaded, then the loader is unregistered while the request is live: a load report under
+    # its name (from a new connector that took it) is from a gone loader, not a duplicate.
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(tokens=2)}))
+    mc.begin("r")
+    assert mc.match_tokens("r") == 2
+    assert mc.load_finished("r", "a") is Outcome.applied
+    mc.unregister("a")
+    record = mc.get("r")
+    assert record is not None and (record.loaded, record.loader_gone) == (True, True)
+    assert record.abandoned == ()  # its load was reported: nothing was abandoned
+    again = Scripted()
+    mc.register("a", again)
+    assert mc.load_finished("r", "a") is Outcome.unregistered
+    assert again.loads == []
+    assert mc.connector_counts()["a"] == {Outcome.applied: 1, Outcome.unregistered: 1}

@@ -68,3 +68,25 @@ def test_report_only_reports_on_the_last_run_and_keeps_its_time(
     assert result["modules"]["params"]["seconds"] == 7.5
     assert "no unexplained survivor" in capsys.readouterr().out
     assert mutate.main(["--report-only", "--build", str(tmp_path / "none")]) == 2
+
+
+def test_a_mutant_is_killed_only_by_a_failing_test(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # pytest's exit 1 is a failing test; 2 (an error while collecting) and 3 (an internal
+    # error, which mutmut calls killed) are no verdict on the mutant: an error, and a failure.
+    mutate = tool()
+    base = tmp_path / "mutate" / "mutants" / "multiconnector"
+    codes = {f"multiconnector.params.x__mutmut_{code}": code for code in (1, 2, 3)}
+    meta(base / "params.py.meta", codes)
+    assert mutate.statuses(tmp_path / "mutate", "params") == {
+        "multiconnector.params.x__mutmut_1": "killed",
+        "multiconnector.params.x__mutmut_2": mutate.ERROR,
+        "multiconnector.params.x__mutmut_3": mutate.ERROR,
+    }
+    assert mutate.main(["--report-only", "--module", "params", "--build", str(tmp_path)]) == 1
+    params = json.loads((tmp_path / "mutation.json").read_text())["modules"]["params"]
+    assert (params["killed"], params["errors"], params["unexplained"]) == (1, 2, 0)
+    out = capsys.readouterr().out
+    assert "no test verdict (pytest error, not a failing test) in params: " in out
+    assert "2 mutant(s) without a test verdict" in out

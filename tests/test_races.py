@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from multiconnector import (
+    ConnectorFailures,
     ConnectorRegistry,
     DuplicateRequestError,
+    KeyClashError,
     MultiConnector,
     Outcome,
     State,
@@ -554,6 +556,36 @@ def test_request_finisheds_two_halves_apply_as_one_call_would() -> None:
     mc.begin("s")  # one call again: both halves at once
     assert mc.request_finished("s") == (Outcome.applied, {"k": 1})
     assert len(a.finished_calls) == 2
+
+
+def test_request_finisheds_second_half_raises_what_the_first_half_met() -> None:
+    # A connector that raised and a params clash, met while asking, are raised by the second
+    # half, after it applied the answers, as one call raises them.
+    boom = RuntimeError("disk full")
+    mc = MultiConnector(
+        ConnectorRegistry(
+            {
+                "a": Scripted(params={"k": 1}),
+                "bad": Scripted(raises=boom),
+                "b": Scripted(params={"k": 2}),
+            }
+        )
+    )
+    mc.begin("r")
+    asked = mc._ask("r", [])
+    with pytest.raises(ConnectorFailures) as info:
+        mc._answer(asked)
+    first, clash = info.value.exceptions
+    assert first is boom and isinstance(clash, KeyClashError)
+    assert info.value.failed == ("bad",)
+    assert info.value.result == (Outcome.applied, None)
+    assert mc.get("r").awaiting == ("a", "b")  # type: ignore[union-attr]
+    mc.begin("s")  # only the clash: raised alone
+    mc.unregister("bad")
+    asked = mc._ask("s", [])
+    with pytest.raises(KeyClashError) as alone:
+        mc._answer(asked)
+    assert alone.value.result == (Outcome.applied, None)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("stripes", [n for n in STRIPE_COUNTS if n > 1])  # 1: always every lock

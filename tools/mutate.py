@@ -3,8 +3,10 @@
 Runs mutmut (configured under ``[tool.mutmut]`` in pyproject.toml) in a fresh copy of the project
 under ``build/mutate``, one module at a time, and writes ``build/mutation.json`` and a readable
 ``build/mutation.txt``: per module the mutants, killed, survived, timed out, the survivors listed
-in docs/mutation.md as equivalent (with their reason) and the survivors nobody explained. Exits 1
-when a survivor is unexplained, 2 on a bad argument.
+in docs/mutation.md as equivalent (with their reason) and the survivors nobody explained. A mutant
+is killed only by a failing test: one whose tests ended in a collection or internal error of
+pytest is an error, not a kill. Exits 1 when a survivor is unexplained or a mutant is an error, 2
+on a bad argument.
 
     python tools/mutate.py                  # machine, rule, params, registry, aggregator
     python tools/mutate.py --module params  # one module
@@ -36,6 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MODULES = ("machine", "rule", "params", "registry", "aggregator")
 #: A row of the equivalent-mutants table in docs/mutation.md: | `mutant name` | reason |
 EQUIVALENT_ROW = re.compile(r"^\|\s*`(multiconnector\.[^`]+__mutmut_\d+)`\s*\|(.+)\|\s*$")
+#: The status of a mutant whose tests ended without a verdict (see NOT_A_VERDICT).
+ERROR = "error (no test verdict)"
 #: mutmut's statuses, as this report groups them.
 GROUPS = {
     "killed": "killed",
@@ -44,7 +48,12 @@ GROUPS = {
     "timeout": "timed_out",
     "no tests": "no_tests",
     "not checked": "not_checked",
+    ERROR: "errors",
 }
+#: pytest's exit codes that are no test's verdict: 2 (interrupted, as by an error while
+#: collecting) and 3 (an internal error, which mutmut counts as killed). A mutant whose tests
+#: ended so is neither killed nor survived: it is an error, and the report fails.
+NOT_A_VERDICT = frozenset({2, 3})
 
 
 def equivalents(doc: Path) -> dict[str, str]:
@@ -101,7 +110,10 @@ def statuses(work: Path, module: str) -> dict[str, str]:
     for meta in metas:
         if meta.exists():
             codes.update(json.loads(meta.read_text())["exit_code_by_key"])
-    return {name: status_by_exit_code[code] for name, code in sorted(codes.items())}
+    return {
+        name: ERROR if code in NOT_A_VERDICT else status_by_exit_code[code]
+        for name, code in sorted(codes.items())
+    }
 
 
 def report_module(
@@ -120,12 +132,14 @@ def report_module(
         "timed_out": groups["timed_out"],
         "no_tests": groups["no_tests"],
         "not_checked": groups["not_checked"],
+        "errors": groups["errors"],
         "other": groups["other"],
         "equivalent": len(equivalent),
         "unexplained": len(unexplained),
         "seconds": round(seconds, 1),
         "equivalent_mutants": equivalent,
         "unexplained_mutants": diffs,
+        "error_mutants": [name for name, status in found.items() if status == ERROR],
     }
 
 
@@ -134,7 +148,7 @@ def summary(result: dict[str, Any]) -> str:
     head += f"{'unexpl.':>9}{'other':>7}{'time (s)':>10}"
     lines = [f"mutmut {result['mutmut']}, {result['max_children']} worker(s)", head]
     for module, m in result["modules"].items():
-        other = m["no_tests"] + m["not_checked"] + m["other"]
+        other = m["no_tests"] + m["not_checked"] + m["errors"] + m["other"]
         lines.append(
             f"{module:<12}{m['mutants']:>9}{m['killed']:>8}{m['timed_out']:>9}"
             f"{m['equivalent']:>8}{m['unexplained']:>9}{other:>7}{m['seconds']:>10}"
@@ -142,8 +156,13 @@ def summary(result: dict[str, Any]) -> str:
     for module, m in result["modules"].items():
         for name, diff in m["unexplained_mutants"].items():
             lines += ["", f"unexplained survivor in {module}: {name}", diff]
+    for module, m in result["modules"].items():
+        for name in m["error_mutants"]:
+            lines += ["", f"no test verdict (pytest error, not a failing test) in {module}: {name}"]
     verdict = result["unexplained"]
     lines += ["", f"{verdict} unexplained survivor(s)" if verdict else "no unexplained survivor"]
+    if result["errors"]:
+        lines.append(f"{result['errors']} mutant(s) without a test verdict")
     return "\n".join(lines) + "\n"
 
 
@@ -196,14 +215,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_report(build: Path, result: dict[str, Any]) -> int:
     """Write build/mutation.json and build/mutation.txt, print the summary, and give the exit
-    status: 1 when a survivor is unexplained."""
+    status: 1 when a survivor is unexplained or a mutant's tests ended without a verdict."""
     result["unexplained"] = sum(m["unexplained"] for m in result["modules"].values())
+    result["errors"] = sum(m["errors"] for m in result["modules"].values())
     build.mkdir(parents=True, exist_ok=True)
     (build / "mutation.json").write_text(json.dumps(result, indent=2) + "\n")
     text = summary(result)
     (build / "mutation.txt").write_text(text)
     print(text, end="")
-    return 1 if result["unexplained"] else 0
+    return 1 if result["unexplained"] or result["errors"] else 0
 
 
 if __name__ == "__main__":
