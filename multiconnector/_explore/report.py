@@ -134,7 +134,8 @@ class CheckReport:
     ``states_generated`` counts every event applied to an expanded state (TLC's "states
     generated"); ``distinct_states`` the states found (their rates: :attr:`generated_per_second`
     and :attr:`distinct_per_second`); ``edges`` the distinct (state, next state)
-    pairs. ``finished`` is true when the search ran out of states to expand, not out of bounds.
+    pairs (by views: the (view, next view) edges of the ways out, what ``no trap`` walks).
+    ``finished`` is true when the search ran out of states to expand, not out of bounds.
     ``stopped_by`` names the bounds that cut it short (:data:`MAX_STATES`, :data:`MAX_DEPTH`,
     :data:`MAX_SECONDS`); ``complete_depth`` is the largest ``n`` such that every event sequence
     of up to ``n`` events was explored and checked (``max_depth`` when the search finished).
@@ -165,8 +166,9 @@ class CheckReport:
     #: (``explore``'s ``alike``).
     alike: int = 0
     #: With ``explore(views=...)``: the distinct views found (``distinct_states`` are then the
-    #: states kept, each for a new view), and the events not applied because they were another
-    #: actor's (see :mod:`multiconnector._explore.views`); 0 otherwise.
+    #: states kept, each for a new view), and the events listed but not applied because they
+    #: were another actor's (none when ``events_of`` lists only the actors wanted; see
+    #: :mod:`multiconnector._explore.views`); 0 otherwise.
     views: int = 0
     other_actors: int = 0
 
@@ -299,9 +301,13 @@ class CheckReport:
         out.append(f"search: {self.explored()}")
         if self.views:
             out.append(
-                f"by views: {self.views:,} distinct views of one request each, "
-                f"{self.distinct_states:,} states kept for a new view, "
-                f"{self.other_actors:,} events of another request not applied"
+                f"by views: {self.views:,} distinct views (one actor's part of a state each), "
+                f"{self.distinct_states:,} states kept for a new view"
+                + (
+                    f", {self.other_actors:,} events of another actor not applied"
+                    if self.other_actors
+                    else ""
+                )
             )
         if self.pruned:
             out.append(

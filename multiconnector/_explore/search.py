@@ -298,6 +298,7 @@ class _Search(Generic[M, E]):
                 # An untouched copy of this state's model, copied again for each event that
                 # leaves the state (instead of replaying its path again); None: replay.
                 pristine = fork(model) if fork is not None else None
+                here = snapshot(model) if views is not None else None
                 targets: set[int] = set()
                 asleep = self.sleep[sid]
                 done: list[Any] = []  # the events applied here so far (sleep sets)
@@ -341,18 +342,26 @@ class _Search(Generic[M, E]):
                     self.observe(model, sid, event)
                     if alike is not None:
                         same.update(alike(model, event))
+                    found = None
+                    if views is not None:
+                        # By views, a state is kept when a view of it is new: read them first
+                        # (a state kept before has none), and the snapshot only if kept.
+                        room = self.max_states is None or len(via) < self.max_states
+                        found = views.arrive(model, len(via), room=room)
+                        if found is not None:
+                            self.apart(views.edge(sid, event, found), sid, event)
+                            if not views.kept(found[0]):
+                                # Not kept. The same state again (an event ignored, say) keeps
+                                # its model for the next event; snapshots are compared only then.
+                                if found[0] != views.numbers[sid] or snapshot(model) != here:
+                                    model = None
+                                continue
                     key = snapshot(model)
                     target = ids.get(key)
-                    found = None
+                    # (by views, a state kept is new: a state seen before has no new view)
+                    assert views is None or target is None or found is None
                     if target is None:
                         room = self.max_states is None or len(via) < self.max_states
-                        if views is not None:
-                            found = views.arrive(model, len(via), room=room)
-                            if found is not None and not views.kept(found[0]):
-                                # every view of it was found: not kept
-                                self.apart(views.edge(sid, event, found), sid, event)
-                                model = None
-                                continue
                         if not room:
                             open_[sid] = 1
                             stopped.setdefault(MAX_STATES, None)
@@ -366,15 +375,8 @@ class _Search(Generic[M, E]):
                         target = self.add(key, model, sid, event, depth[sid] + 1, sleep=sleep)
                         if fork is not None and len(kept) < _KEEP_MODELS:
                             kept[target] = model  # expanded from this model, not replayed
-                    elif views is not None:
-                        # Read, not looked up: the known state's views were numbered under another
-                        # naming of its actors (a canonical snapshot merges renamed states).
-                        found = views.arrive(model, len(via), room=False)
                     targets.add(target)
-                    if views is not None:
-                        assert found is not None  # a state already kept has no new view
-                        self.apart(views.edge(sid, event, found), sid, event)
-                    elif target != sid and (ways_out is None or ways_out(event)):
+                    if views is None and target != sid and (ways_out is None or ways_out(event)):
                         out_src.append(sid)
                         out_dst.append(target)
                     if target != sid:
@@ -580,7 +582,7 @@ class _Search(Generic[M, E]):
             bounds=bounds,
             states_generated=self.generated,
             distinct_states=len(self.via),
-            edges=self.edges,
+            edges=self.edges if self.views is None else len(self.views.src),
             max_depth=max(self.depth),
             finished=not self.stopped,
             stopped_by=tuple(self.stopped),

@@ -64,6 +64,8 @@ class _Interner:
         self.names: dict[int, tuple[str, ...]] = {}
         #: Part number: the number of the part with every name replaced by its kind's token.
         self.blind: dict[int, int] = {}
+        #: Raw key: each request's view of it (see ``snapshot._views``).
+        self.views: dict[Raw, list[tuple[int, Any, Any, bool]]] = {}
 
     def number(self, thing: Any) -> int:
         found = self.ids.get(thing)

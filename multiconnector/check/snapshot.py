@@ -7,7 +7,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, Final
 
 from ..machine import TERMINAL
-from .canonical import AS_SET, IN_ORDER, _names_key
+from .canonical import AS_SET, IN_ORDER, Raw, _names_key
 from .scenario import _NOTHING, _TAKEN, _Request, _World
 
 #: Every field of a request :func:`_part` reads, but ``asking`` (which reads the registry too)
@@ -88,6 +88,13 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
 def _snapshot(world: _World) -> Hashable:
     """The canonical state: the observed state, numbered, in its canonical form under symmetry
     (:mod:`.canonical`)."""
+    raw = world.raw if world.raw is not None else _numbered(world)
+    key, world.fixed = world.scenario.symmetry.canonical(world.scenario.interner, raw)
+    return key
+
+
+def _numbered(world: _World) -> Raw:
+    """The observed state, numbered (kept as ``world.raw`` until the next event)."""
     world.sync()
     scenario = world.scenario
     numbers = scenario.interner
@@ -124,8 +131,7 @@ def _snapshot(world: _World) -> Hashable:
     # again) has no end of states.
     order, queue = tuple(sorted(world.order)), tuple(sorted(set(world.queue)))
     raw = world.raw = (reg_id, tuple(part_ids), order, queue)
-    key, world.fixed = scenario.symmetry.canonical(numbers, raw)
-    return key
+    return raw
 
 
 def _views(world: _World) -> list[tuple[int, Hashable, Hashable, bool]]:
@@ -138,24 +144,26 @@ def _views(world: _World) -> list[tuple[int, Hashable, Hashable, bool]]:
     sleep sets rest on too; docs/check.md, "Requests apart"). Its context is how many other
     requests are held: so each view is explored with no other request held and with one held,
     and an event of one request is checked not to change another's own part next to it. Its
-    goal: not live (finished, cancelled, handed back or not begun). Read from the last
-    :func:`_snapshot`.
+    goal: not live (finished, cancelled, handed back or not begun).
     """
-    raw = world.raw
-    if raw is None:
-        _snapshot(world)
-        raw = world.raw
-        assert raw is not None
+    raw = world.raw if world.raw is not None else _numbered(world)
+    numbers = world.scenario.interner
+    views = numbers.views.get(raw)
+    if views is None:  # a function of the raw state: worked out once per raw state
+        views = numbers.views[raw] = _views_of(world, raw)
+    return views
+
+
+def _views_of(world: _World, raw: Raw) -> list[tuple[int, Hashable, Hashable, bool]]:
     reg_id, part_ids, order, queue = raw
     scenario = world.scenario
     canonical, numbers = scenario.symmetry.canonical, scenario.interner
-    requests = world.requests
-    held = [r.view is not None for r in requests]
+    held = len(order)  # the requests held, by index
     views: list[tuple[int, Hashable, Hashable, bool]] = []
     for i, number in enumerate(part_ids):
-        one = (reg_id, (number,), (0,) if i in order else (), (0,) if i in queue else ())
-        view = requests[i].view
-        others = sum(h for j, h in enumerate(held) if j != i)
-        goal = view is None or view[0] in TERMINAL
-        views.append((i, canonical(numbers, one)[0], others, goal))
+        mine = i in order
+        one = (reg_id, (number,), (0,) if mine else (), (0,) if i in queue else ())
+        view = numbers.things[number][2]  # the record's state and names, None when not held
+        goal = not mine or view is None or view[0] in TERMINAL
+        views.append((i, canonical(numbers, one)[0], held - mine, goal))
     return views
