@@ -77,7 +77,7 @@ import itertools  # noqa: E402
 import logging  # noqa: E402
 import pickle  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable, Iterator, Mapping  # noqa: E402
+from collections.abc import Callable, Iterator, Mapping, Sequence  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -691,6 +691,8 @@ class Explored:
     worlds: int = 0
     sequences: int = 0
     mismatches: list[Mismatch] = field(default_factory=list)
+    #: With ``collect``: the sequences whose last event is the first to mismatch.
+    failing: int = 0
     #: The report outcomes met, by where they were counted ("scheduler" or "worker") and name.
     met: set[tuple[str, str, Outcome]] = field(default_factory=set)
     #: How many frees were seen: at request_finished, and in a step's finished_sending.
@@ -715,6 +717,7 @@ def explore(
     start.compare()
     ids: dict[Any, int] = {start.key(): 0}
     moves: dict[int, list[int]] = {}
+    failed: list[int] = []  # per mismatch, the state it was met in
     frontier: list[tuple[int, tuple[Event, ...], Pair | None]] = [(0, (), start)]
     for level in range(depth):
         last = level == depth - 1
@@ -741,6 +744,7 @@ def explore(
                     if not collect:
                         raise shortest from mismatch
                     found.mismatches.append(shortest)
+                    failed.append(state)
                     continue
                 _seen(found, current)
                 key = current.key()
@@ -753,7 +757,7 @@ def explore(
                 targets.append(target)
         frontier = following
     found.states = len(ids)
-    found.sequences = sequences(moves, depth)
+    found.sequences, found.failing = sequences(moves, depth, failed)
     return found
 
 
@@ -782,18 +786,22 @@ def _seen(found: Explored, pair: Pair) -> None:
         found.frees["finish" if isinstance(pair.path[-1], Finish) else "step"] += 1
 
 
-def sequences(moves: Mapping[int, list[int]], depth: int) -> int:
-    """How many sequences of 1 to ``depth`` enabled events the transitions cover (from 0)."""
+def sequences(
+    moves: Mapping[int, list[int]], depth: int, failed: Sequence[int] = ()
+) -> tuple[int, int]:
+    """How many sequences of 1 to ``depth`` enabled events the transitions cover (from state 0),
+    and how many more end in a mismatch (one per state in ``failed`` per mismatch there)."""
     paths = {0: 1}
-    total = 0
+    total = failing = 0
     for _ in range(depth):
+        failing += sum(paths.get(state, 0) for state in failed)
         following: dict[int, int] = {}
         for state, n in paths.items():
             for target in moves.get(state, ()):
                 following[target] = following.get(target, 0) + n
         paths = following
         total += sum(paths.values())
-    return total
+    return total, failing
 
 
 #: The length bound of the sequences.
