@@ -15,7 +15,7 @@ from .._validate import shown
 from ..errors import InvalidArgumentError, ShutDownError
 from ..machine import State
 from ..outcome import Outcome
-from ..rule import transfer_report
+from ..rule import COUNTER_LIMIT, OTHER_NAMES, transfer_report
 from ._base import ConnectorBase, _failed
 from .config import without_hma
 from .errors import HMAUnsupportedError
@@ -283,9 +283,16 @@ class SchedulerRole(ConnectorBase):
         connector_output.finished_sending = sending or None
 
     def _tally(self, outcome: Outcome, name: str, n: int) -> None:
-        """Count ``n`` forwarded reports of counted child ``name`` as ``outcome``."""
+        """Count ``n`` forwarded reports of ``name`` as ``outcome``: past
+        :data:`~multiconnector.rule.COUNTER_LIMIT` distinct keys, under the name
+        :data:`~multiconnector.rule.OTHER_NAMES` (the workers' metadata may name anything)."""
+        counts = self._counted_outcomes
         key = (outcome, name)
-        self._counted_outcomes[key] = self._counted_outcomes.get(key, 0) + n
+        had = counts.get(key)
+        if had is None and len(counts) >= COUNTER_LIMIT:
+            key = (outcome, OTHER_NAMES)
+            had = counts.get(key)
+        counts[key] = n if had is None else had + n
 
     def _count_sent(self, name: str, counts: Mapping[str, int], sending: set[str]) -> None:
         """``counts[r]`` workers reported counted saver ``name`` finished sending ``r``;

@@ -85,11 +85,18 @@ from rule_worlds import (  # noqa: E402
     Arrive,
     SchedulerWorld,
     Setup,
+    World,
     explore,
     one_worker,
     prepare,
     two_workers,
 )
+from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
+
+import multiconnector.vllm.scheduler as scheduler_module  # noqa: E402
+from multiconnector import Outcome  # noqa: E402
+from multiconnector.rule import OTHER_NAMES  # noqa: E402
+from multiconnector.vllm import NamedMultiConnectorWorkerMetadata  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
@@ -147,3 +154,20 @@ def test_every_short_sequence_agrees_under_the_scheduler(model: Path) -> None:
     )
     assert found.frees["finish"] and found.frees["step"], found.frees
     assert found.sequences == sum(len(setup.alphabet) ** n for n in range(1, SCHEDULER_DEPTH + 1))
+
+
+def test_forwarded_reports_from_made_up_names_are_counted_in_bounded_memory(
+    model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every forwarded report is counted now, whoever sent it: names past the counter limit
+    share one key per outcome, as the core's counters do."""
+    monkeypatch.setattr(scheduler_module, "COUNTER_LIMIT", 3)
+    scheduler = World(prepare(one_worker(), model)).scheduler
+    sent = {f"made-up {i}": {"r1": 2} for i in range(10)}
+    scheduler.update_connector_output(
+        KVConnectorOutput(kv_connector_worker_meta=NamedMultiConnectorWorkerMetadata({}, sent=sent))
+    )
+    counts = scheduler.connector_counts()
+    assert len(counts) == 4
+    assert counts[OTHER_NAMES] == {Outcome.unknown_request: 2 * 7}
+    assert sum(n for per in counts.values() for n in per.values()) == 2 * 10
