@@ -15,6 +15,7 @@ from .._validate import shown
 from ..errors import InvalidArgumentError, ShutDownError
 from ..machine import State
 from ..outcome import Outcome
+from ..rule import COUNTER_LIMIT, OTHER_NAMES, transfer_report
 from ._base import ConnectorBase, _failed
 from .config import without_hma
 from .errors import HMAUnsupportedError
@@ -147,7 +148,9 @@ class SchedulerRole(ConnectorBase):
         self._route_output(connector_output, worker_meta, events)
         if self._loads_owed or self._counted_failed:
             self._count_loads(connector_output, worker_meta)
-        if self._saving and (connector_output.finished_recving or self._counted_owed):
+        if (self._saving and (connector_output.finished_recving or self._counted_owed)) or (
+            worker_meta is not None and worker_meta.sent
+        ):
             self._one_completion(connector_output, worker_meta)
         if self._sent_while_loading_here or (self._loads_owed and self._saving):
             self._hold_for_loads(connector_output)
@@ -198,13 +201,14 @@ class SchedulerRole(ConnectorBase):
         record of the load still drains): the request's one completion is its save's, which
         each worker holds back until its load reported. A request every worker reported while
         counted savers still owe reports is held back; it is passed on in the step their last
-        report arrives.
+        report arrives. Every forwarded report is counted, whatever else is owed.
         """
         saving = self._saving
         recving = connector_output.finished_recving
         if recving and not saving.keys().isdisjoint(recving):
             connector_output.finished_recving = {r for r in recving if r not in saving} or None
-        if not self._counted_owed:
+        sent = None if worker_meta is None else worker_meta.sent
+        if not self._counted_owed and not sent:
             return
         owed = self._counted_owed
         done = self._workers_done
@@ -212,8 +216,8 @@ class SchedulerRole(ConnectorBase):
         for request_id in [r for r in sending if r in owed]:
             sending.discard(request_id)
             done.add(request_id)
-        if worker_meta is not None:
-            for name, counts in worker_meta.sent.items():
+        if sent:
+            for name, counts in sent.items():
                 self._count_sent(name, counts, sending)
         connector_output.finished_sending = sending or None
 
@@ -279,44 +283,60 @@ class SchedulerRole(ConnectorBase):
         connector_output.finished_sending = sending or None
 
     def _tally(self, outcome: Outcome, name: str, n: int) -> None:
-        """Count ``n`` forwarded reports of counted child ``name`` as ``outcome``."""
+        """Count ``n`` forwarded reports of ``name`` as ``outcome``: past
+        :data:`~multiconnector.rule.COUNTER_LIMIT` distinct keys, under the name
+        :data:`~multiconnector.rule.OTHER_NAMES` (the workers' metadata may name anything)."""
+        counts = self._counted_outcomes
         key = (outcome, name)
-        self._counted_outcomes[key] = self._counted_outcomes.get(key, 0) + n
+        had = counts.get(key)
+        if had is None and len(counts) >= COUNTER_LIMIT:
+            key = (outcome, OTHER_NAMES)
+            had = counts.get(key)
+        counts[key] = n if had is None else had + n
 
     def _count_sent(self, name: str, counts: Mapping[str, int], sending: set[str]) -> None:
-        """``counts[r]`` workers reported counted saver ``name`` finished sending ``r``."""
+        """``counts[r]`` workers reported counted saver ``name`` finished sending ``r``;
+        ``sending`` holds the requests passed on to vLLM in this output (so far)."""
         owed = self._counted_owed
         for request_id, n in counts.items():
             mine = owed.get(request_id)
             if mine is None or name not in mine:
-                self._counted_outcome(name, request_id, mine, n)
+                self._ignore_sent(name, request_id, n, sending)
                 continue
             left = mine[name]
             self._tally(Outcome.applied, name, min(n, left))
             if n < left:
                 mine[name] = left - n
                 continue
-            if n > left:
-                self._tally(Outcome.duplicate, name, n - left)
             del mine[name]
             if not mine:
                 del owed[request_id]
                 if request_id in self._workers_done:
                     self._workers_done.discard(request_id)
                     sending.add(request_id)
+            if n > left:
+                self._ignore_sent(name, request_id, n - left, sending)
 
-    def _counted_outcome(
-        self, name: str, request_id: str, owed: dict[str, int] | None, n: int
-    ) -> None:
-        """Count why a counted report is ignored: the request owes no counted report
-        (``unknown_request``), or none of ``name`` (``duplicate`` if ``name`` saves it and its
-        count was reached, else ``phantom``)."""
-        if owed is None:
-            outcome = Outcome.unknown_request
-        elif name in self._saving.get(request_id, ()):
-            outcome = Outcome.duplicate
+    def _ignore_sent(self, name: str, request_id: str, n: int, sending: set[str]) -> None:
+        """Count ``n`` forwarded reports of ``name`` that ``request_id`` does not await, under
+        the outcome :func:`~multiconnector.rule.transfer_report` gives them on these books: a
+        handed-off request awaits the reports its counted savers still owe, and is finished
+        once it is passed on to vLLM (in this output); any other request is unknown here."""
+        savers = self._saving.get(request_id)
+        if savers is None:
+            verdict = transfer_report(None, (), (), (), name)
         else:
-            outcome = Outcome.phantom
+            counted = self._counted
+            verdict = transfer_report(
+                State.finished if request_id in sending else State.finishing,
+                tuple(self._counted_owed.get(request_id, ())),
+                tuple([saver for saver in savers if saver in counted]),
+                (),
+                name,
+            )
+        outcome = verdict[0]
+        if outcome is Outcome.phantom and name not in self._children:
+            outcome = Outcome.unknown_connector
         self._tally(outcome, name, n)
 
     def _confirm_here(self, finished: set[str]) -> None:
