@@ -404,8 +404,8 @@ def _check_row(
 
 def bench_check(sizes: Sizes, report: Report) -> None:
     """``multiconnector check``: distinct states per second and wall time, on the default bound
-    and on ``make check``'s configurations with two requests: the realistic one, eight ranks,
-    params, the load side.
+    and on ``make check``'s configurations with two requests: the realistic one (every
+    combination of states), and by views (``per_request``) eight ranks, params, the load side.
 
     ``--quick`` cuts every search after a few hundred distinct states; otherwise each of the
     two-request rows stops after :data:`CHECK_SECONDS` at most (``max_seconds``), and then
@@ -435,11 +435,14 @@ def bench_check(sizes: Sizes, report: Report) -> None:
             {"connectors": REALISTIC},
         ),
         "check_eight_ranks": (
-            "eight ranks: lmcache,p2p@0..p2p@7, 2 requests",
-            {"connectors": EIGHT_RANKS},
+            "eight ranks: lmcache,p2p@0..p2p@7, 2 requests, by views",
+            {"connectors": EIGHT_RANKS, "per_request": True},
         ),
-        "check_params": ("params, 2 requests", {"params": True}),
-        "check_load": ("load, 2 requests", {"events": (*check.ALPHABET, *check.LOAD_EVENTS)}),
+        "check_params": ("params, 2 requests, by views", {"params": True, "per_request": True}),
+        "check_load": (
+            "load, 2 requests, by views",
+            {"events": (*check.ALPHABET, *check.LOAD_EVENTS), "per_request": True},
+        ),
     }
     for key, (label, options) in rows.items():
         report.figures[key] = _check_row(

@@ -64,6 +64,8 @@ class _Interner:
         self.names: dict[int, tuple[str, ...]] = {}
         #: Part number: the number of the part with every name replaced by its kind's token.
         self.blind: dict[int, int] = {}
+        #: The key alone of each raw key met (``_Symmetry.key``) and not in ``canonical``.
+        self.keys: dict[Raw, tuple[Any, ...]] = {}
         #: Raw key: each request's view of it (see ``snapshot._views``).
         self.views: dict[Raw, list[tuple[int, Any, Any, bool]]] = {}
 
@@ -219,7 +221,19 @@ class _Symmetry:
             known = numbers.canonical[raw] = self._canonical(numbers, raw)
         return known
 
-    def _canonical(self, numbers: _Interner, raw: Raw) -> tuple[tuple[Any, ...], Fixed]:
+    def key(self, numbers: _Interner, raw: Raw) -> tuple[Any, ...]:
+        """The key of ``raw`` alone: :meth:`canonical` without what maps it onto itself."""
+        known = numbers.canonical.get(raw)
+        if known is not None:
+            return known[0]
+        found = numbers.keys.get(raw)
+        if found is None:
+            found = numbers.keys[raw] = self._canonical(numbers, raw, fixed=False)[0]
+        return found
+
+    def _canonical(
+        self, numbers: _Interner, raw: Raw, *, fixed: bool = True
+    ) -> tuple[tuple[Any, ...], Fixed]:
         raise NotImplementedError  # pragma: no cover - each way of computing it says how
 
 
@@ -259,20 +273,23 @@ class Enumerated(_Symmetry):
             (perm, rename) for perm in perms for rename in renamings
         )
 
-    def _canonical(self, numbers: _Interner, raw: Raw) -> tuple[tuple[Any, ...], Fixed]:
+    def _canonical(
+        self, numbers: _Interner, raw: Raw, *, fixed: bool = True
+    ) -> tuple[tuple[Any, ...], Fixed]:
+        del fixed  # found on the way: every renaming is tried
         best: tuple[Any, ...] | None = None
-        fixed: list[Renaming] = []
+        onto: list[Renaming] = []
         unmoved = None
         for k, (perm, rename) in enumerate(self.renamings):
             key = _key(numbers, raw, perm, rename)
             if k == 0:
                 unmoved = key  # the identity comes first
             elif key == unmoved:
-                fixed.append((perm, rename))  # this renaming maps the state onto itself
+                onto.append((perm, rename))  # this renaming maps the state onto itself
             if best is None or key < best:
                 best = key
         assert best is not None
-        return best, ((self.renamings[0], *fixed) if fixed else (), ())
+        return best, ((self.renamings[0], *onto) if onto else (), ())
 
 
 class Signatures(_Symmetry):
@@ -302,7 +319,9 @@ class Signatures(_Symmetry):
     names, ``O(r n log n)`` for ``n`` names and ``r`` requests.
     """
 
-    def _canonical(self, numbers: _Interner, raw: Raw) -> tuple[tuple[Any, ...], Fixed]:
+    def _canonical(
+        self, numbers: _Interner, raw: Raw, *, fixed: bool = True
+    ) -> tuple[tuple[Any, ...], Fixed]:
         if not self.on:
             return raw, NOTHING_FIXED
         reg_id, part_ids, order, queue = raw
@@ -341,6 +360,8 @@ class Signatures(_Symmetry):
                 best, labelings, signatures = key, [(tuple(perm), rename)], sig
             elif key == best:
                 labelings.append((tuple(perm), rename))
+        if not fixed:
+            return best, NOTHING_FIXED
         return best, self._fixed(numbers, raw, labelings, signatures)
 
     def _blind(self, numbers: _Interner, number: int) -> int:

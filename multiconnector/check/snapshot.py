@@ -157,7 +157,7 @@ def _views(world: _World) -> list[tuple[int, Hashable, Hashable, bool]]:
 def _views_of(world: _World, raw: Raw) -> list[tuple[int, Hashable, Hashable, bool]]:
     reg_id, part_ids, order, queue = raw
     scenario = world.scenario
-    canonical, numbers = scenario.symmetry.canonical, scenario.interner
+    key, numbers = scenario.symmetry.key, scenario.interner
     held = len(order)  # the requests held, by index
     views: list[tuple[int, Hashable, Hashable, bool]] = []
     for i, number in enumerate(part_ids):
@@ -165,5 +165,5 @@ def _views_of(world: _World, raw: Raw) -> list[tuple[int, Hashable, Hashable, bo
         one = (reg_id, (number,), (0,) if mine else (), (0,) if i in queue else ())
         view = numbers.things[number][2]  # the record's state and names, None when not held
         goal = not mine or view is None or view[0] in TERMINAL
-        views.append((i, canonical(numbers, one)[0], held - mine, goal))
+        views.append((i, key(numbers, one), held - mine, goal))
     return views
