@@ -117,9 +117,11 @@ mutate: setup $(MUTATE)
 #         cache and eight ranks, one request): each complete, every combination of states.
 #         Then the deployment shapes with two requests by views (--per-request: each request's
 #         part once, next to no other request held and next to one; docs/check.md, "Requests
-#         apart"), each complete: the eight ranks, params, the load side.
+#         apart"), each complete: the eight ranks, params, the load side. Then the vLLM
+#         adapter's scheduler side against the report rule on every sequence of a bounded
+#         alphabet (tests/adapter/test_scheduler_rule.py, also part of make test).
 EIGHT_RANKS := lmcache,p2p@0,p2p@1,p2p@2,p2p@3,p2p@4,p2p@5,p2p@6,p2p@7
-check: setup
+check: setup $(VLLM)
 	$(VENV)/bin/multiconnector check
 	$(VENV)/bin/multiconnector check --params --requests 1
 	$(VENV)/bin/multiconnector check --load --requests 1
@@ -128,6 +130,7 @@ check: setup
 	$(VENV)/bin/multiconnector check --connectors $(EIGHT_RANKS) --requests 2 --per-request
 	$(VENV)/bin/multiconnector check --params --requests 2 --per-request
 	$(VENV)/bin/multiconnector check --load --requests 2 --per-request
+	$(PY) -m pytest tests/adapter/test_scheduler_rule.py -q -p no:cacheprovider
 
 ## diagrams: the state diagrams, generated from the machine, into build/
 diagrams: setup

@@ -200,6 +200,25 @@ class _Search(Generic[M, E]):
         # Breadth-first: the first violation found of each property is a shortest one.
         self.first.setdefault(name, (source, event, message))
 
+    def by_views(self, model: M, sid: int, event: Any, here: Hashable) -> tuple[bool, M | None]:
+        """By views: whether to keep the state ``event`` led to from kept state ``sid`` (a view
+        of it is new; or no room is left to keep it, which the caller then says), and the model
+        to go on with: that state's when kept; otherwise ``sid``'s own when the event led back to
+        it (an event ignored), else ``None`` (a copy or a replay for the next event), as ``run``
+        does. Its view edges are recorded and ``actors apart`` judged on the way."""
+        views = self.views
+        assert views is not None
+        room = self.max_states is None or len(self.via) < self.max_states
+        found = views.arrive(model, len(self.via), room=room)
+        if found is None:
+            return True, model
+        self.apart(views.edge(sid, event, found), sid, event)
+        if views.kept(found[0]):
+            return True, model
+        # Snapshots are compared only for a state whose views are the ones here.
+        same = found[0] == views.numbers[sid] and self.snapshot(model) == here
+        return False, model if same else None
+
     def listed(self, model: M, sid: int) -> tuple[list[E], bool]:
         """The events to try from state ``sid``, and whether the search by views must still
         skip other actors' among them (not when ``events_of`` listed only the actors whose view
@@ -342,24 +361,13 @@ class _Search(Generic[M, E]):
                     self.observe(model, sid, event)
                     if alike is not None:
                         same.update(alike(model, event))
-                    found = None
                     if views is not None:
-                        # By views, a state is kept when a view of it is new: read them first
-                        # (a state kept before has none), and the snapshot only if kept.
-                        room = self.max_states is None or len(via) < self.max_states
-                        found = views.arrive(model, len(via), room=room)
-                        if found is not None:
-                            self.apart(views.edge(sid, event, found), sid, event)
-                            if not views.kept(found[0]):
-                                # Not kept. The same state again (an event ignored, say) keeps
-                                # its model for the next event; snapshots are compared only then.
-                                if found[0] != views.numbers[sid] or snapshot(model) != here:
-                                    model = None
-                                continue
+                        keep, model = self.by_views(model, sid, event, here)
+                        if not keep:  # every view of it was found
+                            continue
+                        assert model is not None
                     key = snapshot(model)
                     target = ids.get(key)
-                    # (by views, a state kept is new: a state seen before has no new view)
-                    assert views is None or target is None or found is None
                     if target is None:
                         room = self.max_states is None or len(via) < self.max_states
                         if not room:
