@@ -142,9 +142,11 @@ def _views(world: _World) -> list[tuple[int, Hashable, Hashable, bool]]:
     canonical form of a one-request state: everything its future and its verdicts read, as long
     as requests interact only through the registry, ``take()`` and batches (the assumption the
     sleep sets rest on too; docs/check.md, "Requests apart"). Its context is how many other
-    requests are held: so each view is explored with no other request held and with one held,
-    and an event of one request is checked not to change another's own part next to it. Its
-    goal: not live (finished, cancelled, handed back or not begun).
+    requests are held, while it is not finished or cancelled (0 once it is): so each part of a
+    live or not yet begun request is explored next to no other request held and next to one
+    held, a finished or cancelled one's once, and an event of one request is checked not to
+    change another's own part next to it. Its goal: not live (finished, cancelled, handed back
+    or not begun).
     """
     raw = world.raw if world.raw is not None else _numbered(world)
     numbers = world.scenario.interner
@@ -164,6 +166,7 @@ def _views_of(world: _World, raw: Raw) -> list[tuple[int, Hashable, Hashable, bo
         mine = i in order
         one = (reg_id, (number,), (0,) if mine else (), (0,) if i in queue else ())
         view = numbers.things[number][2]  # the record's state and names, None when not held
-        goal = not mine or view is None or view[0] in TERMINAL
-        views.append((i, key(numbers, one), held - mine, goal))
+        done = mine and view is not None and view[0] in TERMINAL
+        goal = not mine or view is None or done
+        views.append((i, key(numbers, one), 0 if done else held - mine, goal))
     return views
