@@ -60,6 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("multiconnector: interrupted", file=sys.stderr)
         return 130
+    if argv is None:
+        # The command itself (not a caller's main([...])): everything is written and flushed,
+        # so exit without freeing what a large check built, object by object (seconds past a
+        # --max-seconds budget after a wide search).
+        sys.stderr.flush()
+        os._exit(status)
     return status
 
 
