@@ -406,7 +406,11 @@ def test_the_registry_as_a_set_keeps_verdicts_and_trace_lengths(
 @pytest.mark.parametrize(
     "bound",
     [
-        {"connectors": {"a": "saver", "b": "saver"}, "requests": 2, "unknown": ()},
+        # Two requests, complete, without reduction too: 8 s of CPU or more.
+        pytest.param(
+            {"connectors": {"a": "saver", "b": "saver"}, "requests": 2, "unknown": ()},
+            marks=pytest.mark.slow,
+        ),
         {
             "connectors": {"a": "saver", "none": None, "boom": "raises"},
             "requests": 2,
