@@ -93,10 +93,11 @@ test: setup $(VLLM) $(ENGINE)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist $(TEST_DIST) -m "not engine and not slow"
 	MULTICONNECTOR_REQUIRE_ENGINE=1 $(ENGINE_PY) -m pytest tests/engine -m engine
 
-## test-slow: the tests marked slow, which `make test` leaves out (the model checks of two of the
-#             three planted load bugs, and every load bug's searches without symmetry, without
-#             reduction or with the enumerated canonical form; see tests/checked.py). CI runs it
-#             after `make test`. A run that collects none fails (pytest's exit 5).
+## test-slow: the tests marked slow, which `make test` leaves out: the model checks of two of the
+#             three planted load bugs, every load bug's searches without symmetry, without
+#             reduction or with the enumerated canonical form (tests/checked.py), and a few other
+#             tests of 6 to 20 s each, each marked where it is defined with its cost. CI runs
+#             it after `make test`. A run that collects none fails (pytest's exit 5).
 test-slow: setup $(VLLM)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist $(TEST_DIST) -m "slow and not engine"
 

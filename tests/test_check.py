@@ -121,7 +121,7 @@ def test_load_side_bound_in_make_test_passes() -> None:
     assert report.bounds["events"] == [*ALPHABET, *LOAD_EVENTS]
 
 
-@pytest.mark.slow  # 22,578 states: 7 s of CPU or more
+@pytest.mark.slow  # 22,578 states: 20 s alone (--durations, -p no:xdist)
 def test_load_side_with_two_requests_keeps_the_behavioural_properties() -> None:
     """Two requests' loads interleaved; without (un)registering, to stay within seconds.
 
@@ -947,7 +947,7 @@ def _figures(report: CheckReport) -> dict[str, Any]:
     [
         {},
         {"connectors": {"a": "saver", "b": "saver", "none": None, "boom": "raises"}, "requests": 1},
-        # Two requests, replayed: 4 s of CPU or more.
+        # Two requests, replayed: 14 s alone (--durations, -p no:xdist).
         pytest.param(
             {"connectors": {"a": "saver", "junk": "garbage"}, "requests": 2},
             marks=pytest.mark.slow,

@@ -406,7 +406,7 @@ def test_the_registry_as_a_set_keeps_verdicts_and_trace_lengths(
 @pytest.mark.parametrize(
     "bound",
     [
-        # Two requests, complete, without reduction too: 8 s of CPU or more.
+        # Two requests, complete, without reduction too: 6 s alone (--durations, -p no:xdist).
         pytest.param(
             {"connectors": {"a": "saver", "b": "saver"}, "requests": 2, "unknown": ()},
             marks=pytest.mark.slow,

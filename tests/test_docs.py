@@ -85,7 +85,7 @@ def run_doctest(code: str, globs: dict[str, object], name: str, line: int) -> No
 VLLM_MARKS = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
 
-#: docs/check.md's python blocks are model checks (the load side's bound: 7 s of CPU or more);
+#: docs/check.md's python blocks are model checks (the load side's bound: 7.5 s alone);
 #: tests/test_check.py::test_docs_check_md_examples_run runs every one of them in `make test`,
 #: this generic run is left to `make test-slow`.
 SLOW_PAGES = {ROOT / "docs" / "check.md"}
