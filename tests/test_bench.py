@@ -86,6 +86,7 @@ def test_scheduler_loop_rows_are_skipped_with_a_line_without_the_extra(tmp_path:
 
 
 @pytest.mark.vllm
+@pytest.mark.slow  # 15 s alone (--durations, -p no:xdist): in `make test-slow`
 @pytest.mark.timeout(300)  # vLLM's import, the scheduler's start, in the runner's process
 def test_vllm_rows_and_scheduler_loop_rows_run(tmp_path: Path) -> None:
     """The vLLM rows (all three contenders) and the scheduler-loop rows (both connectors, both

@@ -55,6 +55,7 @@ from multiconnector.check.scenario import scripted_params
 from multiconnector.machine import EVENTS, STATES, build_machine
 from multiconnector.params import merge_transfer_params
 from tests.broken_aggregators import CATALOG
+from tests.checked import checked
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = {"a": "saver", "b": "saver", "none": None}
@@ -113,16 +114,14 @@ def test_load_side_bound_in_make_test_passes() -> None:
     every name (savers, the None slot, ``ghost``), among all the other events. (With a raising
     connector too, the bound has 28,470 states: too many for `make test`.)
     """
-    report = check_aggregator(
-        {"a": "saver", "b": "saver", "none": None},
-        requests=1,
-        events=ALPHABET + LOAD_EVENTS,
-    )
+    # The same search as test_check_broken's: run once (tests/checked.py).
+    report = checked(connectors=SMALL, requests=1, events=ALPHABET + LOAD_EVENTS)
     assert_all_pass(report, LOAD_PROPERTIES)
     assert (report.distinct_states, report.max_depth) == (7945, 17)
     assert report.bounds["events"] == [*ALPHABET, *LOAD_EVENTS]
 
 
+@pytest.mark.slow  # 22,578 states: 20 s alone (--durations, -p no:xdist)
 def test_load_side_with_two_requests_keeps_the_behavioural_properties() -> None:
     """Two requests' loads interleaved; without (un)registering, to stay within seconds.
 
@@ -293,7 +292,7 @@ def test_load_once_is_checked_against_what_the_checker_saw(
     # Neither bug touches a request's state or saves: only the checker's own record of the
     # token answers it scripted tells that the outcome is wrong (load once, and right outcome,
     # which classifies every outcome from that record).
-    report = check_aggregator(SMALL, requests=1, events=ALPHABET + LOAD_EVENTS, factory=factory)
+    report = checked(factory, connectors=SMALL, requests=1, events=ALPHABET + LOAD_EVENTS)
     result = report.result(LOAD_ONCE)
     assert not result.passed and message in result.message, report.to_text()
     assert result.counterexample is not None and len(result.counterexample) == shortest
@@ -302,9 +301,11 @@ def test_load_once_is_checked_against_what_the_checker_saw(
 
 
 def test_a_none_answer_chooses_no_loader() -> None:
-    """``match_tokens`` where one saver answers None: nothing is remembered, no load is due."""
-    report = check_aggregator(
-        SMALL, requests=1, events=ALPHABET + LOAD_EVENTS, factory=_LoadAppliedUnchosen
+    """``match_tokens`` where one saver answers None: nothing is remembered, no load is due.
+
+    The search of test_load_once_is_checked_against_what_the_checker_saw: run once."""
+    report = checked(
+        _LoadAppliedUnchosen, connectors=SMALL, requests=1, events=ALPHABET + LOAD_EVENTS
     )
     trace = report.result(LOAD_ONCE).counterexample
     assert trace is not None
@@ -946,7 +947,11 @@ def _figures(report: CheckReport) -> dict[str, Any]:
     [
         {},
         {"connectors": {"a": "saver", "b": "saver", "none": None, "boom": "raises"}, "requests": 1},
-        {"connectors": {"a": "saver", "junk": "garbage"}, "requests": 2},
+        # Two requests, replayed: 14 s alone (--durations, -p no:xdist).
+        pytest.param(
+            {"connectors": {"a": "saver", "junk": "garbage"}, "requests": 2},
+            marks=pytest.mark.slow,
+        ),
         {"connectors": {"a": "saver", "b": "saver"}, "requests": 1, "params": True},
         {
             "connectors": {"a": "saver", "b": "saver"},

@@ -26,11 +26,11 @@ from multiconnector.diagram import run_cli as diagram_cli
 from multiconnector.machine import build_machine
 from tests import broken_aggregators as broken_module
 from tests.broken_aggregators import CATALOG, Broken
+from tests.checked import BOUND, bugs, checked, checked_bug, is_load, is_slow_load
 
 pytestmark = pytest.mark.timeout(120)  # model-check bounds: longer than the default time limit
 
 DECLARED = {(e, src, dst) for src, e, dst in declared_transitions(build_machine())[1]}
-BOUND: dict[str, Any] = {"connectors": {"a": "saver", "b": "saver", "none": None}, "requests": 1}
 
 #: The property each planted bug breaks, and the length of its known shortest counterexample.
 #: A request_finished is two events: it asks, then applies its answers.
@@ -85,7 +85,7 @@ def test_the_catalog_is_the_one_described_here() -> None:
 
 @pytest.mark.parametrize("events", [None, ALPHABET + LOAD_EVENTS], ids=["default", "load"])
 def test_the_real_aggregator_passes_the_same_bound(events: tuple[str, ...] | None) -> None:
-    report = check_aggregator(**BOUND, events=events)
+    report = checked(**BOUND, events=events)
     assert report.ok and report.finished, report.to_text()
 
 
@@ -95,14 +95,27 @@ def test_the_real_aggregator_passes_with_a_garbage_answering_connector() -> None
     assert report.ok and report.finished, report.to_text()
 
 
-@pytest.mark.parametrize("bug", CATALOG, ids=[b.name for b in CATALOG])
-@pytest.mark.parametrize("symmetry", [True, False], ids=["symmetry", "no-symmetry"])
+@pytest.mark.parametrize(
+    ("symmetry", "bug"),
+    [
+        # Without symmetry a load bug's search has twice the states (16,608 for the
+        # representative: 24 s of CPU): every one is left to `make test-slow`.
+        pytest.param(
+            symmetry,
+            bug,
+            id=f"{'symmetry' if symmetry else 'no-symmetry'}-{bug.name}",
+            marks=[pytest.mark.slow]
+            if is_slow_load(bug) or (is_load(bug) and not symmetry)
+            else [],
+        )
+        for symmetry in (True, False)
+        for bug in CATALOG
+    ],
+)
 def test_each_planted_bug_fails_its_property_with_a_shortest_trace(
     bug: Broken, symmetry: bool
 ) -> None:
-    bound = {**BOUND, "connectors": bug.connectors or BOUND["connectors"]}
-    with bug.installed() as factory:
-        report = check_aggregator(**bound, **bug.options(), factory=factory, symmetry=symmetry)
+    report = checked_bug(bug, symmetry=symmetry)
     assert report.finished
     prop, shortest = KNOWN[bug.name]
     result = report.result(prop)
@@ -120,9 +133,7 @@ def test_each_planted_bug_fails_its_property_with_a_shortest_trace(
 @pytest.mark.parametrize("name", ONLY)
 def test_each_later_planted_bug_fails_only_the_property_meant(name: str) -> None:
     bug = next(b for b in CATALOG if b.name == name)
-    bound = {**BOUND, "connectors": bug.connectors or BOUND["connectors"]}
-    with bug.installed() as factory:
-        report = check_aggregator(**bound, **bug.options(), factory=factory)
+    report = checked_bug(bug)
     failed = {p.name: len(p.counterexample or ()) for p in report.failures}
     assert set(failed) == {bug.prop, *bug.also}, report.to_text()
     # The property meant fails first: the others only as the bug's consequence, later.
@@ -171,8 +182,7 @@ def test_the_table_patch_is_undone() -> None:
 
 def test_a_counterexample_carries_each_requests_path_for_the_diagrams() -> None:
     bug = next(b for b in CATALOG if b.name == "count-based draining")
-    with bug.installed() as factory:
-        report = check_aggregator(**BOUND, factory=factory)
+    report = checked_bug(bug)
     data = json.loads(json.dumps(report.to_dict()))
     (prop,) = [p for p in data["properties"] if p["name"] == "no early free"]
     assert prop["result"] == "FAIL"
@@ -200,43 +210,36 @@ def test_a_counterexample_carries_each_requests_path_for_the_diagrams() -> None:
     assert request == "r1" and [s.dest for s in steps][-1] is State.finished
 
 
-def test_the_load_bugs_pass_every_other_property_and_the_default_alphabet() -> None:
+@pytest.mark.parametrize("bug", [p for p in bugs() if is_load(p.values[0])])
+def test_the_load_bugs_pass_every_other_property_and_the_default_alphabet(bug: Broken) -> None:
     """Each load bug is caught by ``load once`` (the ones that apply a load twice also queue the
     request for take() twice, which ``no early free`` catches; each returns an outcome its
     ledger calls wrong, which ``right outcome`` catches; the one that returns ``applied`` itself
     neither counts it nor calls back, which ``counters`` and ``callbacks`` catch), and only when
     the load side is checked."""
-    for name in (
-        "duplicate load completion accepted",
-        "load completion from an unchosen connector accepted",
-        "load completion from an unregistered loader accepted",
-    ):
-        bug = next(b for b in CATALOG if b.name == name)
-        with bug.installed() as factory:
-            report = check_aggregator(**BOUND, events=bug.events, factory=factory)
-            failed = {p.name: len(p.counterexample or ()) for p in report.failures}
-            assert failed["load once"] == bug.shortest, report.to_text()
-            assert min(failed.values()) == bug.shortest
-            # A record queued twice (a forgotten unregistering settles it again) makes take()
-            # raise: a consequence too.
-            consequences = {
-                "no early free",
-                "right outcome",
-                "counters",
-                "callbacks",
-                "no exception",
-            }
-            assert set(failed) - {"load once"} <= consequences, report.to_text()
-            assert check_aggregator(**BOUND, factory=factory).ok
+    report = checked_bug(bug, connectors=BOUND["connectors"])
+    failed = {p.name: len(p.counterexample or ()) for p in report.failures}
+    assert failed["load once"] == bug.shortest, report.to_text()
+    assert min(failed.values()) == bug.shortest
+    # A record queued twice (a forgotten unregistering settles it again) makes take()
+    # raise: a consequence too.
+    consequences = {
+        "no early free",
+        "right outcome",
+        "counters",
+        "callbacks",
+        "no exception",
+    }
+    assert set(failed) - {"load once"} <= consequences, report.to_text()
+    assert checked_bug(bug, connectors=BOUND["connectors"], events=None).ok
 
 
+@pytest.mark.slow  # not the representative load bug (tests/checked.py)
 def test_a_load_counterexample_names_the_chosen_loader() -> None:
     bug = next(
         b for b in CATALOG if b.name == "load completion from an unchosen connector accepted"
     )
-    with bug.installed() as factory:
-        bound = {**BOUND, "connectors": bug.connectors or BOUND["connectors"]}
-        report = check_aggregator(**bound, events=bug.events, factory=factory)
+    report = checked_bug(bug)
     data = json.loads(json.dumps(report.to_dict()))
     (prop,) = [p for p in data["properties"] if p["name"] == "load once"]
     begin, match, load = [s["data"] for s in prop["counterexample"]["steps"]]
@@ -254,7 +257,7 @@ def test_a_load_counterexample_names_the_chosen_loader() -> None:
     )
 
 
-@pytest.mark.parametrize("bug", CATALOG, ids=[b.name for b in CATALOG])
+@pytest.mark.parametrize("bug", bugs())
 def test_json_paths_printed_trace_and_diagram_agree_event_for_event(
     bug: Broken, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -264,9 +267,7 @@ def test_json_paths_printed_trace_and_diagram_agree_event_for_event(
     the printed trace shows that event at that number, and ``diagram --path`` (md) lists the
     same steps under the same numbers.
     """
-    with bug.installed() as factory:
-        bound = {**BOUND, "connectors": bug.connectors or BOUND["connectors"]}
-        report = check_aggregator(**bound, **bug.options(), factory=factory)
+    report = checked_bug(bug)
     data = json.loads(json.dumps(report.to_dict()))
     (prop,) = [p for p in data["properties"] if p["name"] == bug.prop]
     trace = prop["counterexample"]
@@ -339,23 +340,36 @@ def _outcome(report: Any) -> tuple[Any, ...]:
     )
 
 
-@pytest.mark.parametrize("bug", CATALOG, ids=[b.name for b in CATALOG])
 @pytest.mark.parametrize(
-    "bound",
-    [{"requests": 1}, {"requests": 2, "max_depth": TWO_REQUEST_DEPTH}],
-    ids=["1-request", "2-depth-6"],
+    ("bound", "bug"),
+    [
+        # Without reduction a load bug's one-request search costs 11 s of CPU or more: every
+        # one is left to `make test-slow`; with two requests (to depth 6), the representative's
+        # costs 3 s.
+        pytest.param(
+            bound,
+            bug,
+            id=f"{name}-{bug.name}",
+            marks=(
+                [pytest.mark.slow]
+                if is_slow_load(bug) or (is_load(bug) and bound["requests"] == 1)
+                else []
+            ),
+        )
+        for bound, name in (
+            ({"requests": 1}, "1-request"),
+            ({"requests": 2, "max_depth": TWO_REQUEST_DEPTH}, "2-depth-6"),
+        )
+        for bug in CATALOG
+    ],
 )
 def test_partial_order_reduction_keeps_verdicts_states_and_trace_lengths(
     bug: Broken, bound: dict[str, Any]
 ) -> None:
-    connectors = bug.connectors or BOUND["connectors"]
     if bug.params and bound["requests"] == 2:
         bound = {**bound, "max_depth": PARAMS_TWO_REQUEST_DEPTH}
-    with bug.installed() as factory:
-        reduced = check_aggregator(connectors, **bound, **bug.options(), factory=factory)
-        full = check_aggregator(
-            connectors, **bound, **bug.options(), factory=factory, reduction=False
-        )
+    reduced = checked_bug(bug, **bound)
+    full = checked_bug(bug, **bound, reduction=False)
     assert _outcome(reduced) == _outcome(full), (reduced.to_text(), full.to_text())
     result = reduced.result(bug.prop)
     expected: int | None = bug.shortest
@@ -370,7 +384,7 @@ def test_partial_order_reduction_keeps_verdicts_states_and_trace_lengths(
         assert not result.passed and len(result.counterexample or ()) == expected
 
 
-@pytest.mark.parametrize("bug", CATALOG, ids=[b.name for b in CATALOG])
+@pytest.mark.parametrize("bug", bugs())
 def test_the_registry_as_a_set_keeps_verdicts_and_trace_lengths(
     bug: Broken, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -378,13 +392,12 @@ def test_the_registry_as_a_set_keeps_verdicts_and_trace_lengths(
 
     Without the load side the registry is part of the state as a set (docs/check.md,
     "Reductions"): every planted bug is still caught, with a trace of the same length, and the
-    order only splits states.
+    order only splits states. (With the load side the order is kept either way: the two
+    searches are one, run once.)
     """
-    connectors = bug.connectors or BOUND["connectors"]
-    with bug.installed() as factory:
-        as_set = check_aggregator(connectors, requests=1, events=bug.events, factory=factory)
-        monkeypatch.setattr(run_module, "_registry_order", lambda alphabet, params: True)
-        in_order = check_aggregator(connectors, requests=1, events=bug.events, factory=factory)
+    as_set = checked_bug(bug, params=False)
+    monkeypatch.setattr(run_module, "_registry_order", lambda alphabet, params: True)
+    in_order = checked_bug(bug, params=False)
     assert _outcome(as_set)[0] == _outcome(in_order)[0]
     assert _outcome(as_set)[4] == _outcome(in_order)[4]
     assert as_set.distinct_states <= in_order.distinct_states
@@ -393,7 +406,11 @@ def test_the_registry_as_a_set_keeps_verdicts_and_trace_lengths(
 @pytest.mark.parametrize(
     "bound",
     [
-        {"connectors": {"a": "saver", "b": "saver"}, "requests": 2, "unknown": ()},
+        # Two requests, complete, without reduction too: 6 s alone (--durations, -p no:xdist).
+        pytest.param(
+            {"connectors": {"a": "saver", "b": "saver"}, "requests": 2, "unknown": ()},
+            marks=pytest.mark.slow,
+        ),
         {
             "connectors": {"a": "saver", "none": None, "boom": "raises"},
             "requests": 2,
@@ -419,8 +436,7 @@ def test_the_cli_load_check_names_an_unregistered_loader(
     bug = next(
         b for b in CATALOG if b.name == "load completion from an unregistered loader accepted"
     )
-    with bug.installed() as factory:
-        report = check_aggregator(**BOUND, events=bug.events, factory=factory)
+    report = checked_bug(bug)
     failure = report.result("load once")
     assert failure.message in {  # a and b are interchangeable (symmetry)
         f"load_finished(r1, {n}) was applied from {n}, though it was unregistered after it was "

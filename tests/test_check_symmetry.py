@@ -9,9 +9,11 @@ merges exactly the states the enumeration merges.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,11 +27,10 @@ from multiconnector.check.canonical import (
     _key,
     arrangements,
 )
-from tests.broken_aggregators import CATALOG, Broken
+from tests.broken_aggregators import Broken
+from tests.checked import bugs, checked, checked_bug, is_load
 
 pytestmark = pytest.mark.timeout(300)
-
-BOUND: dict[str, Any] = {"connectors": {"a": "saver", "b": "saver", "none": None}, "requests": 1}
 
 
 def _figures(report: CheckReport) -> dict[str, Any]:
@@ -42,11 +43,15 @@ def _figures(report: CheckReport) -> dict[str, Any]:
     return data
 
 
-def _both(monkeypatch: pytest.MonkeyPatch, **bound: Any) -> tuple[CheckReport, CheckReport]:
+def _both(
+    monkeypatch: pytest.MonkeyPatch, search: Callable[..., CheckReport] = checked, **bound: Any
+) -> tuple[CheckReport, CheckReport]:
+    """The search with the enumeration, and with the signatures (the checker's own: the search
+    other tests make too, shared with them, see tests/checked.py)."""
     monkeypatch.setattr(run_module, "_canonical_form", Enumerated)
-    reference = check_aggregator(**bound)
+    reference = search(**bound)
     monkeypatch.setattr(run_module, "_canonical_form", Signatures)
-    signatures = check_aggregator(**bound)
+    signatures = search(**bound)
     return reference, signatures
 
 
@@ -77,13 +82,13 @@ def test_signatures_find_what_every_renaming_finds(
     assert signatures.ok and signatures.distinct_states > 100
 
 
-@pytest.mark.parametrize("bug", CATALOG, ids=[b.name for b in CATALOG])
+# A load bug's enumerated search costs 11 s of CPU or more: every one is left to `make test-slow`
+# (the load side's own configuration above stays in `make test`).
+@pytest.mark.parametrize("bug", bugs(slow=is_load))
 def test_every_planted_bug_is_caught_alike_by_both_forms(
     bug: Broken, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    bound = {**BOUND, "connectors": bug.connectors or BOUND["connectors"]}
-    with bug.installed() as factory:
-        reference, signatures = _both(monkeypatch, **bound, **bug.options(), factory=factory)
+    reference, signatures = _both(monkeypatch, functools.partial(checked_bug, bug))
     assert _figures(signatures) == _figures(reference)
     assert not signatures.result(bug.prop).passed
     assert len(signatures.result(bug.prop).counterexample or ()) == bug.shortest

@@ -85,9 +85,21 @@ def run_doctest(code: str, globs: dict[str, object], name: str, line: int) -> No
 VLLM_MARKS = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
 
+#: docs/check.md's python blocks are model checks (the load side's bound: 7.5 s alone);
+#: tests/test_check.py::test_docs_check_md_examples_run runs every one of them in `make test`,
+#: this generic run is left to `make test-slow`.
+SLOW_PAGES = {ROOT / "docs" / "check.md"}
+
+
+def page_marks(page: Path) -> list[pytest.MarkDecorator]:
+    if page.name == "vllm.md":
+        return VLLM_MARKS
+    return [pytest.mark.slow] if page in SLOW_PAGES else []
+
+
 @pytest.mark.parametrize(
     "page",
-    [pytest.param(p, marks=VLLM_MARKS) if p.name == "vllm.md" else p for p in PAGES],
+    [pytest.param(p, marks=page_marks(p)) for p in PAGES],
     ids=page_id,
 )
 def test_page_examples_run(

@@ -277,6 +277,7 @@ ALPHABET: tuple[Event, ...] = (
 DEPTH = 5
 
 
+@pytest.mark.slow  # left to `make test-slow`; the random sequences below stay in `make test`
 @pytest.mark.timeout(180)  # about 8 s of CPU; the wall time on a busy 2-core machine is more
 def test_every_sequence_of_the_alphabet() -> None:
     """Every sequence of up to DEPTH events of ALPHABET, compared after every event.
