@@ -499,10 +499,11 @@ def _events_of(world: _World, ids: Iterable[int], *, alike: bool = True) -> list
 def _subsets(savers: list[str], classes: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
     """Every subset of ``savers`` (by size, then in their order), or with ``classes`` one per
     number of each class's members in it: the first ones, in ``savers``' order."""
-    if not classes:
-        return [c for k in range(len(savers) + 1) for c in itertools.combinations(savers, k)]
     position = {n: p for p, n in enumerate(savers)}
     groups = [sorted((n for n in c if n in position), key=position.__getitem__) for c in classes]
+    groups = [g for g in groups if len(g) > 1]
+    if not groups:  # no two savers interchangeable here
+        return [c for k in range(len(savers) + 1) for c in itertools.combinations(savers, k)]
     grouped = {n for g in groups for n in g}
     groups += [[n] for n in savers if n not in grouped]
     found = {
