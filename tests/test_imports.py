@@ -35,8 +35,9 @@ tool = _tool()
 ALLOWED_PATH_EDITS = {
     # ``load("module:attr")`` searches the current directory first, as ``python -m`` does.
     "multiconnector.usermachine.declaration",
-    # the A/B runner imports other checkouts' copies of the package from a temporary folder.
+    # the A/B runners import other checkouts' copies of the package from a temporary folder.
     "bench.ab_loop",
+    "bench.ab_lifecycle",
 }
 
 
