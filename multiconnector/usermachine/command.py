@@ -15,7 +15,16 @@ __all__ = ["add_check_arguments", "run_check_cli"]
 # -- the command ---------------------------------------------------------------------------------
 
 #: The aggregator scenario's options, which mean nothing for a machine of your own.
-_AGGREGATOR_OPTIONS: Final = ("connectors", "unknown", "requests", "events", "load", "no_symmetry")
+_AGGREGATOR_OPTIONS: Final = (
+    "connectors",
+    "unknown",
+    "requests",
+    "events",
+    "load",
+    "params",
+    "per_request",
+    "no_symmetry",
+)
 
 
 def add_check_arguments(parser: Any) -> None:
