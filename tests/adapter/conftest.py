@@ -6,9 +6,11 @@ folder must be on ``sys.path`` whatever pytest's import mode.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,17 @@ if missing_reason() is None:
         from vllm_harness import write_model
 
         import multiconnector.vllm  # noqa: F401
+
+
+@pytest.fixture
+def quiet() -> Iterator[None]:
+    """No log records below ERROR while a test runs (for tests that build thousands of
+    connectors or report thousands of ignored events)."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 @pytest.fixture(scope="session")

@@ -16,10 +16,17 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm_children import Script, child, script
-from vllm_harness import make_config, make_connector, make_request, make_scheduler, runner_output
+from vllm_harness import (
+    make_config,
+    make_connector,
+    make_request,
+    make_scheduler,
+    runner_output,
+    worker_output,
+)
 
 from multiconnector import Outcome, SaveLedger, State
 from multiconnector.aggregator import MultiConnector as Aggregator
@@ -214,13 +221,7 @@ class World:
             for name, request_id, on in event.reports:
                 if number in on:
                     self.setup.scripts[name].sending.add(request_id)
-            results = worker.get_transfer_results(output.finished_req_ids)
-            kv_output = KVConnectorOutput(
-                finished_sending=results.finished_sending or None,
-                finished_recving=results.finished_recving or None,
-                failed_recving=results.failed_recving,
-                kv_connector_worker_meta=worker.build_connector_worker_meta(),
-            )
+            kv_output = worker_output(worker, output.finished_req_ids)
             worker.clear_connector_metadata()
             outputs.append(
                 ModelRunnerOutput(req_ids=[], req_id_to_index={}, kv_connector_output=kv_output)
@@ -364,19 +365,12 @@ class SchedulerWorld(World):
         worker.bind_connector_metadata(shipped.kv_connector_metadata)
         for name, request_id, _ in event.reports:
             self.setup.scripts[name].sending.add(request_id)
-        results = worker.get_transfer_results(shipped.finished_req_ids)
-        meta = worker.build_connector_worker_meta()
+        extra = None
         if event.stranger:
             extra = NamedMultiConnectorWorkerMetadata(
                 {}, sent={STRANGER: {r: 1 for r in event.stranger}}
             )
-            meta = extra if meta is None else meta.aggregate(extra)
-        kv_output = KVConnectorOutput(
-            finished_sending=results.finished_sending or None,
-            finished_recving=results.finished_recving or None,
-            failed_recving=results.failed_recving,
-            kv_connector_worker_meta=meta,
-        )
+        kv_output = worker_output(worker, shipped.finished_req_ids, extra=extra)
         worker.clear_connector_metadata()
         self.vllm.update_from_output(output, runner_output(output, kv_output))
         return held - set(self.vllm.requests)

@@ -13,9 +13,8 @@ from vllm_support import require_vllm
 
 require_vllm()
 
-import logging  # noqa: E402
 import os  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
@@ -34,7 +33,8 @@ from multiconnector import Outcome  # noqa: E402
 from multiconnector.vllm import MultiConnector  # noqa: E402
 from multiconnector.vllm.ledger import SaveLedger  # noqa: E402
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
+# vLLM logs every connector it builds, and our adapter every ignored report: thousands.
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800), pytest.mark.usefixtures("quiet")]
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
 #: Examples of the fuzz: a few hundred in ``make test``, many thousands in ``make test-deep``.
@@ -52,16 +52,6 @@ def fuzz_settings(examples: int, **kwargs: Any) -> settings:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         **kwargs,
     )
-
-
-@pytest.fixture(autouse=True)
-def quiet() -> Iterator[None]:
-    """vLLM logs every connector it builds, and our adapter every ignored report: thousands."""
-    logging.disable(logging.WARNING)
-    try:
-        yield
-    finally:
-        logging.disable(logging.NOTSET)
 
 
 class OursMachine(AdapterMachine):

@@ -75,9 +75,8 @@ from vllm_support import require_vllm
 
 require_vllm()
 
-import logging  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -98,21 +97,12 @@ from multiconnector import Outcome  # noqa: E402
 from multiconnector.rule import OTHER_NAMES  # noqa: E402
 from multiconnector.vllm import NamedMultiConnectorWorkerMetadata  # noqa: E402
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
+# vLLM logs every connector it builds: thousands here.
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300), pytest.mark.usefixtures("quiet")]
 
 
 #: The length bound of the sequences.
 DEPTH = 5
-
-
-@pytest.fixture(autouse=True)
-def quiet() -> Iterator[None]:
-    """vLLM logs every connector it builds: thousands here."""
-    logging.disable(logging.WARNING)
-    try:
-        yield
-    finally:
-        logging.disable(logging.NOTSET)
 
 
 @pytest.mark.parametrize("make", [one_worker, two_workers], ids=["one worker", "two workers"])

@@ -155,13 +155,7 @@ class Engine:
             worker = self.worker
             worker.bind_connector_metadata(shipped.kv_connector_metadata)
             worker.wait_for_save()
-            results = worker.get_transfer_results(shipped.finished_req_ids)
-            kv_output = KVConnectorOutput(
-                finished_sending=results.finished_sending or None,
-                finished_recving=results.finished_recving or None,
-                failed_recving=results.failed_recving,
-                kv_connector_worker_meta=worker.build_connector_worker_meta(),
-            )
+            kv_output = worker_output(worker, shipped.finished_req_ids)
             worker.clear_connector_metadata()
         engine_outputs = self.scheduler.update_from_output(
             scheduler_output, runner_output(scheduler_output, kv_output, token)
@@ -210,3 +204,18 @@ def builtin_config(
     if hma:
         config.scheduler_config.disable_hybrid_kv_cache_manager = False
     return config
+
+
+def worker_output(worker: Any, finished_req_ids: Any, *, extra: Any = None) -> KVConnectorOutput:
+    """A worker connector's part of a step's output: its transfer results and its metadata,
+    with ``extra`` worker metadata aggregated into it when given."""
+    results = worker.get_transfer_results(finished_req_ids)
+    meta = worker.build_connector_worker_meta()
+    if extra is not None:
+        meta = extra if meta is None else meta.aggregate(extra)
+    return KVConnectorOutput(
+        finished_sending=results.finished_sending or None,
+        finished_recving=results.finished_recving or None,
+        failed_recving=results.failed_recving,
+        kv_connector_worker_meta=meta,
+    )
