@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -213,7 +214,8 @@ def _explore_scenario(
         actor=_actor if reduction or per_request else None,
         alike=_alike if reduction else None,
         views=_views if per_request else None,
-        events_of=_events_of if per_request else None,
+        # (alike as the reduction says: with it off, every request_finished is listed)
+        events_of=functools.partial(_events_of, alike=reduction) if per_request else None,
         fork=_fork,
         progress=progress,
         bounds=bounds,
