@@ -104,17 +104,24 @@ def test_a_batch_interrupted_half_way_counts_what_it_applied_and_releases_its_lo
     assert mc.connector_counts()["a"] == {Outcome.applied: 8, Outcome.duplicate: 5}
 
 
-@pytest.mark.parametrize("stripe", [0, 1])
-def test_an_abandoned_saver_is_counted_on_the_stripe_of_its_request(stripe: int) -> None:
-    # Each stripe keeps at most 1 024 (outcome, name) counters. The unregister scan counts an
-    # abandoned saver on its request's stripe: another stripe being full does not fold it away.
+def _other_stripe_full(stripe: int) -> tuple[MultiConnector, str, str]:
+    """Two stripes; a request on ``stripe`` awaiting saver ``a``, and the other stripe's
+    counters full (1 024 made-up names reporting a request held there)."""
     mc = MultiConnector(ConnectorRegistry({"a": Scripted()}), stripes=2)
     rid, other = ids_on(mc, [stripe, 1 - stripe])
     mc.begin(rid)
     mc.request_finished(rid)
     mc.begin(other)
-    for i in range(1024):  # made-up names fill the other stripe's counters
+    for i in range(1024):
         assert mc.transfer_finished(other, f"ghost{i}") is Outcome.unknown_connector
+    return mc, rid, other
+
+
+@pytest.mark.parametrize("stripe", [0, 1])
+def test_an_abandoned_saver_is_counted_on_the_stripe_of_its_request(stripe: int) -> None:
+    # Each stripe keeps at most 1 024 (outcome, name) counters. The unregister scan counts an
+    # abandoned saver on its request's stripe: another stripe being full does not fold it away.
+    mc, _, other = _other_stripe_full(stripe)
     assert mc.transfer_finished(other, "one-more") is Outcome.unknown_connector
     assert mc.connector_counts()[OTHER_NAMES] == {Outcome.unknown_connector: 1}
     mc.unregister("a")
@@ -126,13 +133,7 @@ def test_a_batch_counts_each_report_on_the_stripe_of_its_request(stripe: int) ->
     # As one transfer_finished call does: a batch holding every lock (one id is half of two
     # stripes) still counts each report on its request's stripe, so another stripe being full
     # does not fold its name away.
-    mc = MultiConnector(ConnectorRegistry({"a": Scripted()}), stripes=2)
-    rid, other = ids_on(mc, [stripe, 1 - stripe])
-    mc.begin(rid)
-    mc.request_finished(rid)
-    mc.begin(other)
-    for i in range(1024):  # made-up names fill the other stripe's counters
-        assert mc.transfer_finished(other, f"ghost{i}") is Outcome.unknown_connector
+    mc, rid, _ = _other_stripe_full(stripe)
     assert mc.transfer_finished_many("fresh", [rid]) == [Outcome.unknown_connector]
     assert mc.transfer_finished_many("a", [rid]) == [Outcome.applied]
     counts = mc.connector_counts()
