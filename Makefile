@@ -82,7 +82,8 @@ demo: setup
 
 ## test: every test but the slow ones (`make test-slow`): the main suite (the scheduler-side vLLM
 #        tests included) on one pytest-xdist worker per core, then the engine tests in
-#        .venv-engine, each with its own time limits; a skipped or empty engine run fails
+#        .venv-engine, and the adapter's tests again on that vLLM (0.32), each with its own time
+#        limits; a skipped or empty engine run fails
 #        (MULTICONNECTOR_REQUIRE_ENGINE=1; pytest's "no tests ran" is exit 5). --dist worksteal:
 #        an idle worker takes queued tests from a busy one, so a long test queued last does not
 #        leave the other worker idle. Not --dist loadfile: with pytest-xdist 3.8 a worker killed
@@ -92,6 +93,8 @@ TEST_DIST    ?= worksteal
 test: setup $(VLLM) $(ENGINE)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist $(TEST_DIST) -m "not engine and not slow"
 	MULTICONNECTOR_REQUIRE_ENGINE=1 $(ENGINE_PY) -m pytest tests/engine -m engine
+	MULTICONNECTOR_REQUIRE_VLLM=1 $(ENGINE_PY) -m pytest -n $(TEST_WORKERS) --dist $(TEST_DIST) \
+	  tests/adapter -m "vllm and not slow"
 
 ## test-slow: the tests marked slow, which `make test` leaves out: the model checks of two of the
 #             three planted load bugs, every load bug's searches without symmetry, without

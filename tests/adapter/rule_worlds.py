@@ -256,7 +256,8 @@ class World:
                     _frozen(agg._recv_remaining_count),
                     _frozen(agg._failed_recving_pending),
                     agg._expected_finished_count,
-                    len(agg._salvaged_outputs),
+                    # (vLLM 0.32's aggregator salvages nothing: it has no such list)
+                    len(getattr(agg, "_salvaged_outputs", ())),
                 )
             )
         parts.append(_frozen(self.finished_ids))
