@@ -145,6 +145,7 @@ class SchedulerRole(ConnectorBase):
             self._loads_in_flight.add(request_id)
             if loader_failed:
                 self._failed_loads[request_id] = loader  # each worker reports it failed
+                self._sides[loader].failed_loads.add(request_id)
                 return
             self._new_loads[request_id] = loader
             if loader in self._counted:
@@ -153,6 +154,7 @@ class SchedulerRole(ConnectorBase):
         external = self._external_blocks(blocks, matched_at, num_external_tokens)
         if loader_failed:
             self._load_errors.extend(external)
+            self._sides[loader].failed_loads.add(request_id)
         else:
             self._sync_loads[request_id] = (loader, external)
 
@@ -208,10 +210,12 @@ class SchedulerRole(ConnectorBase):
                 del self._new_loads[request_id]
                 self._loads_owed.pop(request_id, None)
                 self._failed_loads[request_id] = name
+                self._sides[name].failed_loads.add(request_id)
         for request_id, (name, external) in list(self._sync_loads.items()):
             if name in names:
                 del self._sync_loads[request_id]
                 self._load_errors.extend(external)
+                self._sides[name].failed_loads.add(request_id)
 
     def update_connector_output(self, connector_output: Any) -> None:
         """Each child sees the output with its own worker metadata and its own KV cache events
@@ -232,6 +236,8 @@ class SchedulerRole(ConnectorBase):
         if events is not None and events.__class__ is not NamedKVEvents:
             _named(events, NamedKVEvents, "kv_cache_events")
         self._route_output(connector_output, worker_meta, events)
+        if connector_output.failed_recving:
+            self._mark_failed(connector_output.failed_recving)
         if self._loads_owed or self._counted_failed:
             self._count_loads(connector_output, worker_meta)
         if (self._saving and (connector_output.finished_recving or self._counted_owed)) or (
@@ -257,6 +263,13 @@ class SchedulerRole(ConnectorBase):
                 tracker.load_finished(request_id, loader)
         self._recving = ()
         tracker.take()
+
+    def _mark_failed(self, request_ids: Any) -> None:
+        """The loads of ``request_ids`` failed: their loaders are not asked again for them."""
+        for request_id in request_ids:
+            loader = self._loader(request_id)
+            if loader is not None:
+                self._sides[loader].failed_loads.add(request_id)
 
     def _route_output(self, connector_output: Any, worker_meta: Any, events: Any) -> None:
         """Every child's ``update_connector_output``, with its own entries of ``worker_meta``
@@ -534,6 +547,8 @@ class SchedulerRole(ConnectorBase):
             for side in self._sides.values():
                 if side.load_async:
                     side.load_async.pop(request_id, None)
+                if side.failed_loads:
+                    side.failed_loads.discard(request_id)
             record = tracker.peek(request_id)
             if (
                 record is not None

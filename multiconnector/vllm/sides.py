@@ -73,7 +73,7 @@ class Side:
 class SchedulerSide(Side):
     """Scheduler role: asks the vLLM child, passing the live ``Request`` object."""
 
-    __slots__ = ("call", "load_async", "owner")
+    __slots__ = ("call", "failed_loads", "load_async", "owner")
 
     def __init__(self, owner: SchedulerOwner, name: str, child: Any, call: Call) -> None:
         super().__init__(name, child)
@@ -82,12 +82,17 @@ class SchedulerSide(Side):
         #: The requests this child's last match would load asynchronously (only those: the
         #: common case, no asynchronous load, writes nothing).
         self.load_async: dict[str, bool] = {}
+        #: The requests whose load by this child failed: it is not asked again for them (a
+        #: request vLLM reschedules after a failed load would otherwise fail the same way).
+        self.failed_loads: set[str] = set()
 
     def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
         call = self.call
         if call.looking_up:
             # An earlier child is still looking up: like vLLM's, the later ones are not asked.
             return None
+        if self.failed_loads and request_id in self.failed_loads:
+            return 0
         request = self.owner.live_request(request_id)
         answer = self.child.get_num_new_matched_tokens(request, num_computed_tokens)
         if answer.__class__ is not tuple or len(answer) != 2:

@@ -134,6 +134,12 @@ class ScriptedConnector(KVConnectorBase_V1):
         self.script.instances.append(self)
         self.bound: list[Any] = []
 
+    def _raise_if(self, method: str) -> None:
+        """Raise what the script says ``method`` raises, recording no call."""
+        error = self.script.raise_in.get(method)
+        if error is not None:
+            raise error
+
     def _call(self, method: str, *args: Any) -> None:
         self.script.calls.append((method, *args))
         error = self.script.raise_in.get(method)
@@ -173,12 +179,14 @@ class ScriptedConnector(KVConnectorBase_V1):
         self._call("update_connector_output", connector_output.kv_connector_worker_meta)
 
     def take_events(self) -> Iterable[Any]:
+        self._raise_if("take_events")
         return [f"event-{self.script.label}"]
 
     # worker side
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         self.bound.append(connector_metadata)
         super().bind_connector_metadata(connector_metadata)
+        self._raise_if("bind_connector_metadata")
 
     def clear_connector_metadata(self) -> None:
         self._call("clear_connector_metadata")
@@ -285,3 +293,28 @@ class MooncakeEventsConnector(ScriptedConnector):
 
     def take_events(self) -> Iterable[Any]:
         return list(MooncakeStoreConnector.take_events(self))
+
+
+#: What the next get_num_new_matched_tokens of a script's children answers, whole (the scripted
+#: connector answers ``(tokens, load_async)`` from its script otherwise).
+ANSWERS: dict[str, Any] = {}
+
+
+#: Per script label, how many prompt tokens the child "stored" (ExampleConnector's arithmetic).
+STORED: dict[str, int] = {}
+
+
+class OddConnector(ScriptedConnector):
+    """A scripted child that can answer ``get_num_new_matched_tokens`` anything, and that
+    answers as vLLM's ``ExampleConnector`` does when its script says it stored a prefix: the
+    stored tokens less the computed ones, negative when vLLM's prefix cache holds more."""
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
+        label = self.script.label
+        if label in ANSWERS:
+            self._call("get_num_new_matched_tokens", request.request_id, num_computed_tokens)
+            return ANSWERS[label]
+        if label in STORED:
+            self._call("get_num_new_matched_tokens", request.request_id, num_computed_tokens)
+            return STORED[label] - num_computed_tokens, False
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)
