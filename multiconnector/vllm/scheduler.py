@@ -107,7 +107,7 @@ class SchedulerRole(ConnectorBase):
         ):
             self._new_loads[request_id] = loader
             self._loads_in_flight.add(request_id)
-            if loader in self._counted:
+            if loader in self._known_counts():
                 self._loads_owed[request_id] = (loader, self._counted[loader])
 
     def build_connector_meta(self, scheduler_output: Any) -> NamedMultiConnectorMetadata:
@@ -432,7 +432,7 @@ class SchedulerRole(ConnectorBase):
             if savers:
                 self._new_savers[request_id] = savers
                 self._saving[request_id] = savers
-                if self._counted:
+                if self._known_counts():
                     self._owe_counted(request_id, savers)
             self._live.pop(request_id, None)
             if self._tail_savers:
@@ -526,13 +526,15 @@ class SchedulerRole(ConnectorBase):
         self._route_handshake(metadata, "set_xfer_handshake_metadata_pp_aware")
 
     def _route_handshake(self, metadata: Mapping[Any, Any], method: str) -> None:
+        """Every child, in order, gets its own entries (``{}`` when it has none: vLLM's class
+        calls every child too)."""
+
         def route(name: str, child: Any) -> None:
             mine = {
                 rank: meta.children[name]
                 for rank, meta in metadata.items()
                 if isinstance(meta, NamedHandshakeMetadata) and name in meta.children
             }
-            if mine:
-                getattr(child, method)(mine)
+            getattr(child, method)(mine)
 
         self._gather(method, route)

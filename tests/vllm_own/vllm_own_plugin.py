@@ -21,8 +21,13 @@ reasons in docs/vllm.md) are marked ``xfail(strict=True)``: they must fail, and 
 fail the run.
 """
 
+# vLLM is imported inside the hooks, once the engine's environment is set.
+# ruff: noqa: PLC0415
+
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import tempfile
 import warnings
@@ -62,8 +67,6 @@ VOCAB_SIZE = 1024
 
 def write_tokenizer(folder: Path) -> None:
     """A word-level tokenizer (whitespace-split words, ``<s>`` first) for the tiny model."""
-    import json
-
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     names = [*SPECIAL, *WORDS]
@@ -113,8 +116,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # In-process engine: the file's own conftest (the CPU backend's block sizes) and the class
     # substitution then hold in the engine core too.
     engine_environment(in_process=True)
-    import importlib
-
     model = tiny_model()
     config.stash[MODEL_KEY] = model
     with warnings.catch_warnings():
