@@ -113,8 +113,8 @@ test-slow: setup $(VLLM) $(ENGINE)
 #                 engine (.venv-engine). tests/vllm_own/compare.py then fails unless every test
 #                 that passes for vLLM's class passes for ours (or is one of the strict xfails
 #                 docs/vllm.md lists). pytest's exit 1 (some test failed) is the comparison's to
-#                 judge; any other non-zero exit fails at once. About 5 minutes (part of
-#                 `make test-slow`).
+#                 judge; any other non-zero exit fails at once. 571 s on the shared 2-core
+#                 machine, the first fetch included (part of `make test-slow`).
 VLLM_SRC_VERSION := 0.33.0
 VLLM_OWN      := $(BUILD)/vllm-own
 VLLM_SRC      := $(VLLM_OWN)/vllm-$(VLLM_SRC_VERSION)
