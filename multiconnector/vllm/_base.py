@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from .._validate import shown
 from ..aggregator import MultiConnector as Aggregator
@@ -56,23 +56,28 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._children: dict[str, Any] = _start_children(specs, vllm_config, role, kv_cache_config)
         #: ``(name, child)`` pairs in configuration order, for the per-step fan-outs.
         self._items: tuple[tuple[str, Any], ...] = tuple(self._children.items())
+        #: The children's names in configuration order (vLLM's positions).
+        self._names: tuple[str, ...] = tuple(self._children)
         #: Scheduler: what the sides tell this connector about the call in progress.
         self._call = Call()
-        self._sides: dict[str, Any] = {
+        # Every role asks the children as the scheduler does (vLLM's class has one behaviour
+        # for both roles, and its tests call scheduler methods on a worker's connector); the
+        # worker's load books answer from the plan in the connector metadata instead.
+        self._sides: dict[str, SchedulerSide] = {
             name: SchedulerSide(self, name, child, self._call)
-            if role == KVConnectorRole.SCHEDULER
-            else WorkerSide(self, name, child)
             for name, child in self._children.items()
         }
-        registry = ConnectorRegistry(self._sides)
+        self._worker_sides: dict[str, WorkerSide] = {
+            name: WorkerSide(self, name, child) for name, child in self._children.items()
+        }
         # Scheduler: every request, from arrival to request_finished (and its load, if one is in
         # flight then); the saves it hands off are the workers' to await (see saving).
         # (Both roles: shutdown goes through it.)
-        self._tracker = Aggregator(registry)
+        self._tracker = Aggregator(ConnectorRegistry(self._sides))
         # Worker: the saves each finished request awaits; unused on the scheduler.
         self._ledger = SaveLedger(self._children)
         # Worker: the load each request awaits; unused on the scheduler.
-        self._loads = Aggregator(registry)
+        self._loads = Aggregator(ConnectorRegistry(self._worker_sides))
         # Scheduler state.
         self._live: dict[str, Any] = {}
         self._tail_savers: dict[str, tuple[str, ...]] = {}
@@ -120,8 +125,11 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         #: Worker: per child, when a non-chosen load was last warned about, and how many since.
         self._unchosen_warned: dict[str, tuple[float | None, int]] = {}
         # Both roles: the children that report a transfer on fewer workers than all (their
-        # get_finished_count), with how many; the scheduler counts their reports.
-        self._counted: dict[str, int] = _finished_counts(self._items, vllm_config)
+        # get_finished_count), with how many; the scheduler counts their reports. Asked when
+        # vLLM asks (get_finished_count) or when first needed, never at construction.
+        self._world = _world_size(vllm_config)
+        self._counted: dict[str, int] = {}
+        self._counts_known = False
         self._init_counted()
         #: Scheduler: this output's load completions, read before vLLM's own handling.
         self._recving: Any = ()
@@ -151,6 +159,35 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._recv_done: set[str] = set()
         self._counted_failed: set[str] = set()
         self._sent_while_loading_here: set[str] = set()
+
+    def _replace_children(self, connectors: Sequence[Any]) -> None:
+        """Put ``connectors`` in the children's places, by position: the names, and so the
+        books, stay; every child is asked its ``get_finished_count()`` again when next needed."""
+        if "_children" not in self.__dict__:
+            raise InvalidArgumentError(
+                "this MultiConnector was not built by its constructor (object.__new__): its "
+                "children, their names and its books come from the constructor"
+            )
+        if len(connectors) != len(self._names):
+            raise InvalidArgumentError(
+                f"_connectors={shown(connectors)} must hold exactly one connector per configured "
+                f"child ({len(self._names)}: {list(self._names)}): names come from the "
+                "configuration"
+            )
+        self._children = dict(zip(self._names, connectors, strict=True))
+        self._items = tuple(self._children.items())
+        for name, child in self._items:
+            self._sides[name].child = child
+            self._worker_sides[name].child = child
+        self._counts_known = False
+
+    def _known_counts(self) -> dict[str, int]:
+        """The children that report on fewer workers than all, with how many: every child's
+        ``get_finished_count()``, asked the first time (in configuration order)."""
+        if not self._counts_known:
+            self._counted = _finished_counts(self._items, self._world)
+            self._counts_known = True
+        return self._counted
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -287,9 +324,12 @@ def _all_known(metadata: NamedMultiConnectorMetadata, known: Mapping[str, Any]) 
     return all(name in known for name in metadata.loads.values())
 
 
-def _finished_counts(items: Sequence[tuple[str, Any]], vllm_config: Any) -> dict[str, int]:
+def _world_size(vllm_config: Any) -> int:
+    return int(getattr(getattr(vllm_config, "parallel_config", None), "world_size", 1) or 1)
+
+
+def _finished_counts(items: Sequence[tuple[str, Any]], world: int) -> dict[str, int]:
     """The children whose ``get_finished_count()`` is fewer workers than the world size."""
-    world = int(getattr(getattr(vllm_config, "parallel_config", None), "world_size", 1) or 1)
     counted: dict[str, int] = {}
     for name, child in items:
         count = child.get_finished_count()

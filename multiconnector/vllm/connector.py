@@ -10,10 +10,11 @@ class-level queries and the calls both roles get.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from vllm.config.cache import _layout_from_name
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, SupportsHMA
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
@@ -21,12 +22,17 @@ from .._validate import shown
 from ..aggregator import MultiConnector as Aggregator
 from ..errors import InvalidArgumentError
 from ..outcome import Outcome
-from ._base import _failed
+from ._base import ConnectorBase, _failed
 from .config import child_specs, connector_class, specs_of, without_hma
 from .errors import ChildrenConflictError
 from .ledger import SaveLedger
 from .scheduler import SchedulerRole
-from .wire import NamedMultiConnectorMetadata, NamedMultiConnectorStats, NamedPromMetrics
+from .wire import (
+    NamedMultiConnectorMetadata,
+    NamedMultiConnectorStats,
+    NamedPromMetrics,
+    is_named_stats_entry,
+)
 from .worker import WorkerRole
 
 __all__ = ["MultiConnector"]
@@ -71,6 +77,21 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
     def sub_connectors(self) -> list[Any]:
         """The child connectors in configuration order (vLLM's ``MultiConnector`` API)."""
         return list(self._children.values())
+
+    @property
+    def _connectors(self) -> list[Any]:
+        """vLLM's class's private list of the children, in configuration order, which its
+        subclasses read (a new list: changing it changes nothing here).
+
+        Assigning a list of as many connectors puts them in the children's places, by
+        position: the names, and so the books, stay (docs/vllm.md, "What subclasses of
+        vLLM's class read").
+        """
+        return list(self._children.values())
+
+    @_connectors.setter
+    def _connectors(self, connectors: Sequence[Any]) -> None:
+        self._replace_children(list(connectors))
 
     @property
     def tracker(self) -> Aggregator:
@@ -166,6 +187,7 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
                 layouts.setdefault(_resolved_layout(layout), []).append((layout, spec.name))
         if len(layouts) > 1:
             raise ChildrenConflictError(
+                f"KV cache layout mismatch: found {len(layouts)} different layouts; "
                 "child connectors require different KV cache layouts: "
                 + "; ".join(
                     f"{named[0][0]} by {', '.join(name for _, name in named)}"
@@ -178,7 +200,11 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
     def build_kv_connector_stats(
         cls, data: dict[str, Any] | None = None
     ) -> NamedMultiConnectorStats:
-        """Rebuild stats from :meth:`NamedMultiConnectorStats.to_dict`'s payload, by name."""
+        """Rebuild stats from a payload: ours (:meth:`NamedMultiConnectorStats.to_dict`, each
+        child's by name with its class) or vLLM's (each class's stats by class name, rebuilt
+        through vLLM's registry, whose ``ValueError`` names a class it does not know). A
+        ``KVConnectorStats`` object is kept as it is; a child whose class rebuilds ``None``
+        is left out."""
         if data is None:
             return NamedMultiConnectorStats()
         stats: dict[str, Any] = {}
@@ -187,16 +213,24 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
             if isinstance(entry, KVConnectorStats):
                 stats[name] = entry
                 continue
-            if not isinstance(entry, Mapping) or not entry.get("kv_connector"):
+            if is_named_stats_entry(entry):
+                source = (entry["kv_connector"], entry["kv_connector_module_path"])
+                rebuilt = connector_class(*source).build_kv_connector_stats(data=entry["stats"])
+            elif isinstance(entry, Mapping):  # vLLM's payload: a class name and its stats
+                source = None
+                rebuilt = KVConnectorFactory.get_connector_class_by_name(
+                    name
+                ).build_kv_connector_stats(data=entry)
+            else:
                 raise InvalidArgumentError(
-                    f"stats payload for child {name!r}={shown(entry)} must be a mapping with "
-                    "'kv_connector', 'kv_connector_module_path' and 'stats'"
+                    f"stats payload for child {name!r}={shown(entry)} must be a mapping: "
+                    "'kv_connector', 'kv_connector_module_path' and 'stats' (ours), or the "
+                    "stats of the class of that name (vLLM's)"
                 )
-            source = (str(entry["kv_connector"]), entry.get("kv_connector_module_path"))
-            rebuilt = connector_class(*source).build_kv_connector_stats(data=entry.get("stats"))
             if rebuilt is not None:
                 stats[name] = rebuilt
-                sources[name] = source
+                if source is not None:
+                    sources[name] = source
         return NamedMultiConnectorStats(data=stats, sources=sources)
 
     @classmethod
@@ -230,12 +264,12 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
         metadata = self._check_metadata(connector_metadata)
         if metadata.savers:
             # These requests finished on the scheduler; each awaits exactly these names now.
-            if self._counted:
+            if self._known_counts():
                 self._expect_counted(metadata.savers)
             else:
                 self._ledger.expect(metadata.savers)
         for request_id, name in metadata.loads.items():
-            if name in self._counted:
+            if name in self._known_counts():
                 self._expect_counted_load(request_id, name)
                 continue
             if request_id not in self._loads:
@@ -315,6 +349,27 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
             name: (self._specs[name].kv_connector, self._specs[name].module_path) for name in stats
         }
         return NamedMultiConnectorStats(data=stats, sources=sources)
+
+
+def _own_overrides(cls: type[Any], base: type[Any]) -> None:
+    """Put in ``cls.__dict__`` each public member of ``base`` that one of ``cls``'s own
+    mixins overrides (the same object: nothing changes but where it is listed).
+
+    vLLM checks its class's ``__dict__`` for an override of every member of the base class;
+    ours are spread over the roles' mixins.
+    """
+    for name in dir(base):
+        if name.startswith("_") or name in cls.__dict__:
+            continue
+        for klass in cls.__mro__[1:]:
+            if klass is base or not issubclass(klass, ConnectorBase):
+                continue
+            if name in klass.__dict__:
+                setattr(cls, name, klass.__dict__[name])
+                break
+
+
+_own_overrides(MultiConnector, KVConnectorBase_V1)
 
 
 def _sleeps(kv_transfer_config: Any) -> bool:

@@ -148,7 +148,7 @@ class SchedulerRole(ConnectorBase):
                 self._sides[loader].failed_loads.add(request_id)
                 return
             self._new_loads[request_id] = loader
-            if loader in self._counted:
+            if loader in self._known_counts():
                 self._loads_owed[request_id] = (loader, self._counted[loader])
             return
         external = self._external_blocks(blocks, matched_at, num_external_tokens)
@@ -537,7 +537,7 @@ class SchedulerRole(ConnectorBase):
             if savers:
                 self._new_savers[request_id] = savers
                 self._saving[request_id] = savers
-                if self._counted:
+                if self._known_counts():
                     self._owe_counted(request_id, savers)
             self._live.pop(request_id, None)
             if self._matched_at:
@@ -661,13 +661,15 @@ class SchedulerRole(ConnectorBase):
         self._route_handshake(metadata, "set_xfer_handshake_metadata_pp_aware")
 
     def _route_handshake(self, metadata: Mapping[Any, Any], method: str) -> None:
+        """Every child, in order, gets its own entries (``{}`` when it has none: vLLM's class
+        calls every child too)."""
+
         def route(name: str, child: Any) -> None:
             mine = {
                 rank: meta.children[name]
                 for rank, meta in metadata.items()
                 if isinstance(meta, NamedHandshakeMetadata) and name in meta.children
             }
-            if mine:
-                getattr(child, method)(mine)
+            getattr(child, method)(mine)
 
         self._gather(method, route)

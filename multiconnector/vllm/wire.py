@@ -9,18 +9,18 @@ import importlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 from vllm.distributed.kv_events import KVConnectorKVEvents
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
-    KVConnectorWorkerMetadata,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
-    KVConnectorPromMetrics,
-    KVConnectorStats,
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
+    MultiKVConnectorStats,
+    MultiKVConnectorWorkerMetadata,
 )
 
 from .._validate import shown
@@ -210,8 +210,7 @@ def msgspec_dec_hook(type_: type[Any], obj: Any) -> Any:
     )
 
 
-@dataclass
-class NamedMultiConnectorWorkerMetadata(KVConnectorWorkerMetadata):  # type: ignore[misc]
+class NamedMultiConnectorWorkerMetadata(MultiKVConnectorWorkerMetadata):  # type: ignore[misc]
     """Each child's worker metadata, keyed by child name (children with none are absent).
 
     ``sent`` carries, per child that reports a transfer on fewer workers than all, how many
@@ -220,13 +219,34 @@ class NamedMultiConnectorWorkerMetadata(KVConnectorWorkerMetadata):  # type: ign
     ``loaded`` carries such a child's load reports (of the requests it was chosen to load) the
     same way, and ``load_failed`` those of them that were failed loads.
 
+    A vLLM ``MultiKVConnectorWorkerMetadata``: :attr:`metadata` is vLLM's view, one entry per
+    child in configuration order (``order``, the names), ``None`` for a child with none. It is
+    read from ``children``, which is what this package routes by.
+
     .. versionadded:: 0.1.0
     """
 
-    children: dict[str, Any] = field(default_factory=dict)
-    sent: dict[str, dict[str, int]] = field(default_factory=dict)
-    loaded: dict[str, dict[str, int]] = field(default_factory=dict)
-    load_failed: dict[str, dict[str, int]] = field(default_factory=dict)
+    def __init__(
+        self,
+        children: dict[str, Any] | None = None,
+        sent: dict[str, dict[str, int]] | None = None,
+        loaded: dict[str, dict[str, int]] | None = None,
+        load_failed: dict[str, dict[str, int]] | None = None,
+        *,
+        order: tuple[str, ...] = (),
+    ) -> None:
+        self.children: dict[str, Any] = {} if children is None else children
+        self.sent: dict[str, dict[str, int]] = {} if sent is None else sent
+        self.loaded: dict[str, dict[str, int]] = {} if loaded is None else loaded
+        self.load_failed: dict[str, dict[str, int]] = {} if load_failed is None else load_failed
+        #: Every child's name, in configuration order (empty: the order of ``children``).
+        self.order = order
+
+    @property
+    def metadata(self) -> tuple[Any, ...]:
+        """vLLM's view: each child's worker metadata in configuration order, or ``None``."""
+        children = self.children
+        return tuple(children.get(name) for name in (self.order or tuple(children)))
 
     def aggregate(self, other: Any) -> NamedMultiConnectorWorkerMetadata:
         """A new object: each name's metadata aggregated with the other worker's, by name."""
@@ -243,6 +263,25 @@ class NamedMultiConnectorWorkerMetadata(KVConnectorWorkerMetadata):  # type: ign
             _summed(self.sent, other.sent),
             _summed(self.loaded, other.loaded),
             _summed(self.load_failed, other.load_failed),
+            order=self.order or other.order,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, NamedMultiConnectorWorkerMetadata):
+            return NotImplemented
+        return (self.children, self.sent, self.loaded, self.load_failed) == (
+            other.children,
+            other.sent,
+            other.loaded,
+            other.load_failed,
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"NamedMultiConnectorWorkerMetadata(children={self.children!r}, sent={self.sent!r}, "
+            f"loaded={self.loaded!r}, load_failed={self.load_failed!r})"
         )
 
 
@@ -339,8 +378,8 @@ class NamedHandshakeMetadata(KVConnectorHandshakeMetadata):  # type: ignore[misc
 
 
 @dataclass
-class NamedMultiConnectorStats(KVConnectorStats):  # type: ignore[misc]
-    """Each child's stats, keyed by child name.
+class NamedMultiConnectorStats(MultiKVConnectorStats):  # type: ignore[misc]
+    """Each child's stats, keyed by child name: a vLLM ``MultiKVConnectorStats``.
 
     ``data`` maps names to the children's ``KVConnectorStats``; ``sources`` maps names to the
     ``(kv_connector, kv_connector_module_path)`` that made them. :meth:`to_dict` carries both,
@@ -348,6 +387,10 @@ class NamedMultiConnectorStats(KVConnectorStats):  # type: ignore[misc]
     another process with that child's own class, which need not be registered with vLLM's
     factory. vLLM's ``MultiConnector`` keys stats by class name: two children of one class merge
     into one entry, and rebuilding fails for a class loaded by module path.
+
+    An entry without a source (one rebuilt from vLLM's own payload, keyed by class name) is
+    written back in vLLM's shape, its stats' own ``to_dict()``. :meth:`reduce` is vLLM's shape,
+    each entry's reduced values under its name, so vLLM's log line reads the same.
 
     .. versionadded:: 0.1.0
     """
@@ -357,10 +400,13 @@ class NamedMultiConnectorStats(KVConnectorStats):  # type: ignore[misc]
     def to_dict(self) -> dict[str, Any]:
         payload: dict[str, Any] = {}
         for name, stats in self.data.items():
-            connector, module_path = self.sources.get(name, (None, None))
+            source = self.sources.get(name)
+            if source is None:
+                payload[name] = stats.to_dict()
+                continue
             payload[name] = {
-                "kv_connector": connector,
-                "kv_connector_module_path": module_path,
+                "kv_connector": source[0],
+                "kv_connector_module_path": source[1],
                 "stats": stats.to_dict(),
             }
         return payload
@@ -370,26 +416,37 @@ class NamedMultiConnectorStats(KVConnectorStats):  # type: ignore[misc]
             stats.reset()
 
     def aggregate(self, other: Any) -> NamedMultiConnectorStats:
-        """Fold ``other`` into this accumulator, name by name; returns ``self``."""
-        if not isinstance(other, NamedMultiConnectorStats):
-            raise InvalidArgumentError(f"other={shown(other)} must be a NamedMultiConnectorStats")
+        """Fold ``other`` (ours or vLLM's ``MultiKVConnectorStats``) into this accumulator,
+        entry by entry; returns ``self``."""
+        if not isinstance(other, MultiKVConnectorStats):
+            raise InvalidArgumentError(f"other={shown(other)} must be a MultiKVConnectorStats")
+        theirs = getattr(other, "sources", {})
         for name, stats in other.data.items():
             mine = self.data.get(name)
             self.data[name] = stats if mine is None else mine.aggregate(stats)
-            if name in other.sources:
-                self.sources.setdefault(name, other.sources[name])
+            if name in theirs:
+                self.sources.setdefault(name, theirs[name])
         return self
 
-    def reduce(self) -> dict[str, int | float]:
-        """Each child's reduced values, under ``"<name>.<key>"``."""
-        return {
-            f"{name}.{key}": value
-            for name, stats in self.data.items()
-            for key, value in stats.reduce().items()
-        }
+    def reduce(self) -> dict[str, Any]:
+        """Each entry's reduced values, under its name (vLLM's shape)."""
+        return {name: stats.reduce() for name, stats in self.data.items()}
 
     def is_empty(self) -> bool:
         return all(stats.is_empty() for stats in self.data.values())
+
+
+#: The keys of one entry of :meth:`NamedMultiConnectorStats.to_dict`'s payload.
+STATS_ENTRY_KEYS: Final = frozenset({"kv_connector", "kv_connector_module_path", "stats"})
+
+
+def is_named_stats_entry(entry: Any) -> bool:
+    """Whether ``entry`` is one entry of our stats payload (else it is vLLM's: the stats)."""
+    return (
+        isinstance(entry, Mapping)
+        and entry.keys() == STATS_ENTRY_KEYS
+        and isinstance(entry["kv_connector"], str)
+    )
 
 
 class NamedPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]

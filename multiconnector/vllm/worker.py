@@ -98,8 +98,9 @@ class WorkerRole(ConnectorBase):
         contexts = self._present("get_mem_pool_context")
         if len(contexts) > 1:
             raise ChildrenConflictError(
-                f"child connectors {sorted(contexts)} each provide a KV cache memory pool; "
-                "the KV cache is allocated once, in one pool: configure at most one"
+                f"Multiple connectors provide a KV cache memory pool {list(contexts)}: child "
+                f"connectors {', '.join(map(repr, contexts))} each provide one; the KV cache is "
+                "allocated once, in one pool: configure custom_mem_pool on at most one"
             )
         return next(iter(contexts.values()), None)
 
@@ -185,7 +186,7 @@ class WorkerRole(ConnectorBase):
         for request_id, loader in bound.loads.items():
             if loader != name:
                 continue
-            if name in self._counted:
+            if name in self._known_counts():
                 # This worker reported its part already; the scheduler counts the child's own
                 # reports, which no one else can make for it (docs/vllm.md, "When a child
                 # fails": such a child that never reports is seen in child_failures()).
@@ -457,7 +458,7 @@ class WorkerRole(ConnectorBase):
             self._forward_loads = {}
             self._forward_failed = {}
         return NamedMultiConnectorWorkerMetadata(
-            found or {}, sent=forward, loaded=loaded, load_failed=load_failed
+            found or {}, sent=forward, loaded=loaded, load_failed=load_failed, order=self._names
         )
 
     def get_finished_count(self) -> int | None:
@@ -468,13 +469,17 @@ class WorkerRole(ConnectorBase):
         there, and forwards the reports of a child that reports on fewer workers to the
         scheduler, which counts them by name and tells vLLM once every such child's workers
         reported (docs/vllm.md, "Children that report on fewer workers").
+
+        Every child is asked its own here, when vLLM asks (as vLLM's class asks them), or
+        when a count is first needed, whichever comes first; once.
         """
+        self._known_counts()
         return None
 
     @property
     def finished_counts(self) -> dict[str, int]:
         """The children that report a transfer on fewer workers than all, with how many."""
-        return dict(self._counted)
+        return dict(self._known_counts())
 
 
 def _call_if_present(child: Any, method: str) -> None:

@@ -277,7 +277,12 @@ STATIC = frozenset(
         "_children",
         "_items",
         "_sides",
+        "_worker_sides",
+        "_names",
+        "_world",
+        # The children's finished counts, asked once (when vLLM asks or first needed).
         "_counted",
+        "_counts_known",
     }
 )
 #: Attributes only ever added to and never read by a decision (compared as counts instead), or

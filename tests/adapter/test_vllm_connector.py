@@ -30,6 +30,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (  # noqa: E402
     ExampleConnectorMetadata,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (  # noqa: E402
+    MultiKVConnectorStats,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlKVConnectorStats  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm_children import (  # noqa: E402
     ScriptedConnector,
@@ -497,7 +501,8 @@ def test_handshake_metadata_goes_back_to_its_own_child(model: Path) -> None:
         1: ScriptedHandshake("a-side"),
     }
     assert b.names("set_xfer_handshake_metadata")[-1][1][1] == ScriptedHandshake("b-side")
-    assert c.names("set_xfer_handshake_metadata") == []
+    # c has no entry of its own: it is still called, with none (vLLM's class calls every child).
+    assert c.names("set_xfer_handshake_metadata") == [("set_xfer_handshake_metadata", {})]
 
 
 # -- stats and shutdown ------------------------------------------------------------------------
@@ -505,21 +510,39 @@ def test_handshake_metadata_goes_back_to_its_own_child(model: Path) -> None:
 
 def test_stats_are_keyed_by_name_and_rebuilt_from_their_payload(model: Path) -> None:
     w = worker(model, a=script(stats=1), b=script(stats=2), c=script())
+    assert type(w.children["a"]) is type(w.children["b"])  # two children of one class
     stats = w.get_kv_connector_stats()
     assert isinstance(stats, NamedMultiConnectorStats)
-    assert stats.reduce() == {"a.count": 1, "b.count": 2}
+    assert isinstance(stats, MultiKVConnectorStats)
+    assert stats.reduce() == {"a": {"count": 1}, "b": {"count": 2}}  # vLLM's shape
     payload = json.loads(json.dumps(stats.to_dict()))  # crosses to the front end
     rebuilt = MultiConnector.build_kv_connector_stats(payload)
-    assert rebuilt.reduce() == {"a.count": 1, "b.count": 2}
+    assert rebuilt.reduce() == {"a": {"count": 1}, "b": {"count": 2}}
     assert isinstance(rebuilt.data["a"], ScriptedStats)
     rebuilt.aggregate(stats)
-    assert rebuilt.reduce() == {"a.count": 2, "b.count": 4}
+    assert rebuilt.reduce() == {"a": {"count": 2}, "b": {"count": 4}}
     assert not rebuilt.is_empty()
     rebuilt.reset()
     assert rebuilt.is_empty()
     assert MultiConnector.build_kv_connector_stats() == NamedMultiConnectorStats()
     with pytest.raises(InvalidArgumentError, match="'a'"):
-        MultiConnector.build_kv_connector_stats({"a": {"count": 1}})
+        MultiConnector.build_kv_connector_stats({"a": [1]})
+
+
+def test_vllms_stats_payload_rebuilds_as_vllm_rebuilds_it() -> None:
+    nixl = {"transfer_duration": [1.5], "bytes_transferred": [1024], "num_descriptors": [10]}
+    payload = {"NixlConnector": nixl}
+    stats = MultiConnector.build_kv_connector_stats(payload)
+    assert isinstance(stats, MultiKVConnectorStats)
+    assert isinstance(stats.data["NixlConnector"], NixlKVConnectorStats)
+    assert stats.to_dict() == payload  # written back in vLLM's shape
+    # A class vLLM's registry does not know: vLLM's error, a ValueError with vLLM's words.
+    with pytest.raises(ValueError, match=r"^Connector 'Unknown' is not registered\.$"):
+        MultiConnector.build_kv_connector_stats({"Unknown": {"x": [1]}})
+    # vLLM's own accumulator takes ours, and ours takes vLLM's.
+    theirs = MultiKVConnectorStats(data={"NixlConnector": NixlKVConnectorStats(data=dict(nixl))})
+    assert stats.aggregate(theirs) is stats
+    assert stats.data["NixlConnector"].data["transfer_duration"] == [1.5, 1.5]
 
 
 def test_no_child_with_stats_means_no_stats(model: Path) -> None:

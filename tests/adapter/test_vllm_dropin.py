@@ -26,7 +26,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (  # no
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
-from vllm_children import child, script  # noqa: E402
+from vllm_children import MOCKED, child, script  # noqa: E402
 from vllm_harness import (  # noqa: E402
     builtin_config,
     implemented,
@@ -251,3 +251,26 @@ def test_the_migration_example_in_the_docs_is_vllms_plus_one_line(
     config.kv_transfer_config = KVTransferConfig(**documented)
     built = make_connector(config, KVConnectorRole.SCHEDULER)
     assert type(built) is MultiConnector
+
+
+MOCKED_CHILD = {
+    "kv_connector": "MockedChild",
+    "kv_connector_module_path": "vllm_children",
+    "kv_role": "kv_both",
+}
+
+
+@pytest.mark.parametrize("ours", [True, False], ids=["ours", "vllm"])
+@pytest.mark.parametrize("role", [KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER])
+def test_construction_calls_no_child_method(model: Path, role: Any, ours: bool) -> None:
+    """Built, neither class calls a child's method; ours asks every child's finished count
+    once, when vLLM asks it (on the scheduler, after bind_kv_cache_manager), in order."""
+    MOCKED.clear()
+    built = make_connector(make_config(model, [MOCKED_CHILD, MOCKED_CHILD], ours=ours), role)
+    assert len(MOCKED) == 2
+    assert [m.method_calls for m in MOCKED] == [[], []]
+    assert built.get_finished_count() is None
+    assert built.get_finished_count() is None
+    # Ours asks each child once and keeps the counts; vLLM's class asks every time.
+    asked = [1, 1] if ours else [2, 2]
+    assert [m.get_finished_count.call_count for m in MOCKED] == asked

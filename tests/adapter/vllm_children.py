@@ -318,3 +318,20 @@ class OddConnector(ScriptedConnector):
             self._call("get_num_new_matched_tokens", request.request_id, num_computed_tokens)
             return STORED[label] - num_computed_tokens, False
         return super().get_num_new_matched_tokens(request, num_computed_tokens)
+
+
+#: Every child MockedChild built, in order (cleared by the tests that use it).
+MOCKED: list[Any] = []
+
+
+class MockedChild(KVConnectorBase_V1):  # type: ignore[misc]
+    """A child that is a ``MagicMock(spec_set=KVConnectorBase_V1)``, as vLLM's own tests build
+    them: it records every method called on it (``method_calls``) and has no other method."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        from unittest.mock import MagicMock  # noqa: PLC0415
+
+        mock = MagicMock(spec_set=KVConnectorBase_V1)
+        mock.get_finished_count.return_value = None
+        MOCKED.append(mock)
+        return mock
