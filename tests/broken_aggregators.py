@@ -294,7 +294,9 @@ class BatchDecidesFromStaleRecords(MultiConnector):  # type: ignore[misc]
     they were when the batch began: a request reported twice in one batch has the duplicate
     applied again (counted, called back, returned as applied)."""
 
-    def _reports(self, name: str, ids: Collection[str]) -> list[Outcome]:
+    def _reports(
+        self, name: str, ids: Collection[str], blocks: Sequence[int] = ()
+    ) -> list[Outcome]:
         stale = {
             i: r.awaiting
             for i in ids
@@ -313,7 +315,7 @@ class BatchDecidesFromStaleRecords(MultiConnector):  # type: ignore[misc]
                 applied[name] = applied.get(name, 0) + 1
                 outcomes.append(Outcome.applied)
                 continue
-            outcomes.extend(super()._reports(name, (request_id,)))
+            outcomes.extend(super()._reports(name, (request_id,), blocks))
         return outcomes
 
 
@@ -321,7 +323,13 @@ class OutcomeRulesOutOfOrder(MultiConnector):  # type: ignore[misc]
     """Tests ``expected`` before ``abandoned`` when classifying an ignored report: a report from
     a saver unregistered while awaited is called a ``duplicate`` instead of ``unregistered``."""
 
-    def _report(self, record: RequestTransferState | None, name: str, index: int) -> Outcome:
+    def _report(
+        self,
+        record: RequestTransferState | None,
+        name: str,
+        index: int,
+        blocks: Sequence[int] = (),
+    ) -> Outcome:
         if (
             record is not None
             and record.state not in (State.finished, State.cancelled)
@@ -330,7 +338,7 @@ class OutcomeRulesOutOfOrder(MultiConnector):  # type: ignore[misc]
         ):
             self._count(index, Outcome.duplicate, name)  # the bug: before the abandoned test
             return Outcome.duplicate
-        return super()._report(record, name, index)
+        return super()._report(record, name, index, blocks)
 
 
 class DrainCountedAsApplied(MultiConnector):  # type: ignore[misc]
