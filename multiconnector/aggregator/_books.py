@@ -184,8 +184,10 @@ class Books:
     ) -> list[tuple[str, Sequence[int]]] | None:
         """Drop the claim a request_finished (or request_finished_by) holds on ``record``, after
         it wrote the answers, under lock ``index``: hand a record a cancel kept back to take(),
-        and decide the reports that came early (:attr:`Outcome.early`), in the order they came,
-        as if they arrived now. Returns the early reports applied, ``(name, blocks)``, whose
+        and decide the reports that came early (:attr:`Outcome.early`), each as if it arrived
+        now, on the answers alone: the ones the record does not await first (ignored: they
+        change nothing), then the awaited ones, so no early report sees another. Returns the
+        early reports applied, ``(name, blocks)``, whose
         ``on_finished`` the caller calls once the lock is released; ``None`` when none was
         applied."""
         del self._asking[record]
@@ -194,9 +196,13 @@ class Books:
         early = self._early.pop(record, None) if self._early else None
         if early is None:
             return None
+        awaiting = record.awaiting
+        for name in early:
+            if name not in awaiting:
+                self._report(record, name, index)
         applied: list[tuple[str, Sequence[int]]] | None = None
         for name, blocks in early.items():
-            if self._report(record, name, index) is _APPLIED:
+            if name in awaiting and self._report(record, name, index) is _APPLIED:
                 applied = [] if applied is None else applied
                 applied.append((name, blocks))
         return applied

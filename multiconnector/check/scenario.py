@@ -210,6 +210,9 @@ class _Request:
     #: and the dicts they returned, in the order asked (compared with fresh ones, never kept
     #: in the state).
     answers: tuple[tuple[tuple[tuple[str, str], ...], tuple[Any, ...]], ...] = ()
+    #: The names whose reports came early (returned ``early``) while ``asking``, in the order
+    #: they came: what the second half decides.
+    early: tuple[str, ...] = ()
 
 
 @attrs.define(slots=True, eq=False)
@@ -244,6 +247,15 @@ class _Last:
     answers: tuple[tuple[tuple[str, str], ...], tuple[Any, ...]] | None = None
     #: The ``on_finished`` calls the event made, (name, request id), in order.
     called: tuple[tuple[str, str], ...] = ()
+    #: Each request's early reports before the event, or ``None`` when no request_finished
+    #: was between its halves for it.
+    early: tuple[tuple[str, ...] | None, ...] = ()
+    #: For a second half: the savers its first half asked, each with whether it is still the
+    #: connector registered under its name (what the answers' application reads).
+    savers: tuple[tuple[str, bool], ...] = ()
+    #: For a second half: the early reports it decides, with the outcome the reference gives
+    #: each, in the order they came.
+    settled: tuple[tuple[str, Outcome], ...] = ()
 
 
 @attrs.frozen(slots=True)
