@@ -350,6 +350,18 @@ class DrainCountedAsApplied(MultiConnector):  # type: ignore[misc]
         super()._count(index, outcome, name)
 
 
+class EarlyReportDropped(MultiConnector):  # type: ignore[misc]
+    """Decides a report that comes while request_finished still asks (the connector reports
+    from inside its own request_finished, or from a thread it started there) at once, from the
+    record as it is: a phantom, though the connector is promising that very save. Its answer,
+    recorded next, makes the request await a report that was already delivered: stranded."""
+
+    def _early_report(
+        self, record: RequestTransferState, name: str, blocks: Sequence[int], index: int
+    ) -> Outcome | None:
+        return None  # the bug: never kept, so the usual rules call it a phantom
+
+
 class CallbackForIgnoredReport(MultiConnector):  # type: ignore[misc]
     """Calls the reporting connector's ``on_finished`` for every report, ignored ones too."""
 
@@ -633,5 +645,17 @@ CATALOG: tuple[Broken, ...] = (
         why="begin, request_finished saving a and b (asks, applies), transfer_finished_many(a, "
         "[r1, r1]): applied twice",
         factory=BatchDecidesFromStaleRecords,
+    ),
+    Broken(
+        name="early report dropped as a phantom",
+        prop="right outcome",
+        shortest=3,
+        why="begin, request_finished asks (a saves), transfer_finished a before the answers are "
+        "recorded: phantom, not early",
+        factory=EarlyReportDropped,
+        also={
+            "no leak": "request_finished then applies its answers: finishing, awaiting a, "
+            "which already reported (stranded)",
+        },
     ),
 )
