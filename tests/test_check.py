@@ -90,7 +90,7 @@ def test_one_request_every_kind_of_connector_passes() -> None:
     )
     assert_all_pass(report)
     # Figures are exact: the search is deterministic.
-    assert (report.distinct_states, report.max_depth) == (588, 10)
+    assert (report.distinct_states, report.max_depth) == (1236, 12)
     assert report.states_generated > report.edges > report.distinct_states
 
 
