@@ -12,9 +12,10 @@ class Outcome(enum.StrEnum):
 
     :attr:`applied` changed the request's state machine; :attr:`drained` and :attr:`overtaken`
     changed only what a cancelled (or finished) request still awaits before it can be handed
-    back; :attr:`abandoned` (which no call returns) counts an unregistering. Every other member
-    names the rule under which the event was ignored: no exception, no state change, one count
-    under that member and the connector's name, one debug log line.
+    back; :attr:`early` keeps a report that came before the answer it needs, until it can be
+    decided; :attr:`abandoned` (which no call returns) counts an unregistering. Every other
+    member names the rule under which the event was ignored: no exception, no state change, one
+    count under that member and the connector's name, one debug log line.
     Events that arrive late, twice, or from nowhere are normal in a distributed server, so
     ignoring them is not an error; a wrong argument *type* is, and raises instead.
 
@@ -50,11 +51,27 @@ class Outcome(enum.StrEnum):
     overtaken = "overtaken"
     """``request_finished`` was overtaken by a ``cancel`` while it asked the connectors: the
     request stays ``cancelled`` and awaits every connector that promised a save (its drain)."""
+    early = "early"
+    """A report that came early: from a ready connector while a ``request_finished`` for the
+    request is still asking the connectors (that connector's answer is not recorded yet: it
+    reports from inside its own ``request_finished``, or from a thread it started there). The
+    report is kept, not counted yet, and decided once the answers are recorded, as if it
+    arrived right after them: applied (or drained) when the connector said it saves, else
+    ignored under the rule it then falls under (``phantom``, most often). It is counted once,
+    then, under that outcome; an applied one's ``on_finished`` is called by the thread that
+    recorded the answers. A second report from the same connector while the first is kept is
+    a ``duplicate``.
+
+    .. versionadded:: 0.1.0
+    """
 
     @property
     def ignored(self) -> bool:
-        """Whether the event was ignored (neither applied, drained, overtaken nor abandoned)."""
+        """Whether the event was ignored (neither applied, drained, overtaken, early nor
+        abandoned)."""
         return self not in _RECORDED
 
 
-_RECORDED = frozenset({Outcome.applied, Outcome.drained, Outcome.overtaken, Outcome.abandoned})
+_RECORDED = frozenset(
+    {Outcome.applied, Outcome.drained, Outcome.overtaken, Outcome.early, Outcome.abandoned}
+)

@@ -22,6 +22,7 @@ names alone). The hot paths read that memo directly and call :meth:`Verdicts.of`
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Final
 
 from .machine import DECISIONS, STATES, TERMINAL, RequestTransferState, State
@@ -68,6 +69,7 @@ def count(
 _DECIDE: Final = DECISIONS["transfer_finished"]
 _APPLIED: Final = Outcome.applied
 _DRAINED: Final = Outcome.drained
+_EARLY: Final = Outcome.early
 _UNKNOWN: Final[Verdict] = (Outcome.unknown_request, None, (), False)
 
 
@@ -77,13 +79,25 @@ def transfer_report(
     expected: tuple[str, ...],
     abandoned: tuple[str, ...],
     name: str,
+    *,
+    early: Collection[str] | None = None,
 ) -> Verdict:
     """The verdict on connector ``name``'s transfer report for a request in ``state``.
 
     Applied when the request awaits ``name`` and the declaration has a transition for it: one
     name less is awaited, and the last one moves a ``finishing`` request to ``finished``. On a
     terminal request (``cancelled``) the same report is its drain: ``drained``, the state
-    unchanged. Any other report is ignored, and the outcome says why, tested in this order:
+    unchanged.
+
+    An early report is one the request cannot decide yet: ``early`` is not ``None`` when a
+    ``request_finished`` for the request is still asking the connectors (its answers are not
+    recorded: ``name`` may be promising a save right now), ``name`` is a ready connector, and
+    ``early`` holds the names whose early reports are kept already. A report it does not await
+    is then ``early``: kept, and decided (by this rule, with ``early`` ``None``) once the
+    answers are recorded, as if it arrived right after them; or a ``duplicate`` when ``name``
+    is kept already. The state is unchanged either way.
+
+    Any other report is ignored, and the outcome says why, tested in this order:
     ``unknown_request`` (``state`` is ``None``), ``terminal``, ``unregistered`` (``name`` was
     abandoned), ``duplicate`` (it was expected and already reported), else ``phantom``. A caller
     that knows the name's connector refines ``phantom`` into ``unknown_connector`` (no such
@@ -106,6 +120,8 @@ def transfer_report(
             if dest is state and state in TERMINAL:
                 return (_DRAINED, dest, rest, False)
             return (_APPLIED, dest, rest, dest is not state and dest in TERMINAL)
+    if early is not None:
+        return (Outcome.duplicate if name in early else _EARLY, None, awaiting, False)
     if state in TERMINAL:
         outcome = Outcome.terminal
     elif name in abandoned:
@@ -156,10 +172,12 @@ class Verdicts:
         expected: tuple[str, ...],
         abandoned: tuple[str, ...],
         name: str,
+        *,
+        early: Collection[str] | None = None,
     ) -> Verdict:
         """:func:`transfer_report`'s verdict, remembered when the request awaits ``name``."""
         if state is None or name not in awaiting:
-            return transfer_report(state, awaiting, expected, abandoned, name)
+            return transfer_report(state, awaiting, expected, abandoned, name, early=early)
         by_awaiting = self.by_state[state]
         known = by_awaiting.get(awaiting)
         if known is not None:

@@ -72,6 +72,8 @@ KNOWN: dict[str, tuple[str, int]] = {
     "on_finished called for an ignored report": ("callbacks", 1),
     # begin, request_finished saving a and b (asks, applies), a reports r1 twice in one batch
     "batch applies a duplicate twice": ("right outcome", 4),
+    # begin, request_finished asks (a saves), a reports before the answers are recorded
+    "early report dropped as a phantom": ("right outcome", 3),
 }
 
 #: The planted bugs of the checker's later properties: each fails the property meant and
@@ -472,3 +474,22 @@ def test_every_planted_source_bug_builds_and_changes_its_method() -> None:
         cls = bug.build()
         assert issubclass(cls, MultiConnector) and cls.__name__ == bug.name
         assert getattr(cls, bug.method) is not getattr(MultiConnector, bug.method)
+
+
+def test_a_dropped_early_report_strands_the_request_with_a_shortest_trace() -> None:
+    """The issue the early reports fix: the report counted as a phantom, the request then
+    awaits it for ever. ``no leak`` catches the stranding one event later, when the answers
+    are recorded."""
+    bug = next(b for b in CATALOG if b.name == "early report dropped as a phantom")
+    report = checked_bug(bug)
+    result = report.result("no leak")
+    assert not result.passed
+    assert "stranded" in result.message
+    trace = result.counterexample
+    assert trace is not None
+    assert [s.data[0] for s in trace.steps] == [
+        "begin",
+        "request_finished",
+        "transfer_finished",
+        "request_finished_apply",
+    ]

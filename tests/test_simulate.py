@@ -59,7 +59,9 @@ def test_all_outcomes_occur_over_a_few_seeds() -> None:
         result = simulate(SimulationConfig(requests=SMALL, seed=seed, fault_rate=0.08))
         assert result.ok, render_summary(result)
         seen |= {o for o, n in result.outcomes.items() if n}
-    assert seen == {o.value for o in Outcome}
+    # Every outcome the counters can show: an early report is counted once decided, as what it
+    # turned out to be, never as early.
+    assert seen == {o.value for o in Outcome if o is not Outcome.early}
 
 
 def test_no_faults_means_no_fault_outcomes() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, NoReturn
 
 from .._validate import check_stripes, shown
@@ -41,6 +41,7 @@ _UNREGISTERED: Final = Outcome.unregistered
 _ABANDONED: Final = Outcome.abandoned
 _DRAINED: Final = Outcome.drained
 _OVERTAKEN: Final = Outcome.overtaken
+_EARLY: Final = Outcome.early
 _PENDING: Final = State.pending
 _CANCELLED: Final = State.cancelled
 #: Counter key for events that concern a request, not a connector.
@@ -59,6 +60,7 @@ class Books:
         "_closed",
         "_counts",
         "_done",
+        "_early",
         "_finishes",
         "_halves",
         "_locks",
@@ -100,6 +102,10 @@ class Books:
         # Records a request_finished (or request_finished_by) is applying, each with that
         # call's claim token; see request_finished.
         self._asking: dict[RequestTransferState, object] = {}
+        # Early reports: for a record a request_finished is asking about, the names that
+        # reported while it asked, each with its report's blocks, in the order they came; kept
+        # until the claim is dropped, then decided (_drop_claim). Written under the record's lock.
+        self._early: dict[RequestTransferState, dict[str, Sequence[int]]] = {}
         # Cancelled records kept from take() while a request_finished still asks (see _settle).
         self._parked: set[RequestTransferState] = set()
         # Set only by _ask (the model check): request_finished then stops after asking.
@@ -172,6 +178,67 @@ class Books:
             self._parked.add(record)
             return
         self._done.append(record)
+
+    def _drop_claim(
+        self, record: RequestTransferState, index: int
+    ) -> list[tuple[str, Sequence[int]]] | None:
+        """Drop the claim a request_finished (or request_finished_by) holds on ``record``, after
+        it wrote the answers, under lock ``index``: hand a record a cancel kept back to take(),
+        and decide the reports that came early (:attr:`Outcome.early`), each as if it arrived
+        now, on the answers alone: the ones the record does not await first (ignored: they
+        change nothing), then the awaited ones, so no early report sees another. Returns the
+        early reports applied, ``(name, blocks)``, whose
+        ``on_finished`` the caller calls once the lock is released; ``None`` when none was
+        applied."""
+        del self._asking[record]
+        if self._parked:
+            self._unpark(record)  # first: a drain below settles it once, not twice
+        early = self._early.pop(record, None) if self._early else None
+        if early is None:
+            return None
+        awaiting = record.awaiting
+        for name in early:
+            if name not in awaiting:
+                self._report(record, name, index)
+        applied: list[tuple[str, Sequence[int]]] | None = None
+        for name, blocks in early.items():
+            if name in awaiting and self._report(record, name, index) is _APPLIED:
+                applied = [] if applied is None else applied
+                applied.append((name, blocks))
+        return applied
+
+    def _unpark(self, record: RequestTransferState) -> None:
+        """``record``'s claim was just dropped: queue it if a cancel kept it back for that;
+        the caller holds its lock."""
+        parked = self._parked
+        if record in parked:
+            parked.discard(record)
+            self._settle(record)
+
+    def _call_back_early(
+        self, request_id: str, applied: list[tuple[str, Sequence[int]]]
+    ) -> list[tuple[str, Exception]]:
+        """The ``on_finished`` calls of the early reports :meth:`_drop_claim` applied, with no
+        lock held, in the order they came; what they raised, ``(name, exception)``."""
+        errors: list[tuple[str, Exception]] = []
+        for name, blocks in applied:
+            entry = self._registry._entries.get(name)
+            if entry is not None and entry.on_finished is not None:
+                try:
+                    entry.on_finished(request_id, blocks)
+                except Exception as exc:
+                    errors.append((name, exc))
+        return errors
+
+    def _report(
+        self,
+        record: RequestTransferState | None,
+        name: str,
+        index: int,
+        blocks: Sequence[int] = (),
+    ) -> Outcome:  # pragma: no cover - Reports._report, the one MultiConnector has
+        """Apply ``name``'s transfer report to ``record``: see ``Reports._report``."""
+        raise NotImplementedError
 
     def _intern(self, names: tuple[str, ...]) -> tuple[str, ...]:
         """The shared tuple equal to ``names`` (``names`` itself when new or when full)."""

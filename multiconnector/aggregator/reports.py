@@ -24,6 +24,7 @@ from ._books import (
     _APPLIED,
     _CANCELLED,
     _DRAINED,
+    _EARLY,
     _PHANTOM,
     _UNKNOWN_REQUEST,
     Books,
@@ -65,7 +66,7 @@ class Reports(Books):
         lock = self._locks[index]
         lock.acquire()
         try:
-            outcome = self._report(self._requests.get(request_id), name, index)
+            outcome = self._report(self._requests.get(request_id), name, index, blocks)
         finally:
             lock.release()
         if outcome is not _APPLIED:
@@ -120,12 +121,14 @@ class Reports(Books):
             # get_finished gives sets) copied once, so that a callback or another thread
             # changing it cannot change what the batch is.
             ids = list(ids)
-        outcomes = self._reports(name, ids)
+        outcomes = self._reports(name, ids, blocks)
         return self._reported(name, ids, blocks, outcomes)
 
-    def _reports(self, name: str, ids: Collection[str]) -> list[Outcome]:
-        """Apply ``name``'s report for each of ``ids``, each under its request's lock; the
-        outcomes, in order."""
+    def _reports(
+        self, name: str, ids: Collection[str], blocks: Sequence[int] = ()
+    ) -> list[Outcome]:
+        """Apply ``name``'s report for each of ``ids`` (``blocks``: for an early one's
+        callback), each under its request's lock; the outcomes, in order."""
         outcomes: list[Outcome] = []
         append, requests, report = outcomes.append, self._requests, self._report
         locks, mask = self._locks, self._mask
@@ -137,7 +140,8 @@ class Reports(Books):
                 lock.acquire()
             try:
                 for request_id in ids:
-                    append(report(requests.get(request_id), name, hash(request_id) & mask))
+                    record = requests.get(request_id)
+                    append(report(record, name, hash(request_id) & mask, blocks))
             finally:
                 for lock in reversed(locks):
                     lock.release()
@@ -147,7 +151,7 @@ class Reports(Books):
             lock = locks[index]
             lock.acquire()
             try:
-                append(report(requests.get(request_id), name, index))
+                append(report(requests.get(request_id), name, index, blocks))
             finally:
                 lock.release()
         return outcomes
@@ -185,10 +189,20 @@ class Reports(Books):
             )
         return outcomes
 
-    def _report(self, record: RequestTransferState | None, name: str, index: int) -> Outcome:
+    def _report(
+        self,
+        record: RequestTransferState | None,
+        name: str,
+        index: int,
+        blocks: Sequence[int] = (),
+    ) -> Outcome:
         """Apply ``name``'s transfer report to ``record`` (``None``: not held) as the rule's
         verdict says (:func:`multiconnector.rule.transfer_report`), and count it; the caller
-        holds lock ``index``. The hottest path: the remembered verdict is read directly."""
+        holds lock ``index``. The hottest path: the remembered verdict is read directly.
+
+        While a request_finished asks about ``record``, a report from a ready connector it does
+        not await is early: kept with its ``blocks`` (for ``on_finished``), not counted, and
+        decided when the claim is dropped (:meth:`_drop_claim`)."""
         if record is None:
             outcome = _UNKNOWN_REQUEST
         else:
@@ -220,9 +234,33 @@ class Reports(Books):
                 self._count(index, outcome, name)
                 self._settle(record)
                 return outcome
+            if self._asking and record in self._asking:
+                early = self._early_report(record, name, blocks, index)
+                if early is not None:
+                    return early
         if name not in self._registry._entries:  # a registered name is a valid one
             check_name(name)  # before anything is counted
         if outcome is _PHANTOM:
             outcome = self._stranger(name)
+        self._count(index, outcome, name)
+        return outcome
+
+    def _early_report(
+        self, record: RequestTransferState, name: str, blocks: Sequence[int], index: int
+    ) -> Outcome | None:
+        """The rule's verdict on a report from ``name`` that ``record`` does not await, while a
+        request_finished asks about it: ``early`` (kept), ``duplicate`` (kept already, counted)
+        or ``None`` when ``name`` is no ready connector (the usual rules decide)."""
+        if self._stranger(name) is not _PHANTOM:
+            return None
+        kept = self._early.get(record)
+        outcome = self._verdicts.of(
+            record.state, record.awaiting, record.expected, record.abandoned, name, early=kept or ()
+        )[0]
+        if outcome is _EARLY:
+            if kept is None:
+                kept = self._early[record] = {}
+            kept[name] = blocks
+            return outcome
         self._count(index, outcome, name)
         return outcome

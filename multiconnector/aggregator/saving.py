@@ -306,12 +306,16 @@ class Saving(Books):
             else:
                 outcome = self._finish(record, awaited, expected, merged, index)
         finally:
-            del self._asking[record]  # our claim, released after the state was written
-            if self._parked:
-                self._unpark(record)
+            # Our claim, released after the state was written; the early reports decided.
+            early = self._drop_claim(record, index)
             lock.release()
         # A copy for the caller: the record keeps its own (no aliasing of the books).
         result = (outcome, merged.copy() if merged is not None and outcome is _APPLIED else None)
+        if early is not None:
+            called_back = self._call_back_early(request_id, early)
+            if called_back:
+                failures = [] if failures is None else failures
+                failures += called_back
         if failures is None:
             if clash is not None:
                 clash.result = result  # type: ignore[attr-defined]
@@ -351,21 +355,12 @@ class Saving(Books):
         lock = self._locks[index]
         lock.acquire()
         try:
-            asking = self._asking
-            if asking.get(record) is claim:
-                del asking[record]
-                if self._parked:
-                    self._unpark(record)
+            if self._asking.get(record) is claim:
+                # Not applied: the record is pending (interrupted), finished or cancelled, so no
+                # early report (none it awaited: those were applied) is applied now.
+                self._drop_claim(record, index)
         finally:
             lock.release()
-
-    def _unpark(self, record: RequestTransferState) -> None:
-        """``record``'s claim was just dropped: queue it if a cancel kept it back for that;
-        the caller holds its lock."""
-        parked = self._parked
-        if record in parked:
-            parked.discard(record)
-            self._settle(record)
 
     def request_finished_by(
         self, request_id: str, savers: Iterable[str], *, allow_unregistered: bool = False
@@ -480,11 +475,19 @@ class Saving(Books):
                     expected = self._intern((*awaited, *rest)) if rest else awaited
                 outcome = self._finish(record, awaited, expected, None, index)
         finally:
+            early = None
             if claimed is not None and self._asking.get(claimed) is claim:
-                del self._asking[claimed]
-                if self._parked:
-                    self._unpark(claimed)
+                early = self._drop_claim(claimed, index)
             lock.release()
+        if early is not None:
+            called_back = self._call_back_early(request_id, early)
+            if called_back:
+                raise ConnectorFailures(
+                    f"{len(called_back)} callback(s) raised while finishing {request_id!r}",
+                    [exc for _, exc in called_back],
+                    failed=[name for name, _ in called_back],
+                    result=outcome,
+                )
         return outcome
 
     def _finish(

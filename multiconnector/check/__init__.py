@@ -99,13 +99,21 @@ from .properties import (
     reachable_in,
 )
 from .run import check_aggregator
-from .scenario import ALPHABET, DEFAULT_CONNECTORS, LOAD_EVENTS, PARAM_CHOICES, independent
+from .scenario import (
+    ALPHABET,
+    DEFAULT_CONNECTORS,
+    EARLY_REPORTS,
+    LOAD_EVENTS,
+    PARAM_CHOICES,
+    independent,
+)
 
 __all__ = [
     "ALPHABET",
     "CALLBACKS",
     "COUNTERS",
     "DEFAULT_CONNECTORS",
+    "EARLY_REPORTS",
     "EXIT_STATUS",
     "LOAD_EVENTS",
     "LOAD_ONCE",

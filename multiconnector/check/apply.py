@@ -17,6 +17,7 @@ from ..errors import (
 )
 from ..machine import TERMINAL, RequestTransferState
 from ..outcome import Outcome
+from .reference import settled_early
 from .scenario import (
     _ABANDONED,
     _APPLY_ANSWERS,
@@ -37,6 +38,8 @@ from .scenario import (
     _World,
 )
 
+_EARLY = Outcome.early
+
 
 def _apply(world: _World, event: Event) -> None:
     """no event raises, except the ConnectorFailures a raising connector documents"""
@@ -44,6 +47,8 @@ def _apply(world: _World, event: Event) -> None:
     world.applied += 1
     requests = world.requests
     request = requests[event[1]] if kind in _PER_REQUEST else None
+    if kind == _APPLY_ANSWERS and request is not None and request.early:
+        world.sync()  # the reference decides the early reports from the state before
     if world.dirty:  # replaying a path: nothing reads what happened in between
         last = world.last = None
     else:
@@ -57,7 +62,13 @@ def _apply(world: _World, event: Event) -> None:
             taken=[],
             registry=world.registry,
             claimed=request is not None and bool(request.asking),
+            early=tuple(r.early if r.asking else None for r in requests),
         )
+        if kind == _APPLY_ANSWERS and request is not None:
+            entry = world.mc.registry.entry
+            last.savers = tuple((e.name, entry(e.name) is e) for e in request.asking[0][4])
+            if request.early:
+                last.settled = settled_early(last, request.early)
     world.dirty = True
     world.raw = None
     pad = world.scenario.pad
@@ -227,16 +238,29 @@ def _observe(world: _World, request: _Request | None, event: Event, called: _Cal
         assert request is not None
         request.owed -= {event[2]}
         assert outcomes is not None
-        tally[outcomes[0], event[2]] = tally.get((outcomes[0], event[2]), 0) + 1
+        if outcomes[0] is _EARLY:  # kept: counted when its request_finished applies
+            request.early = (*request.early, event[2])
+        else:
+            tally[outcomes[0], event[2]] = tally.get((outcomes[0], event[2]), 0) + 1
     elif kind == _APPLY_ANSWERS:
+        assert request is not None
         if outcomes:
             tally[outcomes[0], None] = tally.get((outcomes[0], None), 0) + 1
+        if request.early:  # the early reports, decided now: counted as the reference says
+            last = world.last
+            assert last is not None  # made with the state read first (see _apply)
+            for name, outcome in last.settled:
+                tally[outcome, name] = tally.get((outcome, name), 0) + 1
+            request.early = ()
     elif kind == "transfer_finished_many":
         assert outcomes is not None
         name = event[1]
         for i, outcome in zip(event[2], outcomes, strict=False):
             requests[i].owed -= {name}
-            tally[outcome, name] = tally.get((outcome, name), 0) + 1
+            if outcome is _EARLY:
+                requests[i].early = (*requests[i].early, name)
+            else:
+                tally[outcome, name] = tally.get((outcome, name), 0) + 1
     elif kind == "unregister":
         if called.abandoned:
             key = (_ABANDONED, event[1])

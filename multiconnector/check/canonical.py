@@ -121,7 +121,9 @@ def _names_key(names: Iterable[str]) -> tuple[str, ...]:
 
 def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
     """A request's part (``snapshot._part``) with its names renamed (the rest unchanged)."""
-    kind, phase, view, owed, cancelled, load, asking, *params = part
+    kind, phase, view, owed, cancelled, load, asking, early, *params = part
+    if early:
+        early = _names_key(rename.get(n, n) for n in early)
     if load is not None:  # (tag, names and flags): rename the names, keep the tag and flags
         load = (load[0], *(rename.get(x, x) if isinstance(x, str) else x for x in load[1:]))
     if asking:
@@ -145,6 +147,7 @@ def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
         cancelled,
         load,
         asking,
+        early,
         *params,
     )
 
@@ -163,8 +166,10 @@ def _roles(part: Any) -> dict[str, tuple[Any, ...]]:
     kind with the same roles in every part, and the same place in the registry, can be swapped
     without changing the state.
     """
-    _, _, view, owed, _, load, asking, *params = part
+    _, _, view, owed, _, load, asking, early, *params = part
     roles: dict[str, list[Any]] = {}
+    for n in early:
+        roles.setdefault(n, []).append(("early",))
     if view is not None:
         for tag, names in zip(("awaiting", "expected", "abandoned"), view[1:], strict=True):
             for n in names:

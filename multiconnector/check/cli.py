@@ -24,6 +24,7 @@ from .scenario import (
     ALPHABET,
     DEFAULT_CONNECTORS,
     DEFAULT_UNKNOWN,
+    EARLY_REPORTS,
     GARBAGE,
     LOAD_EVENTS,
     RAISES,
@@ -150,6 +151,14 @@ def _add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
         "as documented, that a clash is raised exactly when keys clash, and that no saver's "
         "params are changed (multiplies the request_finished events by 4 per saver)",
     )
+    parser.add_argument(
+        "--early-reports",
+        choices=EARLY_REPORTS,
+        default="savers",
+        help="which reports that come while request_finished still asks (kept as early) are "
+        "explored: from the savers of that call (the default), from every ready connector "
+        "not awaited (all), or none (off); see docs/check.md, Early reports",
+    )
 
 
 def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
@@ -244,6 +253,7 @@ def run_cli(argv: Sequence[str]) -> int:
             reduction=not args.no_reduction,
             params=args.params,
             per_request=args.per_request,
+            early_reports=args.early_reports,
             progress=not args.no_progress,
         )
     except MultiConnectorError as exc:

@@ -43,6 +43,7 @@ _AGGREGATOR_SLOTS: Final = frozenset(
         "_closed",
         "_counts",
         "_done",
+        "_early",
         "_finishes",
         "_halves",
         "_locks",
@@ -122,6 +123,7 @@ def _fork(world: _World) -> _World | None:
     new._done = deque(record(r) for r in mc._done)
     new._asking = {record(r): claim for r, claim in mc._asking.items()}
     new._parked = {record(r) for r in mc._parked}
+    new._early = {record(r): dict(kept) for r, kept in mc._early.items()}
     new._halves = None
     new._locks = tuple(threading.Lock() for _ in mc._locks)
     new._mask = mc._mask

@@ -145,7 +145,7 @@ def _no_early_free(world: _World) -> str | None:
 
 
 def _no_leak(world: _World) -> str | None:
-    """no state outlives its request, and no terminal request is stranded"""
+    """no state outlives its request, and no request is stranded"""
     world.sync()
     mc = world.mc
     for i, r in enumerate(world.requests):
@@ -154,7 +154,17 @@ def _no_leak(world: _World) -> str | None:
         if r.phase == _HELD and r.view is None:
             return f"{r.request_id} is no longer held but take() never handed it back"
         view = r.view
-        if view is None or view[0] not in TERMINAL or i in world.queue or r.asking:
+        if view is None or r.asking:
+            continue
+        # A connector reports a save once: a name awaited that owes nothing (it reported, even
+        # early, or never promised) is awaited for ever.
+        stale = [n for n in view[1] if n not in r.owed]
+        if stale:
+            return (
+                f"{r.request_id} is {view[0].value} awaiting {_names(stale)}, which owe no "
+                "report (already delivered): it is stranded"
+            )
+        if view[0] not in TERMINAL or i in world.queue:
             continue
         loader, loaded, _ = r.load_view
         if not view[1] and (loader is None or loaded):  # terminal, nothing in flight
@@ -310,6 +320,8 @@ def _callbacks(world: _World) -> str | None:
         called = [
             (event[1], ids[i]) for i, o in zip(event[2], outcomes, strict=False) if o is _APPLIED
         ]
+    elif kind == _APPLY_ANSWERS:  # the early reports it applied
+        called = [(n, ids[event[1]]) for n, o in last.settled if o is _APPLIED]
     if not called and not last.called and last.load is None:
         return None  # nothing applied, nothing called: the common case
     registry = dict(last.registry)

@@ -9,7 +9,7 @@ savers gave), never the state after it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from ..machine import TABLE, TERMINAL, RequestTransferState, State, step
@@ -25,18 +25,27 @@ _DUPLICATE: Final = Outcome.duplicate
 _TAKEN_IN: Final = frozenset({_APPLIED, _DRAINED})
 
 
-def report_outcome(view: View | None, name: str, registry: Sequence[tuple[str, bool]]) -> Outcome:
+def report_outcome(
+    view: View | None,
+    name: str,
+    registry: Sequence[tuple[str, bool]],
+    early: Collection[str] | None = None,
+) -> Outcome:
     """The outcome of a ``transfer_finished`` from ``name`` for a record in ``view``.
 
     The documented rules, in order: not held; awaited (applied while live, drained while
-    terminal); terminal; unregistered while awaited (``abandoned``); reported already or
-    promised and reported (``expected``); not registered; registered as ``None``; phantom.
+    terminal); early, while a request_finished asks (``early`` is then the names whose early
+    reports are kept: one of them reporting again is a duplicate), from a ready connector;
+    terminal; unregistered while awaited (``abandoned``); reported already or promised and
+    reported (``expected``); not registered; registered as ``None``; phantom.
     """
     if view is None:
         return _UNKNOWN_REQUEST
     state, awaiting, expected, abandoned = view
     if name in awaiting:
         return _DRAINED if state in TERMINAL else _APPLIED
+    if early is not None and _by_registry(name, registry) is Outcome.phantom:
+        return _DUPLICATE if name in early else Outcome.early
     if state in TERMINAL:
         return _TERMINAL
     if name in abandoned:
@@ -69,6 +78,34 @@ def _reported(view: View, name: str, outcome: Outcome) -> View:
     return (state if dest is None else dest, awaiting, expected, abandoned)
 
 
+def _early_of(last: _Last, i: int) -> tuple[str, ...] | None:
+    """Request ``i``'s early reports before ``last`` (``None``: it was not being asked)."""
+    return last.early[i] if last.early else None
+
+
+def settled_early(last: _Last, early: Sequence[str]) -> tuple[tuple[str, Outcome], ...]:
+    """What the early reports ``early`` (in the order they came) turn out to be when the
+    second half ``last`` records its answers: each is decided as if it arrived right after
+    them, on the answers alone (no early report sees another).
+
+    The record after the answers, from what the checker saw before: a cancelled request
+    stays cancelled, else it becomes what the declared ``request_finished`` transition says;
+    it awaits the savers still registered, expects every saver, and abandons the others.
+    """
+    before = last.before[last.event[1]]
+    assert before is not None
+    state, _, _, abandoned = before
+    expected = tuple(n for n, _ in last.savers)
+    awaiting = tuple(n for n, current in last.savers if current)
+    gone = tuple(n for n, current in last.savers if not current and n not in abandoned)
+    if state is not State.cancelled:
+        dest = step(RequestTransferState("", state=state), "request_finished", awaiting)
+        assert dest is not None
+        state = dest
+    view: View = (state, awaiting, expected, (*abandoned, *gone))
+    return tuple((name, report_outcome(view, name, last.registry)) for name in early)
+
+
 def expected_outcomes(last: _Last, atomic: bool) -> tuple[Outcome, ...] | None:
     """The outcomes the event ``last`` applied should have returned, from what it saw before.
 
@@ -81,16 +118,21 @@ def expected_outcomes(last: _Last, atomic: bool) -> tuple[Outcome, ...] | None:
         return None
     registry = last.registry
     if kind == "transfer_finished":
-        return (report_outcome(last.before[event[1]], event[2], registry),)
+        i = event[1]
+        return (report_outcome(last.before[i], event[2], registry, _early_of(last, i)),)
     if kind == "transfer_finished_many":
         name = event[1]
         views: list[View | None] = list(last.before)
+        kept = [None if e is None else set(e) for e in last.early] or [None] * len(views)
         out = []
         for i in event[2]:
             view = views[i]
-            outcome = report_outcome(view, name, registry)
+            outcome = report_outcome(view, name, registry, kept[i])
             out.append(outcome)
-            if view is not None:
+            seen = kept[i]
+            if seen is not None and outcome is Outcome.early:
+                seen.add(name)
+            elif view is not None:
                 views[i] = _reported(view, name, outcome)
         return tuple(out)
     before = last.before[event[1]]

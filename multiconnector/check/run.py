@@ -51,6 +51,7 @@ from .scenario import (
     ALPHABET,
     DEFAULT_CONNECTORS,
     DEFAULT_UNKNOWN,
+    EARLY_REPORTS,
     GARBAGE,
     PARAM_CHOICES,
     RAISES,
@@ -87,6 +88,7 @@ def check_aggregator(
     reduction: bool = True,
     params: bool = False,
     per_request: bool = False,
+    early_reports: str = "savers",
 ) -> CheckReport:
     """Model-check the real aggregator on a bounded scenario: every reachable state, every event.
 
@@ -126,6 +128,13 @@ def check_aggregator(
     one request's events change another's record is found only in the combinations the search
     keeps. It replaces the sleep sets. See docs/check.md, "Requests apart".
 
+    ``early_reports`` chooses which reports that come while a ``request_finished`` still asks
+    (kept as :attr:`~multiconnector.Outcome.early`, decided when its answers are recorded) are
+    explored, one of :data:`EARLY_REPORTS`: ``"savers"`` (the default: from each connector
+    that call asked and that answered it saves, the report of the very save it promises),
+    ``"all"`` (from every ready connector the request does not await) or ``"off"``. See
+    docs/check.md, "Early reports", for what each costs.
+
     Returns a :class:`CheckReport` with one result per name in :data:`PROPERTIES` (and
     :data:`LOAD_ONCE` after ``no leak`` when the alphabet has a load event, and
     :data:`PARAMS_MERGED` after ``callbacks`` with ``params``).
@@ -134,7 +143,7 @@ def check_aggregator(
     .. versionchanged:: 0.1.0
        ``events`` may include the load side, :data:`LOAD_EVENTS`; ``max_seconds`` and
        ``strict_coverage``; ``params``; ``transfer_finished_many`` in :data:`ALPHABET`;
-       ``per_request``.
+       ``per_request``; ``early_reports``.
     """
     started = time.perf_counter()  # max_seconds counts the set-up too
     kinds = _kinds(connectors, unknown)
@@ -148,9 +157,14 @@ def check_aggregator(
     check_bool(reduction, "reduction")
     check_bool(params, "params")
     check_bool(per_request, "per_request")
+    if early_reports not in EARLY_REPORTS:
+        raise InvalidArgumentError(
+            f"early_reports={shown(early_reports)} must be one of {', '.join(EARLY_REPORTS)}"
+        )
     scenario, probe = _scenario(
         kinds, unknown, requests, alphabet, factory, symmetry=symmetry, params=params
     )
+    scenario = attrs.evolve(scenario, early=early_reports)
     return _explore_scenario(
         scenario,
         probe,
@@ -344,6 +358,12 @@ def _bounds(
         bounds["reduction"] = "each request's view once (requests interact only through the " + (
             "registry, take and batches)" + (", alike events" if reduction else "")
         )
+    if not scenario.atomic:
+        bounds["early reports"] = {
+            "savers": "from the savers of the call asking",
+            "all": "from every ready connector not awaited",
+            "off": "off",
+        }[scenario.early]
     if scenario.params:
         bounds["params"] = "every saver answers one of: " + ", ".join(str(c) for c in PARAM_CHOICES)
     if max_seconds is not None:

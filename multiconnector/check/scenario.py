@@ -62,6 +62,11 @@ DEFAULT_UNKNOWN: Final[tuple[str, ...]] = ("ghost",)
 #: connector name is ``=shared`` (a name has no ``=``).
 PARAM_CHOICES: Final[tuple[str | None, ...]] = (None, "own", "equal", "differ")
 SHARED_KEY: Final = "=shared"
+#: Which reports that come while a ``request_finished`` asks (early reports, kept until its
+#: answers are recorded) the check explores: ``"all"`` (from every ready connector it does not
+#: await), ``"savers"`` (only from the connectors that call asked and that answered it saves:
+#: a connector reporting the very save it promises) or ``"off"`` (none).
+EARLY_REPORTS: Final[tuple[str, ...]] = ("all", "savers", "off")
 
 
 def scripted_params(name: str, choice: str | None) -> dict[str, Any] | None:
@@ -210,6 +215,9 @@ class _Request:
     #: and the dicts they returned, in the order asked (compared with fresh ones, never kept
     #: in the state).
     answers: tuple[tuple[tuple[tuple[str, str], ...], tuple[Any, ...]], ...] = ()
+    #: The names whose reports came early (returned ``early``) while ``asking``, in the order
+    #: they came: what the second half decides.
+    early: tuple[str, ...] = ()
 
 
 @attrs.define(slots=True, eq=False)
@@ -244,6 +252,15 @@ class _Last:
     answers: tuple[tuple[tuple[str, str], ...], tuple[Any, ...]] | None = None
     #: The ``on_finished`` calls the event made, (name, request id), in order.
     called: tuple[tuple[str, str], ...] = ()
+    #: Each request's early reports before the event, or ``None`` when no request_finished
+    #: was between its halves for it.
+    early: tuple[tuple[str, ...] | None, ...] = ()
+    #: For a second half: the savers its first half asked, each with whether it is still the
+    #: connector registered under its name (what the answers' application reads).
+    savers: tuple[tuple[str, bool], ...] = ()
+    #: For a second half: the early reports it decides, with the outcome the reference gives
+    #: each, in the order they came.
+    settled: tuple[tuple[str, Outcome], ...] = ()
 
 
 @attrs.frozen(slots=True)
@@ -291,6 +308,8 @@ class _Scenario:
     #: The names ``transfer_finished_many`` reports under: the connectors that can be awaited
     #: (savers, and connectors answering garbage).
     batchers: tuple[str, ...] = ()
+    #: Which early reports are explored (:data:`EARLY_REPORTS`).
+    early: str = "all"
     #: Whether the aggregator under check lets equal values of a key through (its
     #: ``allow_equal_params``), which the reference merge follows.
     allow_equal: bool = False
@@ -465,7 +484,7 @@ def _events_of(world: _World, ids: Iterable[int], *, alike: bool = True) -> list
         out += [(_APPLY_ANSWERS, i) for i in ids if world.requests[i].asking]
     if "transfer_finished" in alphabet:
         names = scenario.names + scenario.unknown
-        out += [("transfer_finished", i, n) for i in ids for n in names]
+        out += [("transfer_finished", i, n) for i in ids for n in _reporters(world, i, names)]
     if "transfer_finished_many" in alphabet:
         out += [
             ("transfer_finished_many", n, b)
@@ -494,6 +513,26 @@ def _events_of(world: _World, ids: Iterable[int], *, alike: bool = True) -> list
     if "take" in alphabet:
         out.append(("take",))
     return out
+
+
+def _reporters(world: _World, i: int, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The names whose ``transfer_finished`` for request ``i`` is explored: all of them, but
+    while a ``request_finished`` asks about it, with ``scenario.early`` ``"savers"``, not a
+    ready connector that the call did not ask or that answered it saves nothing, and with
+    ``"off"``, no ready connector it does not await (see :data:`EARLY_REPORTS`)."""
+    r = world.requests[i]
+    early = world.scenario.early
+    if not r.asking or early == "all":
+        return names
+    ready = {n for n, on in world.registry if on}
+    awaiting = r.view[1] if r.view is not None else ()
+    if early == "off":
+        return tuple(n for n in names if n not in ready or n in awaiting)
+    entry = world.mc.registry.entry
+    savers: set[str] = set()
+    for asked in r.asking:
+        savers.update(n for s in asked[4] if entry(n := s.name) is s)
+    return tuple(n for n in names if n not in ready or n in awaiting or n in savers)
 
 
 def _subsets(savers: list[str], classes: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:

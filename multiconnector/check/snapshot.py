@@ -49,6 +49,9 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
       ``terminal absorbing`` on that very event.
     * A request handed back keeps no promises: ``no early free`` judged them when ``take()``
       handed it back.
+    * A call between its halves keeps the early reports (their names, as a set): its second
+      half decides each on the answers alone, whatever the order they came in; the order only
+      orders its ``on_finished`` calls, which ``callbacks`` judges on that transition.
     * With params checked, each call between its halves adds its savers' params choices (as a
       set of (name, choice)): what its second half merges and returns, which ``params merged``
       judges. The params a record keeps once applied are judged on that transition and read
@@ -77,12 +80,15 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
     asking = tuple(
         tuple(sorted((e.name, entry(e.name) is e) for e in asked[4])) for asked in r.asking
     )
+    # The early reports kept while asking, as a set: the second half decides each on the
+    # answers alone, so their order orders nothing but its on_finished calls (judged on it).
+    early = _names_key(r.early)
     if r.phase == _TAKEN:
-        return ("request", r.phase, view, _NOTHING, r.cancelled, None, asking)
+        return ("request", r.phase, view, _NOTHING, r.cancelled, None, asking, early)
     if r.answers:  # params checked: what each call asking will merge (its savers' choices)
         choices = tuple(tuple(sorted(choice)) for choice, _ in r.answers)
-        return ("request", r.phase, view, r.owed, r.cancelled, load, asking, choices)
-    return ("request", r.phase, view, r.owed, r.cancelled, load, asking)
+        return ("request", r.phase, view, r.owed, r.cancelled, load, asking, early, choices)
+    return ("request", r.phase, view, r.owed, r.cancelled, load, asking, early)
 
 
 def _snapshot(world: _World) -> Hashable:

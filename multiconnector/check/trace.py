@@ -30,6 +30,8 @@ def _describe(world: _World) -> str:
             text = {_UNBORN: "not begun", _HELD: "GONE", _TAKEN: "taken"}[r.phase]
         if r.asking:
             text += ", request_finished asking"
+            if r.early:
+                text += f" (early reports kept: {', '.join(r.early)})"
         owing = _owes(r)
         if owing and (r.view is None or set(r.view[1]) != r.owed or r.load_owed is not None):
             text += f" [owed: {', '.join(owing)}]"
