@@ -77,6 +77,7 @@ except ModuleNotFoundError as _missing:
 from .config import CHILDREN_KEY, NAME_KEY, ChildSpec, child_specs, default_name
 from .connector import MultiConnector
 from .errors import (
+    ChildClassError,
     ChildrenConflictError,
     ChildStartError,
     HMAUnsupportedError,
@@ -100,6 +101,7 @@ from .wire import (
 __all__ = [
     "CHILDREN_KEY",
     "NAME_KEY",
+    "ChildClassError",
     "ChildSpec",
     "ChildStartError",
     "ChildrenConflictError",

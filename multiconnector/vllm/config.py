@@ -27,6 +27,7 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
 from .._validate import check_name, shown
 from ..errors import DuplicateConnectorError, InvalidArgumentError
+from .errors import ChildClassError
 
 __all__ = ["CHILDREN_KEY", "NAME_KEY", "ChildSpec", "child_specs", "default_name"]
 
@@ -58,11 +59,16 @@ class ChildSpec:
         return None if path is None else str(path)
 
     def connector_class(self) -> type[Any]:
-        """The child's connector class, found the way vLLM's factory finds it."""
-        return KVConnectorFactory.get_connector_class(self.config)  # type: ignore[no-any-return]
+        """The child's connector class, found the way vLLM's factory finds it; a
+        :class:`~multiconnector.vllm.errors.ChildClassError` naming the child if it cannot be."""
+        try:
+            return KVConnectorFactory.get_connector_class(self.config)  # type: ignore[no-any-return]
+        except (ValueError, ImportError, AttributeError) as exc:
+            raise ChildClassError(self.name, self.kv_connector, self.module_path, exc) from exc
 
     def supports_hma(self) -> bool:
         """Whether the child's class implements ``SupportsHMA`` (vLLM's own test)."""
+        self.connector_class()  # a class that cannot be loaded: named here, with the child
         return bool(KVConnectorFactory.supports_hma_config(self.config))
 
     def vllm_config(self, vllm_config: Any) -> Any:

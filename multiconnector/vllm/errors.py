@@ -8,12 +8,38 @@ from typing import Any
 from ..errors import MultiConnectorError
 
 __all__ = [
+    "ChildClassError",
     "ChildStartError",
     "ChildrenConflictError",
     "HMAUnsupportedError",
     "MetadataMismatchError",
     "WrongRoleError",
 ]
+
+
+class ChildClassError(MultiConnectorError, ValueError):
+    """A child connector's class cannot be found: vLLM's factory does not know its
+    ``kv_connector``, or its ``kv_connector_module_path`` does not import or lacks it.
+
+    vLLM's own message (``Unsupported connector type ...``) names the class, not which child of
+    the configuration asked for it: this names the child too. ``name`` is the child's name; the
+    factory's exception is the ``__cause__``. A ``ValueError``, as vLLM's is.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(self, name: str, kv_connector: str, module_path: str | None, cause: Exception):
+        self.name = name
+        self.kv_connector = kv_connector
+        self.module_path = module_path
+        where = f", kv_connector_module_path={module_path!r}" if module_path else ""
+        super().__init__(
+            f"child connector {name!r} (kv_connector={kv_connector!r}{where}) cannot be "
+            f"loaded: {type(cause).__name__}: {cause}"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.kv_connector, self.module_path, self.__cause__))
 
 
 class ChildStartError(MultiConnectorError, RuntimeError):

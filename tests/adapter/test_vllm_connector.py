@@ -55,6 +55,7 @@ from multiconnector import (  # noqa: E402
     Outcome,
 )
 from multiconnector.vllm import (  # noqa: E402
+    ChildClassError,
     ChildrenConflictError,
     ChildStartError,
     MetadataMismatchError,
@@ -193,6 +194,25 @@ def test_children_take_the_parents_engine_id_unless_set() -> None:
     )
     assert first.config.engine_id == "engine-7"
     assert second.config.engine_id == "own"
+
+
+@pytest.mark.parametrize(
+    ("kv_connector", "module_path"),
+    [("NoSuchConnector", None), ("NoSuchConnector", "vllm_children"), ("X", "no.such.module")],
+)
+def test_a_child_class_that_cannot_be_loaded_is_named(
+    model: Path, kv_connector: str, module_path: str | None
+) -> None:
+    entry = child("cache", script())
+    entry["kv_connector"] = kv_connector
+    entry["kv_connector_module_path"] = module_path
+    config = make_config(model, [child("a", script()), entry])
+    with pytest.raises(ChildClassError) as caught:
+        make_connector(config, KVConnectorRole.SCHEDULER)
+    assert caught.value.name == "cache"
+    assert "child connector 'cache'" in str(caught.value)
+    assert f"kv_connector={kv_connector!r}" in str(caught.value)
+    assert isinstance(caught.value, ValueError)  # as vLLM's "Unsupported connector type"
 
 
 def test_a_failed_constructor_names_the_child_and_reports_shutdown_failures(
