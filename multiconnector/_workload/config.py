@@ -77,7 +77,7 @@ class SimulationConfig:
     stripes: int = 64
 
     def __attrs_post_init__(self) -> None:
-        _check_count(self.requests, "requests", 0)
+        _check_count(self.requests, "requests", 1)
         if type(self.seed) is not int:
             raise InvalidArgumentError(f"seed={shown(self.seed)} must be an int")
         _check_count(self.threads, "threads", 1)
