@@ -6,7 +6,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from .._validate import check_bool, shown
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, InvalidValueError
 from .progress import _Progress
 from .report import (
     CheckReport,
@@ -237,11 +237,13 @@ def _checked(
         ("keep_models", keep_models),
     ):
         if bound is not None and (type(bound) is not int or bound < 1):
-            raise InvalidArgumentError(f"{argument}={shown(bound)} must be an int >= 1 or None")
+            error = InvalidValueError if type(bound) is int else InvalidArgumentError
+            raise error(f"{argument}={shown(bound)} must be an int >= 1 or None")
     if max_seconds is not None and (
         type(max_seconds) not in (int, float) or not 0 < max_seconds < float("inf")
     ):
-        raise InvalidArgumentError(f"max_seconds={shown(max_seconds)} must be a number > 0 or None")
+        error = InvalidValueError if type(max_seconds) in (int, float) else InvalidArgumentError
+        raise error(f"max_seconds={shown(max_seconds)} must be a number > 0 or None")
     if expected is not None and not callable(expected):
         raise InvalidArgumentError(f"expected={shown(expected)} must be callable or None")
     if independent is not None and not callable(independent):
