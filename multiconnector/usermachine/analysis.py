@@ -577,7 +577,7 @@ class _ModelScenario(_Scenario):
             return None
         self.copies += 1
         if self.collecting and self.copies & _COLLECT_EVERY == 0:
-            gc.collect(1)  # the copies dropped since the last time (the search paused it)
+            gc.collect(0)  # the copies dropped since the last time (the search paused it)
         items = _data_items(run.model, run.attribute)
         copied = None if items is None else self._copied(run, items)
         if copied is None or self.snapshot(copied) != self.snapshot(run):
