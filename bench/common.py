@@ -35,6 +35,8 @@ class Sizes:
     loop_requests: int = 128
     loop_repeats: int = 21
     check_states: int | None = None  # None: the default bound, to the end
+    usermachine_states: int = 1_000  # the smaller search; the larger has twice as many
+    usermachine_repeats: int = 5
 
 
 QUICK = Sizes(
@@ -54,6 +56,8 @@ QUICK = Sizes(
     loop_requests=8,
     loop_repeats=2,
     check_states=300,
+    usermachine_states=100,
+    usermachine_repeats=1,
 )
 
 

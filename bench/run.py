@@ -457,6 +457,38 @@ def bench_check(sizes: Sizes, report: Report) -> None:
         )
 
 
+def bench_usermachine(sizes: Sizes, report: Report) -> None:
+    """``check --machine`` on a machine whose model carries data (:mod:`bench.usermachine_row`):
+    the CPU time on twice the states over that on the states, medians of interleaved runs."""
+    from .usermachine_row import checked_seconds  # noqa: PLC0415 - imports transitions' Machine
+
+    small, large = sizes.usermachine_states, 2 * sizes.usermachine_states
+    times: dict[int, list[float]] = {small: [], large: []}
+    reports: dict[int, Any] = {}
+    for _ in range(sizes.usermachine_repeats):
+        for states in (small, large):
+            seconds, reports[states] = checked_seconds(states)
+            times[states].append(seconds)
+    ratio = median(times[large]) / median(times[small])
+    distinct = {n: reports[n].distinct_states for n in (small, large)}
+    report.rows.append(
+        Row(
+            f"check --machine, data-carrying: CPU time of {distinct[large]:,} states "
+            f"÷ {distinct[small]:,}",
+            ratio,
+            ratio,
+            "x",
+            "≤ 2 (linear)",
+            ratio <= 2.0 and all(r.verdict == "PASS" for r in reports.values()),
+        )
+    )
+    report.figures["usermachine"] = {
+        "states": distinct,
+        "cpu_seconds": {str(n): median(t) for n, t in times.items()},
+        "ratio": ratio,
+    }
+
+
 # -- vLLM -----------------------------------------------------------------------------------------
 
 
@@ -541,6 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("flat", lambda: bench_flat(sizes, report)),
         ("threads", lambda: bench_threads(sizes, report)),
         ("check", lambda: bench_check(sizes, report)),
+        ("usermachine", lambda: bench_usermachine(sizes, report)),
         ("vllm", lambda: bench_vllm(sizes, report)),
         ("scheduler-loop", lambda: bench_scheduler_loop(sizes, report)),
     ):

@@ -12,6 +12,9 @@ from typing import Any, Final, cast
 
 from transitions.extensions import GraphMachine
 from transitions.extensions.diagrams_base import BaseGraph
+from transitions.extensions.diagrams_graphviz import Graph as GraphvizGraph
+
+from ._dot import Digraph
 
 __all__ = [
     "DOT_STYLES",
@@ -91,6 +94,32 @@ class _NumberedLabels(BaseGraph):
         return f"{label} ({noun} {', '.join(map(str, found))})"
 
 
+class _TextGraph(GraphvizGraph):
+    """The ``transitions`` graphviz engine drawing into :class:`~multiconnector._dot.Digraph`
+    (no ``graphviz`` package: DOT is text)."""
+
+    def generate(self) -> None:
+        """Nothing to prepare: each graph is built from scratch."""
+
+    def get_graph(self, title: str | None = None, roi_state: Any = None) -> Any:
+        if roi_state is not None:  # pragma: no cover - the diagrams draw whole machines
+            raise NotImplementedError("a region of interest needs the graphviz package")
+        title = title or self.machine.title
+        styles: dict[str, dict[str, Any]] = cast(Any, self.machine).style_attributes
+        graph = Digraph(
+            name=title,
+            node_attr=styles.get("node", {}).get("default", {}),
+            edge_attr=styles.get("edge", {}).get("default", {}),
+            graph_attr=styles.get("graph", {}).get("default", {}),
+        )
+        graph.graph_attr.update(**self.machine.machine_attributes)
+        graph.graph_attr["label"] = title
+        states, transitions = self._get_elements()
+        self._add_nodes(states, graph)
+        self._add_edges(transitions, graph)
+        return graph
+
+
 class DiagramMachine(GraphMachine):
     """A ``GraphMachine`` whose graphs number the travelled transitions, styled per engine."""
 
@@ -100,11 +129,7 @@ class DiagramMachine(GraphMachine):
         base = super()._init_graphviz_engine(graph_engine)
         name = base.__module__.rsplit("_", 1)[-1]  # diagrams_mermaid -> mermaid
         if name != graph_engine:  # transitions falls back to mermaid when graphviz is missing
-            raise ModuleNotFoundError(
-                f"the {graph_engine!r} diagram engine needs the 'graphviz' Python package: "
-                "install the 'diagrams' extra (pip install 'multiconnector[diagrams]')",
-                name="graphviz",
-            )
+            base = _TextGraph
         return type(f"Numbered{base.__name__}", (_NumberedLabels, base), {})
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Final, NoReturn
 
-from .errors import InvalidArgumentError, InvalidNameError
+from .errors import InvalidArgumentError, InvalidNameError, InvalidValueError
 
 #: The longest connector name, in characters.
 MAX_NAME_LENGTH: Final = 128
@@ -64,7 +64,8 @@ def check_name(value: Any, argument: str = "name") -> str:
 
 
 def bad_request_id(value: Any, argument: str = "request_id") -> NoReturn:
-    raise InvalidArgumentError(f"{argument}={_shown(value)} must be a non-empty str")
+    error = InvalidValueError if isinstance(value, str) else InvalidArgumentError
+    raise error(f"{argument}={_shown(value)} must be a non-empty str")
 
 
 def check_request_id(value: Any, argument: str = "request_id") -> str:
@@ -134,14 +135,20 @@ def check_int(value: Any, argument: str, *, minimum: int = 0, maximum: int | Non
     ):
         return int(value)
     upper = "" if maximum is None else f" and <= {maximum:,}"
-    raise InvalidArgumentError(f"{argument}={_shown(value)} must be an int >= {minimum}{upper}")
+    error = InvalidValueError if is_int(value) else InvalidArgumentError
+    raise error(f"{argument}={_shown(value)} must be an int >= {minimum}{upper}")
+
+
+def is_int(value: Any) -> bool:
+    """An ``int`` that is not a ``bool``: an argument of the right type for a count."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_stripes(value: Any, argument: str = "stripes") -> int:
     """A power of two from 1 to :data:`MAX_STRIPES`."""
     stripes = check_int(value, argument, minimum=1, maximum=MAX_STRIPES)
     if stripes & (stripes - 1):
-        raise InvalidArgumentError(f"{argument}={stripes!r} must be a power of two")
+        raise InvalidValueError(f"{argument}={stripes!r} must be a power of two")
     return stripes
 
 

@@ -69,6 +69,9 @@ def run_cli(argv: Sequence[str]) -> int:
     mc.request_finished("r2", [3])
     show("cancel('r2')", mc.cancel("r2").value)
     show("transfer_finished('r2', 'cache') (late)", mc.transfer_finished("r2", "cache").value)
+    for name in ("pd@0", "pd@1"):  # a cancelled request drains: its saves still report
+        show(f"transfer_finished('r2', {name!r})", mc.transfer_finished("r2", name).value)
+    show("take()", [(r.request_id, r.state.value) for r in mc.take()])
 
     mc.begin("r3")
     mc.request_finished("r3", [4])
@@ -86,8 +89,10 @@ def run_cli(argv: Sequence[str]) -> int:
     r4 = mc.get("r4")
     assert r4 is not None
     show("r4 after the clash", f"{r4.state.value}, awaiting {r4.awaiting}")
-    mc.cancel("r4")
-    mc.take()
+    show("cancel('r4')", mc.cancel("r4").value)
+    for name in r4.awaiting:
+        show(f"transfer_finished('r4', {name!r})", mc.transfer_finished("r4", name).value)
+    show("take()", [(r.request_id, r.state.value) for r in mc.take()])
     print("outcome counts:", {o.value: n for o, n in sorted(mc.counts().items())})
     print(f"held requests left: {len(mc)}")
     return 0 if len(mc) == 0 else 1

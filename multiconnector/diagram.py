@@ -5,8 +5,8 @@ Nothing here is drawn by hand. Every format comes from the ``transitions`` machi
 :data:`~multiconnector.machine.TRANSITIONS`:
 
 * ``mermaid``: a ``stateDiagram-v2``, from the ``transitions`` mermaid engine (no other package);
-* ``dot``: Graphviz DOT text, from the ``transitions`` graphviz engine (the ``graphviz`` Python
-  package, in the ``diagrams`` extra);
+* ``dot``: Graphviz DOT text, from the ``transitions`` graphviz engine (with the ``graphviz``
+  Python package of the ``diagrams`` extra when it is installed; the same text without it);
 * ``svg``: that DOT rendered by Graphviz's own ``dot`` program;
 * ``md``: Markdown holding the mermaid diagram (code hosts render it) and the transition table.
 
@@ -216,7 +216,12 @@ def find_path(
             raise InvalidArgumentError(
                 f"prop={prop!r} must name a property of the check report: {sorted(named)}"
             )
-        data = named[prop].get("counterexample") or {}
+        data = named[prop].get("counterexample")
+        if not data:
+            raise InvalidArgumentError(
+                f"prop={prop!r}: the check report has no counterexample for it (it "
+                f"{'passed' if named[prop].get('result') != 'FAIL' else 'failed with no trace'})"
+            )
     if _looks_like_path(data):
         if request is not None:
             raise InvalidArgumentError(
@@ -225,6 +230,10 @@ def find_path(
         return None, steps(data)
     found: dict[str, Any] = {}
     _collect(data, None, found)
+    if not found and _is_report(data):
+        raise InvalidArgumentError(
+            "the check report has no counterexample: no property failed with a trace"
+        )
     if not found:
         raise InvalidArgumentError(
             f"data={shown(data)} must be a list of steps or hold objects with a 'path' list"
@@ -240,6 +249,11 @@ def find_path(
             f"request={request!r} must be one of the requests with a path: {sorted(found)}"
         )
     return request, steps(found[request], f"path of {request!r}")
+
+
+def _is_report(data: Any) -> bool:
+    """Whether ``data`` is a check report (``multiconnector check --json``)."""
+    return isinstance(data, Mapping) and isinstance(data.get("properties"), list)
 
 
 def read_path(
@@ -350,7 +364,7 @@ def _markdown(
             "# The request transfer machine",
             "",
             "Generated from the declaration in `multiconnector/machine.py` by",
-            "`multiconnector diagram --format md`. Do not edit: run `make docs-diagrams`.",
+            "`multiconnector diagram --format md`. Do not edit it: that command draws it again.",
         ]
     else:
         who = "a request" if request is None else f"request `{cell(request)}`"
@@ -420,8 +434,7 @@ def render(
     in is highlighted. ``title`` replaces the diagram's title; ``request`` names the request in
     the default title of a path; ``numbers`` numbers the path's steps (default ``1, 2, ...``;
     a check report's counterexample gives its trace's, :func:`trace_numbers`).
-    ``svg`` needs Graphviz's ``dot`` program, ``dot`` and ``svg`` the ``graphviz`` Python
-    package.
+    ``svg`` needs Graphviz's ``dot`` program (the ``graphviz`` Python package is optional).
 
     >>> from multiconnector import ConnectorRegistry, MultiConnector
     >>> class Saver:
@@ -570,17 +583,16 @@ def run_cli(argv: Sequence[str]) -> int:
             return 2
     try:
         if args.all is not None:  # the folder was made (not its parents) when it was checked
-            for name, fmt in GENERATED.items():
-                _write(os.path.join(args.all, name), render(fmt, title=args.title))
+            # Every diagram drawn before any is written: a format that fails leaves no part.
+            drawn = {name: render(fmt, title=args.title) for name, fmt in GENERATED.items()}
+            for name, text in drawn.items():
+                _write(os.path.join(args.all, name), text)
             return 0
         text = render(args.format, path=path, title=args.title, request=request, numbers=numbers)
-    except ModuleNotFoundError as exc:
-        print(f"multiconnector diagram: {exc}", file=sys.stderr)
-        return 1
     except (RuntimeError, subprocess.CalledProcessError) as exc:  # no `dot`, or it failed
         print(
             f"multiconnector diagram: {exc}\n(the svg format needs Graphviz's `dot` on PATH; "
-            "'make system' or 'apt-get install graphviz' installs it)",
+            "'apt-get install graphviz', or your system's package manager, installs it)",
             file=sys.stderr,
         )
         return 1

@@ -1,15 +1,22 @@
 """The exceptions multiconnector raises.
 
 Every error derives from :class:`MultiConnectorError`, and each also derives from the builtin a
-caller would naturally catch, so ``except KeyError`` and ``except MultiConnectorError`` both work::
+caller would naturally catch, so ``except KeyError`` and ``except MultiConnectorError`` both work.
+A bad argument's error is a :class:`TypeError` when its type is wrong and also a
+:class:`ValueError` when its type is right and its value is not (``stripes=-1``,
+``begin("")``): ``except ValueError`` catches an out-of-range value, and
+``except InvalidArgumentError`` (or ``TypeError``, as before) still catches every bad argument::
 
     Exception
     └── MultiConnectorError
         ├── InvalidNameError            (also TypeError)    a str that is not a connector name
         ├── InvalidArgumentError        (also TypeError)    any other argument of the wrong type
-        │   └── InvalidParamsError                          params that are not a Mapping or None
+        │   ├── InvalidValueError       (also ValueError)   the right type, out of range
+        │   ├── InvalidParamsError                          params that are not a Mapping or None
+        │   └── InvalidAnswerError                          a connector's answer that is no pair
         ├── UnknownConnectorError       (also KeyError)     no connector registered under a name
         ├── UnknownRequestError         (also KeyError)     no request held under an id
+        ├── UnknownPropertyError        (also KeyError)     no property of that name in a report
         ├── DuplicateConnectorError     (also ValueError)   a name registered twice
         ├── DuplicateRequestError       (also ValueError)   a request id begun while still held
         ├── KeyClashError               (also ValueError)   a params key from two connectors
@@ -17,6 +24,8 @@ caller would naturally catch, so ``except KeyError`` and ``except MultiConnector
         ├── NondeterminismError         (also RuntimeError) a model check's replay that diverged
         ├── ShutDownError               (also RuntimeError) work asked of a shut-down aggregator
         └── ConnectorFailures           (also ExceptionGroup) connectors raised during a fan-out
+
+(:class:`~multiconnector.check.UnknownPropertyError` is defined with the check's report.)
 
 Events that arrive late, twice, for unknown requests or from unknown connectors are *not*
 errors: they are ignored and reported as an :class:`~multiconnector.Outcome`. Errors are kept
@@ -42,6 +51,7 @@ __all__ = [
     "InvalidMachineError",
     "InvalidNameError",
     "InvalidParamsError",
+    "InvalidValueError",
     "KeyClashError",
     "MultiConnectorError",
     "NondeterminismError",
@@ -69,7 +79,19 @@ class InvalidNameError(MultiConnectorError, TypeError):
 
 
 class InvalidArgumentError(MultiConnectorError, TypeError):
-    """An argument of the wrong type (say an ``int`` index where a name is expected)."""
+    """An argument of the wrong type (say an ``int`` index where a name is expected); the base
+    of every bad argument's error but a name's."""
+
+
+class InvalidValueError(InvalidArgumentError, ValueError):
+    """An argument of the right type whose value is out of range: ``stripes=-1`` or ``3``,
+    an empty request id, ``max_states=0``, a rate above 1.
+
+    A :class:`ValueError`, and still an :class:`InvalidArgumentError` (so a ``TypeError``) for
+    code that catches every bad argument.
+
+    .. versionadded:: 0.1.0
+    """
 
 
 class InvalidAnswerError(InvalidArgumentError):

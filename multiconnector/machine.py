@@ -132,6 +132,11 @@ class RequestTransferState:
     <multiconnector.MultiConnector.take>` hands terminal ones over, after which nothing refers
     to them. Read them, don't mutate them.
 
+    Records compare by identity, and hash by it: the aggregator keys its own tables by the held
+    record, which changes as the request does, so value equality would make records unhashable
+    or let two requests' records collide. Compare two records' contents with
+    ``attrs.asdict(a) == attrs.asdict(b)``.
+
     .. versionadded:: 0.1.0
     """
 

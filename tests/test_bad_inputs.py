@@ -27,6 +27,7 @@ from multiconnector import (
     InvalidArgumentError,
     InvalidNameError,
     InvalidParamsError,
+    InvalidValueError,
     KeyClashError,
     MultiConnector,
     MultiConnectorError,
@@ -79,12 +80,12 @@ CASES: list[Row] = [
     ("MultiConnector()", "registry=[('a', None)]", lambda m: MultiConnector([("a", None)]), InvalidArgumentError, "registry="),
     ("MultiConnector()", "trace=1", lambda m: MultiConnector(trace=1), InvalidArgumentError, "trace=1"),
     ("MultiConnector()", "allow_equal_params='no'", lambda m: MultiConnector(allow_equal_params="no"), InvalidArgumentError, "allow_equal_params="),
-    ("MultiConnector()", "stripes=3", lambda m: MultiConnector(stripes=3), InvalidArgumentError, "stripes=3"),
-    ("MultiConnector()", "stripes=0", lambda m: MultiConnector(stripes=0), InvalidArgumentError, "stripes=0"),
+    ("MultiConnector()", "stripes=3", lambda m: MultiConnector(stripes=3), InvalidValueError, "stripes=3"),
+    ("MultiConnector()", "stripes=0", lambda m: MultiConnector(stripes=0), InvalidValueError, "stripes=0"),
     ("MultiConnector()", "stripes='8'", lambda m: MultiConnector(stripes="8"), InvalidArgumentError, "stripes='8'"),
     ("MultiConnector()", "stripes=True", lambda m: MultiConnector(stripes=True), InvalidArgumentError, "stripes=True"),
-    ("MultiConnector()", "stripes=2**17", lambda m: MultiConnector(stripes=2**17), InvalidArgumentError, "stripes=131072"),
-    ("MultiConnector()", "stripes=2**40", lambda m: MultiConnector(stripes=2**40), InvalidArgumentError, "stripes=1099511627776"),
+    ("MultiConnector()", "stripes=2**17", lambda m: MultiConnector(stripes=2**17), InvalidValueError, "stripes=131072"),
+    ("MultiConnector()", "stripes=2**40", lambda m: MultiConnector(stripes=2**40), InvalidValueError, "stripes=1099511627776"),
     ("ConnectorRegistry()", "connectors='ab'", lambda m: ConnectorRegistry("ab"), InvalidArgumentError, "connectors="),
     ("ConnectorRegistry()", "connectors=[('a',)]", lambda m: ConnectorRegistry([("a",)]), InvalidArgumentError, "connectors[0]="),
     ("ConnectorRegistry()", "connectors={'a b': None}", lambda m: ConnectorRegistry({"a b": None}), InvalidNameError, "name='a b'"),
@@ -111,12 +112,12 @@ CASES: list[Row] = [
     ("registry[name]", "name='zz'", lambda m: m.registry["zz"], UnknownConnectorError, "name='zz'"),
     ("registry[name]", "name='a b'", lambda m: m.registry["a b"], InvalidNameError, "name='a b'"),
     ("begin()", "request_id=7", lambda m: m.begin(7), InvalidArgumentError, "request_id=7 (type int)"),
-    ("begin()", "request_id=''", lambda m: m.begin(""), InvalidArgumentError, "request_id=''"),
+    ("begin()", "request_id=''", lambda m: m.begin(""), InvalidValueError, "request_id=''"),
     ("begin()", "request_id=None", lambda m: m.begin(None), InvalidArgumentError, "request_id=None"),
     ("begin()", "request_id=b'r'", lambda m: m.begin(b"r"), InvalidArgumentError, "request_id=b'r'"),
     ("begin()", "request_id='f' (held)", lambda m: m.begin("f"), DuplicateRequestError, "request_id='f'"),
     ("request_finished()", "request_id=b'f'", lambda m: m.request_finished(b"f"), InvalidArgumentError, "request_id=b'f'"),
-    ("request_finished()", "request_id=''", lambda m: m.request_finished(""), InvalidArgumentError, "request_id=''"),
+    ("request_finished()", "request_id=''", lambda m: m.request_finished(""), InvalidValueError, "request_id=''"),
     ("request_finished()", "request_id=5", lambda m: m.request_finished(5), InvalidArgumentError, "request_id=5"),
     ("request_finished()", "blocks='012'", lambda m: m.request_finished("p", "012"), InvalidArgumentError, "blocks='012'"),
     ("request_finished()", "blocks=3", lambda m: m.request_finished("p", 3), InvalidArgumentError, "blocks=3"),
@@ -127,7 +128,7 @@ CASES: list[Row] = [
     ("request_finished()", "blocks=(True,)", lambda m: m.request_finished("p", (True,)), InvalidArgumentError, "blocks[0]=True"),
     ("request_finished()", "blocks=['1']", lambda m: m.request_finished("p", ["1"]), InvalidArgumentError, "blocks[0]='1'"),
     ("request_finished_by()", "request_id=5", lambda m: m.request_finished_by(5, ["a"]), InvalidArgumentError, "request_id=5"),
-    ("request_finished_by()", "request_id=''", lambda m: m.request_finished_by("", ["a"]), InvalidArgumentError, "request_id=''"),
+    ("request_finished_by()", "request_id=''", lambda m: m.request_finished_by("", ["a"]), InvalidValueError, "request_id=''"),
     ("request_finished_by()", "savers='a'", lambda m: m.request_finished_by("p", "a"), InvalidArgumentError, "savers='a'"),
     ("request_finished_by()", "savers=3", lambda m: m.request_finished_by("p", 3), InvalidArgumentError, "savers=3"),
     ("request_finished_by()", "savers=['a', 3]", lambda m: m.request_finished_by("p", ["a", 3]), InvalidNameError, "savers=3"),
@@ -145,7 +146,7 @@ CASES: list[Row] = [
     ("transfer_finished()", "name=b'a'", lambda m: m.transfer_finished("f", b"a"), InvalidNameError, "name=b'a'"),
     ("transfer_finished()", "name='' for an unknown request", lambda m: m.transfer_finished("zz", ""), InvalidNameError, "name=''"),
     ("transfer_finished()", "request_id=1.5", lambda m: m.transfer_finished(1.5, "a"), InvalidArgumentError, "request_id=1.5"),
-    ("transfer_finished()", "request_id=''", lambda m: m.transfer_finished("", "a"), InvalidArgumentError, "request_id=''"),
+    ("transfer_finished()", "request_id=''", lambda m: m.transfer_finished("", "a"), InvalidValueError, "request_id=''"),
     ("transfer_finished()", "blocks={1: 2}", lambda m: m.transfer_finished("f", "a", {1: 2}), InvalidArgumentError, "blocks={1: 2}"),
     ("transfer_finished()", "blocks=[None]", lambda m: m.transfer_finished("f", "a", [None]), InvalidArgumentError, "blocks[0]=None"),
     ("transfer_finished()", "blocks='ab'", lambda m: m.transfer_finished("f", "a", "ab"), InvalidArgumentError, "blocks='ab'"),
@@ -155,15 +156,15 @@ CASES: list[Row] = [
     ("transfer_finished_many()", "request_ids='f'", lambda m: m.transfer_finished_many("a", "f"), InvalidArgumentError, "request_ids='f'"),
     ("transfer_finished_many()", "request_ids=5", lambda m: m.transfer_finished_many("a", 5), InvalidArgumentError, "request_ids=5"),
     ("transfer_finished_many()", "request_ids=['f', 3]", lambda m: m.transfer_finished_many("a", ["f", 3]), InvalidArgumentError, "request_ids=3"),
-    ("transfer_finished_many()", "request_ids=['f', '']", lambda m: m.transfer_finished_many("a", ["f", ""]), InvalidArgumentError, "request_ids=''"),
+    ("transfer_finished_many()", "request_ids=['f', '']", lambda m: m.transfer_finished_many("a", ["f", ""]), InvalidValueError, "request_ids=''"),
     ("transfer_finished_many()", "blocks=[None]", lambda m: m.transfer_finished_many("a", ["f"], [None]), InvalidArgumentError, "blocks[0]=None"),
     ("cancel()", "request_id=['f']", lambda m: m.cancel(["f"]), InvalidArgumentError, "request_id=['f']"),
     ("cancel()", "request_id=7", lambda m: m.cancel(7), InvalidArgumentError, "request_id=7"),
-    ("cancel()", "request_id=''", lambda m: m.cancel(""), InvalidArgumentError, "request_id=''"),
+    ("cancel()", "request_id=''", lambda m: m.cancel(""), InvalidValueError, "request_id=''"),
     ("match_tokens()", "request_id=3", lambda m: m.match_tokens(3), InvalidArgumentError, "request_id=3"),
-    ("match_tokens()", "request_id=''", lambda m: m.match_tokens(""), InvalidArgumentError, "request_id=''"),
+    ("match_tokens()", "request_id=''", lambda m: m.match_tokens(""), InvalidValueError, "request_id=''"),
     ("match_tokens()", "request_id='zz' (not held)", lambda m: m.match_tokens("zz"), UnknownRequestError, "request_id='zz'"),
-    ("match_tokens()", "num_computed_tokens=-1", lambda m: m.match_tokens("p", -1), InvalidArgumentError, "num_computed_tokens=-1"),
+    ("match_tokens()", "num_computed_tokens=-1", lambda m: m.match_tokens("p", -1), InvalidValueError, "num_computed_tokens=-1"),
     ("match_tokens()", "num_computed_tokens=2.0", lambda m: m.match_tokens("p", 2.0), InvalidArgumentError, "num_computed_tokens=2.0"),
     ("match_tokens()", "num_computed_tokens=True", lambda m: m.match_tokens("p", True), InvalidArgumentError, "num_computed_tokens=True"),
     ("match_tokens()", "num_computed_tokens='3'", lambda m: m.match_tokens("p", "3"), InvalidArgumentError, "num_computed_tokens='3'"),
@@ -172,10 +173,10 @@ CASES: list[Row] = [
     ("load_finished()", "name='a b'", lambda m: m.load_finished("p", "a b"), InvalidNameError, "name='a b'"),
     ("load_finished()", "name='x' * 200", lambda m: m.load_finished("p", "x" * 200), InvalidNameError, "at most 128 characters"),
     ("load_finished()", "request_id=None", lambda m: m.load_finished(None, "a"), InvalidArgumentError, "request_id=None"),
-    ("load_finished()", "request_id=''", lambda m: m.load_finished("", "a"), InvalidArgumentError, "request_id=''"),
+    ("load_finished()", "request_id=''", lambda m: m.load_finished("", "a"), InvalidValueError, "request_id=''"),
     ("get()", "request_id=[]", lambda m: m.get([]), InvalidArgumentError, "request_id=[]"),
     ("get()", "request_id=3", lambda m: m.get(3), InvalidArgumentError, "request_id=3"),
-    ("get()", "request_id=''", lambda m: m.get(""), InvalidArgumentError, "request_id=''"),
+    ("get()", "request_id=''", lambda m: m.get(""), InvalidValueError, "request_id=''"),
     ("peek()", "request_id=3", lambda m: m.peek(3), InvalidArgumentError, "request_id=3"),
     ("peek()", "request_id=None", lambda m: m.peek(None), InvalidArgumentError, "request_id=None"),
     ("merge_transfer_params()", "contributions='ab'", lambda m: merge_transfer_params("ab"), InvalidArgumentError, "contributions="),
@@ -462,3 +463,49 @@ def test_match_asking_stops_at_the_first_none() -> None:
     assert mc.match_tokens("r") is None
     assert asked == ["first"]
     assert mc.get("r").loader is None  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("call", "argument"),
+    [
+        (lambda: MultiConnector(ConnectorRegistry({}), stripes=-1), "stripes=-1"),
+        (lambda: MultiConnector(ConnectorRegistry({}), stripes=3), "stripes=3"),
+        (lambda: MultiConnector(ConnectorRegistry({})).begin(""), "request_id=''"),
+    ],
+)
+def test_an_out_of_range_value_is_a_value_error(call: Callable[[], object], argument: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(argument)) as caught:
+        call()
+    assert isinstance(caught.value, InvalidValueError)
+    assert isinstance(caught.value, InvalidArgumentError | MultiConnectorError)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: MultiConnector(ConnectorRegistry({}), stripes="4"),
+        lambda: MultiConnector(ConnectorRegistry({})).begin(3),
+    ],
+)
+def test_a_wrong_type_is_a_type_error_not_a_value_error(call: Callable[[], object]) -> None:
+    with pytest.raises(TypeError) as caught:
+        call()
+    assert not isinstance(caught.value, ValueError)
+    assert isinstance(caught.value, InvalidArgumentError)
+
+
+def test_the_errors_tree_lists_every_error_class() -> None:
+    from multiconnector import errors  # noqa: PLC0415
+
+    tree = errors.__doc__ or ""
+    for name in (*errors.__all__, "UnknownPropertyError"):
+        assert re.search(rf"[├└]── {name}\b", tree), name
+
+
+def test_records_compare_by_identity_and_stay_hashable() -> None:
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted()}))
+    mc.begin("r1")
+    first, second = mc.get("r1"), mc.get("r1")
+    assert first is not None and second is not None
+    assert first != second and attrs.asdict(first) == attrs.asdict(second)
+    assert len({first, second}) == 2  # usable as keys, one per record

@@ -57,6 +57,10 @@ def bad_invocations(tmp: Path) -> list[list[str]]:
         ["simulate", "--stripes", "1073741824"],
         ["simulate", "--stripes", "3"],
         ["simulate", "--requests", "-1"],
+        ["simulate", "--requests", "0"],
+        ["check", "--machine", "no_such_module:Machine"],
+        ["check", "--machine", "json:nothing_here"],
+        ["check", "--machine", "json:loads", "--max-seconds", "0"],
         ["simulate", "--fault-rate", "2"],
         ["simulate", "--faults", ""],
         ["simulate", "--faults", "raise,meteor"],
@@ -75,6 +79,7 @@ def bad_invocations(tmp: Path) -> list[list[str]]:
     ]
 
 
+@pytest.mark.timeout(120)  # about 40 commands, a second each on a busy 2-core machine
 def test_every_bad_invocation_is_one_line_on_stderr_and_exit_2(tmp_path: Path) -> None:
     failures = []
     for argv in bad_invocations(tmp_path):
@@ -156,3 +161,10 @@ def test_the_vllm_adapter_without_the_extra_says_how_to_install_it() -> None:
     )
     assert result.returncode == 1
     assert "multiconnector[vllm]" in result.stderr.splitlines()[-1]
+
+
+def test_the_demo_finishes_clean() -> None:
+    result = run("demo")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.rstrip().endswith("held requests left: 0")
+    assert result.stderr == ""

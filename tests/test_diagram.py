@@ -397,16 +397,74 @@ def test_svg_without_dot_fails_with_a_hint(tmp_path: Path) -> None:
     assert done.stdout == ""
 
 
-def test_dot_without_the_graphviz_package_names_the_extra() -> None:
-    code = (
-        "import sys; sys.modules['graphviz'] = None\n"
-        "from multiconnector.diagram import run_cli\n"
-        "raise SystemExit(run_cli(['--format', 'dot']))\n"
+#: Runs its argv through ``multiconnector.cli.main`` with the ``graphviz`` package hidden (as
+#: without the ``diagrams`` extra), in the repository's root (docs/ importable).
+_NO_GRAPHVIZ = (
+    "import sys; sys.modules['graphviz'] = None; sys.path.insert(0, 'docs')\n"
+    "from multiconnector.cli import main\n"
+    "raise SystemExit(main(sys.argv[1:]))\n"
+)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _without_graphviz(
+    *argv: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _NO_GRAPHVIZ, *argv],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
     )
-    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("machine", [(), ("--machine", "docs_example:OrderFlow")])
+def test_dot_without_the_graphviz_package_is_the_same_text(
+    machine: tuple[str, ...], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    done = _without_graphviz("diagram", *machine, "--format", "dot")
+    assert done.returncode == 0, done.stderr
+    monkeypatch.syspath_prepend(str(ROOT / "docs"))
+    assert main(["diagram", *machine, "--format", "dot"]) == 0  # with the package, here
+    assert done.stdout == capsys.readouterr().out
+    assert done.stdout.startswith("digraph ") and "->" in done.stdout
+
+
+@needs_dot
+def test_svg_without_the_graphviz_package_needs_only_dot() -> None:
+    done = _without_graphviz("diagram", "--format", "svg")
+    assert done.returncode == 0, done.stderr
+    assert ET.fromstring(done.stdout).tag == f"{SVG}svg"
+
+
+def test_all_without_dot_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "generated"
+    env = {**os.environ, "PATH": str(tmp_path)}  # no `dot` there: svg fails
+    done = _without_graphviz("diagram", "--all", str(out), env=env)
     assert done.returncode == 1
-    assert "multiconnector[diagrams]" in done.stderr
-    assert done.stdout == ""
+    assert "apt-get install graphviz" in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == []  # no partial set left behind
+
+
+def test_a_passing_report_has_no_counterexample_to_draw(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "check.json"
+    assert main(["check", "--requests", "1", "--no-progress", "--json", str(report)]) == 0
+    capsys.readouterr()
+    for narrowing in ([], ["--property", "no early free"]):
+        assert main(["diagram", "--path", str(report), *narrowing]) == 2
+        err = capsys.readouterr().err
+        assert "no counterexample" in err and "data=" not in err
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_the_generated_markdown_names_the_command_not_a_make_target() -> None:
+    text = render("md")
+    assert "make " not in text
+    assert "`multiconnector diagram --format md`" in text
 
 
 def test_graphviz_is_present_where_it_is_required() -> None:

@@ -21,6 +21,7 @@ PUBLIC = [
     "InvalidMachineError",
     "InvalidNameError",
     "InvalidParamsError",
+    "InvalidValueError",
     "KeyClashError",
     "MultiConnector",
     "MultiConnectorError",

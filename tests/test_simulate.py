@@ -302,3 +302,11 @@ def test_handing_back_requests_still_finishing_is_caught(monkeypatch: pytest.Mon
     assert result.early_frees > 0
     assert result.violations["not_terminal"] > 0
     assert result.violations["handed_back_twice"] > 0
+
+
+def test_zero_requests_is_refused_as_check_refuses_it() -> None:
+    from multiconnector.errors import InvalidValueError  # noqa: PLC0415
+    from multiconnector.simulate import SimulationConfig  # noqa: PLC0415
+
+    with pytest.raises(InvalidValueError, match="requests=0"):
+        SimulationConfig(requests=0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -316,3 +318,125 @@ def test_the_docs_page_shows_the_current_machine_and_diagram() -> None:
         title="docs_example:OrderFlow: a path",
     )
     assert mermaid_blocks(page) == [drawn.mermaid()]
+
+
+# -- check --machine for CI: verdicts, exit status, time budget, cost --------------------------
+
+
+def test_a_search_cut_short_exits_3_and_its_json_is_not_ok(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cut.json"
+    argv = ["check", "--machine", "docs_example:OrderFlow", "--no-progress", "--max-states", "3"]
+    assert main([*argv, "--json", str(out)]) == 3
+    assert "result: INCONCLUSIVE" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["ok"] is False and data["verdict"] == "INCONCLUSIVE"
+    assert data["bounds"]["max states"] == 3 and data["bounds"]["max depth"] is None
+
+
+def test_a_passing_json_report_is_ok_with_numeric_bounds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "pass.json"
+    argv = ["check", "--machine", "docs_example:FixedOrderFlow", "--no-progress", "--max-depth"]
+    assert main([*argv, "20", "--json", str(out)]) == 0
+    assert "max depth 20" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["ok"] is True and data["verdict"] == "PASS"
+    assert data["bounds"]["max depth"] == 20 and data["bounds"]["max states"] is None
+
+
+class Ticker:
+    """A model holding its machine whose data grows without end: ``tick`` adds 1."""
+
+    limit: int | None = None
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.machine = Machine(
+            model=self,
+            states=["on", {"name": "off", "final": True}],
+            initial="on",
+            transitions=[
+                {"trigger": "tick", "source": "on", "dest": "on", "conditions": "more",
+                 "after": "add"},
+                ["stop", "on", "off"],
+            ],
+            auto_transitions=False,
+        )  # fmt: skip
+
+    def more(self) -> bool:
+        return self.limit is None or self.count < self.limit
+
+    def add(self) -> None:
+        self.count += 1
+
+
+def test_max_seconds_ends_a_search_of_a_machine_without_end() -> None:
+    start = time.perf_counter()
+    report = check_machine(Ticker, max_seconds=1.0)
+    assert time.perf_counter() - start < 2.0
+    assert report.verdict == "INCONCLUSIVE" and report.stopped_by == ("max seconds",)
+    assert report.bounds["max seconds"] == 1.0 and report.distinct_states > 10
+
+
+def test_max_seconds_from_the_command_line_exits_3(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "ticker_model", types.SimpleNamespace(Ticker=Ticker))
+    argv = ["check", "--machine", "ticker_model:Ticker", "--max-seconds", "0.5", "--no-progress"]
+    assert main(argv) == 3
+    assert "NOT complete (max seconds hit)" in capsys.readouterr().out
+
+
+def test_a_long_search_shows_progress_on_stderr(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "ticker_model", types.SimpleNamespace(Ticker=Ticker))
+    assert main(["check", "--machine", "ticker_model:Ticker", "--max-seconds", "3"]) == 3
+    captured = capsys.readouterr()
+    assert re.search(r"check: depth \d+, [\d,]+ distinct states", captured.err)
+    assert "check: depth" not in captured.out
+
+
+def test_each_state_is_copied_not_replayed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deep search applies each event once (a replay would apply the whole path again)."""
+    applied = 0
+    original = Ticker.add
+
+    def counted(self: Ticker) -> None:
+        nonlocal applied
+        applied += 1
+        original(self)
+
+    monkeypatch.setattr(Ticker, "add", counted)
+    monkeypatch.setattr(Ticker, "limit", 300)
+    report = check_machine(Ticker)
+    assert report.verdict == "PASS" and report.distinct_states == 2 * 301
+    assert applied == 300  # replaying every path would be 300 * 301 / 2 = 45,150
+
+
+class _NoCopy:
+    """Data that refuses to be copied (as a handle would), equal to any other of its kind."""
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError("cannot copy a handle")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _NoCopy)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+def test_a_model_that_cannot_be_copied_is_replayed() -> None:
+    class Handle(Ticker):
+        limit = 20
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.handle = _NoCopy()
+
+    report = check_machine(Handle)
+    assert report.verdict == "PASS" and report.distinct_states == 2 * 21

@@ -20,6 +20,7 @@ from .explore import explore
 from .report import (
     ACTORS_APART,
     COVERAGE,
+    EXIT_STATUS,
     FAIL,
     INCONCLUSIVE,
     MAX_DEPTH,
@@ -44,6 +45,7 @@ from .search import NondeterminismError, declared_transitions
 __all__ = [
     "ACTORS_APART",
     "COVERAGE",
+    "EXIT_STATUS",
     "FAIL",
     "INCONCLUSIVE",
     "MAX_DEPTH",

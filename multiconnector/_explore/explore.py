@@ -6,7 +6,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from .._validate import check_bool, shown
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, InvalidValueError
 from .progress import _Progress
 from .report import (
     CheckReport,
@@ -50,6 +50,7 @@ def explore(
     actor: Callable[[E], Hashable | None] | None = None,
     views: Callable[[M], Iterable[View]] | None = None,
     events_of: Callable[[M, frozenset[Any]], Iterable[E]] | None = None,
+    keep_models: int | None = None,
 ) -> CheckReport:
     """Explore every state reachable from ``initial()`` breadth-first and check properties.
 
@@ -111,8 +112,9 @@ def explore(
       an empty iterable when unsure.
     * ``fork(model)``, when given, returns an independent copy of ``model`` that behaves
       exactly as the model replayed to the same state would (or ``None``: replay it). A state
-      is then expanded from the model it was found with (up to a quarter of a million kept at
-      once), and a copy replaces the replay otherwise needed after each event that leaves it.
+      is then expanded from the model it was found with (up to ``keep_models`` kept at once,
+      a quarter of a million by default; past it, replay), and a copy replaces the replay
+      otherwise needed after each event that leaves it.
     * ``views(model)``, given with ``actor``, turns on the search by views
       (:mod:`multiconnector._explore.views`): it lists ``(actor, key, goal)`` for each actor of
       the model, ``key`` that actor's *view* (everything its future and verdicts depend on, the
@@ -152,6 +154,7 @@ def explore(
         "actor": actor,
         "views": views,
         "events_of": events_of,
+        "keep_models": keep_models,
     }
     checked = _checked(
         **searched,
@@ -201,6 +204,7 @@ def _checked(
     actor: object,
     views: object,
     events_of: object,
+    keep_models: int | None,
 ) -> dict[str, Callable[[Any], object]]:
     """:func:`explore`'s arguments checked, in order (an :class:`InvalidArgumentError` names
     the first bad one); returns the invariants as a new dict (empty for ``None``)."""
@@ -227,13 +231,19 @@ def _checked(
         if fn is not None and not callable(fn):
             raise InvalidArgumentError(f"{argument}={shown(fn)} must be callable or None")
     checked = _invariants(invariants)
-    for argument, bound in (("max_states", max_states), ("max_depth", max_depth)):
+    for argument, bound in (
+        ("max_states", max_states),
+        ("max_depth", max_depth),
+        ("keep_models", keep_models),
+    ):
         if bound is not None and (type(bound) is not int or bound < 1):
-            raise InvalidArgumentError(f"{argument}={shown(bound)} must be an int >= 1 or None")
+            error = InvalidValueError if type(bound) is int else InvalidArgumentError
+            raise error(f"{argument}={shown(bound)} must be an int >= 1 or None")
     if max_seconds is not None and (
         type(max_seconds) not in (int, float) or not 0 < max_seconds < float("inf")
     ):
-        raise InvalidArgumentError(f"max_seconds={shown(max_seconds)} must be a number > 0 or None")
+        error = InvalidValueError if type(max_seconds) in (int, float) else InvalidArgumentError
+        raise error(f"max_seconds={shown(max_seconds)} must be a number > 0 or None")
     if expected is not None and not callable(expected):
         raise InvalidArgumentError(f"expected={shown(expected)} must be callable or None")
     if independent is not None and not callable(independent):

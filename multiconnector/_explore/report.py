@@ -50,6 +50,9 @@ ACTORS_APART: Final = "actors apart"
 STATES_REACHED: Final = "states reached"
 TRANSITIONS_FIRED: Final = "transitions fired"
 
+#: The exit status of ``multiconnector check`` for each verdict (2 is for bad arguments).
+EXIT_STATUS: Final[Mapping[str, int]] = {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}
+
 #: Seconds before a progress display appears.
 PROGRESS_AFTER: Final = 2.0
 
@@ -232,7 +235,12 @@ class CheckReport:
         raise UnknownPropertyError(f"no property {name!r} in this report; it has {known}")
 
     def to_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready data (what ``--json`` writes)."""
+        """The report as JSON-ready data (what ``--json`` writes).
+
+        ``ok`` is true only for a ``PASS`` (what CI reads; :attr:`ok` counts a search cut short
+        as passed when nothing failed), ``verdict`` is :attr:`verdict`, and the bounds are
+        numbers, ``null`` for a bound not set.
+        """
 
         def trace(c: Counterexample | None) -> dict[str, Any] | None:
             if c is None:
@@ -249,7 +257,7 @@ class CheckReport:
 
         return {
             "title": self.title,
-            "ok": self.ok,
+            "ok": self.verdict == PASS,
             "bounds": _jsonable(dict(self.bounds)),
             "states_generated": self.states_generated,
             "distinct_states": self.distinct_states,
@@ -362,6 +370,8 @@ def _events(n: int) -> str:
 
 
 def _shown_bound(value: Any) -> str:
+    if value is None:  # a bound not set
+        return "unbounded"
     if isinstance(value, list | tuple):
         return ", ".join(str(v) for v in value) or "-"
     return str(value)

@@ -114,6 +114,7 @@ class _Search(Generic[M, E]):
         actor: Callable[[E], Hashable | None] | None = None,
         views: Callable[[M], Iterable[View]] | None = None,
         events_of: Callable[[M, frozenset[Any]], Iterable[E]] | None = None,
+        keep_models: int | None = None,
     ) -> None:
         self.initial, self.events, self.apply, self.snapshot = initial, events, apply, snapshot
         #: With ``views``: the search by views (:mod:`.views`), which replaces the sleep sets.
@@ -132,6 +133,7 @@ class _Search(Generic[M, E]):
         self.acting: dict[frozenset[Any], tuple[tuple[Any, Hashable | None], ...]] = {}
         self.alike = alike
         self.fork = fork
+        self.keep_models = _KEEP_MODELS if keep_models is None else keep_models
         #: Events not applied because an event applied from the same state did the same.
         self.spared = 0
         #: Sleep sets (partial-order reduction), by state: the events not to apply there.
@@ -285,6 +287,7 @@ class _Search(Generic[M, E]):
             views.arrive(root, 0)  # every view of the first state is new
         # With fork: the model each new state was found with, until it is expanded.
         kept: dict[int, M] = {}
+        keep_models = self.keep_models
         out_src, out_dst = self.out_src, self.out_dst
         index = 0
         deadline = self.deadline = None if self.max_seconds is None else start + self.max_seconds
@@ -381,7 +384,7 @@ class _Search(Generic[M, E]):
                         elif independent is not None:
                             sleep = self.asleep(asleep, done[:-1], event)
                         target = self.add(key, model, sid, event, depth[sid] + 1, sleep=sleep)
-                        if fork is not None and len(kept) < _KEEP_MODELS:
+                        if fork is not None and len(kept) < keep_models:
                             kept[target] = model  # expanded from this model, not replayed
                     targets.add(target)
                     if views is None and target != sid and (ways_out is None or ways_out(event)):

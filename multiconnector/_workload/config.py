@@ -8,7 +8,7 @@ from typing import Any, Final, final
 import attrs
 
 from .._validate import check_stripes, shown
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, InvalidValueError
 
 __all__ = ["CONNECTORS", "FAULT_KINDS", "MAX_BLOCKS", "SimulationConfig"]
 
@@ -32,14 +32,17 @@ MAX_BLOCKS: Final = 32
 
 
 def _check_rate(value: Any, argument: str) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if number and 0 <= value <= 1:
         return float(value)
-    raise InvalidArgumentError(f"{argument}={shown(value)} must be a number from 0 to 1")
+    error = InvalidValueError if number else InvalidArgumentError
+    raise error(f"{argument}={shown(value)} must be a number from 0 to 1")
 
 
 def _check_count(value: Any, argument: str, minimum: int) -> None:
     if type(value) is not int or value < minimum:
-        raise InvalidArgumentError(f"{argument}={shown(value)} must be an int >= {minimum}")
+        error = InvalidValueError if type(value) is int else InvalidArgumentError
+        raise error(f"{argument}={shown(value)} must be an int >= {minimum}")
 
 
 def _check_faults(value: Any) -> frozenset[str]:
@@ -77,7 +80,7 @@ class SimulationConfig:
     stripes: int = 64
 
     def __attrs_post_init__(self) -> None:
-        _check_count(self.requests, "requests", 0)
+        _check_count(self.requests, "requests", 1)
         if type(self.seed) is not int:
             raise InvalidArgumentError(f"seed={shown(self.seed)} must be an int")
         _check_count(self.threads, "threads", 1)

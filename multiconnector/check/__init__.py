@@ -78,6 +78,7 @@ Properties (each PASS or FAIL, with a shortest counterexample):
 from __future__ import annotations
 
 from .._explore import (
+    EXIT_STATUS,
     CheckReport,
     Counterexample,
     PropertyResult,
@@ -88,7 +89,7 @@ from .._explore import (
     explore,
 )
 from ..usermachine import validate
-from .cli import EXIT_STATUS, run_cli
+from .cli import run_cli
 from .properties import (
     CALLBACKS,
     COUNTERS,

@@ -6,15 +6,10 @@ import argparse
 import itertools
 import json
 import sys
-from collections.abc import Collection, Mapping, Sequence
-from typing import Final
+from collections.abc import Collection, Sequence
 
 from .._args import Parser, name_list, output_file, split_list
-from .._explore import (
-    FAIL,
-    INCONCLUSIVE,
-    PASS,
-)
+from .._explore import EXIT_STATUS
 from ..errors import (
     MultiConnectorError,
 )
@@ -217,10 +212,6 @@ def _alphabet(events: list[str] | None, load: bool) -> list[str] | None:
     if not load:
         return events
     return [*(ALPHABET if events is None else events), *LOAD_EVENTS]
-
-
-#: The command's exit status for each verdict (2 is for bad arguments).
-EXIT_STATUS: Final[Mapping[str, int]] = {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}
 
 
 def run_cli(argv: Sequence[str]) -> int:

@@ -350,8 +350,8 @@ def _bounds(
         "symmetry": f"{scenario.symmetry.size:,} renamings of request ids and same-kind names"
         if scenario.symmetry.size > 1
         else "off",
-        "max states": max_states if max_states is not None else "unbounded",
-        "max depth": max_depth if max_depth is not None else "unbounded",
+        "max states": max_states,  # None: unbounded
+        "max depth": max_depth,
         "reduction": "sleep sets (events of different requests commute)" if reduction else "off",
     }
     if per_request:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import functools
+import gc
 import itertools
+import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -41,6 +44,16 @@ FINAL_IS_FINAL: Final = "final states final"
 _EXACT_GUARDS: Final = 12
 #: The default bound on distinct states when real models are explored (their data may grow).
 DEFAULT_MODEL_STATES: Final = 100_000
+#: The most models kept for states found and not yet expanded (each a machine of its own, a
+#: few kilobytes, when the model holds one); past it, a state's model is rebuilt by replay.
+_KEEP_MODELS: Final = 20_000
+#: Collect the young objects' cycles once per this many copies of a model (plus one: a mask).
+#: A model holding its machine is a cycle: a copy the search drops is freed only by the
+#: collector, which the search pauses; a few thousand piled up take a second to free at once.
+_COLLECT_EVERY: Final = (1 << 10) - 1
+#: What is left of ``max_seconds`` for the search once the set-up spent it all: the search then
+#: stops after the initial state, which is checked.
+_LEAST_SECONDS: Final = 1e-6
 
 
 # -- the free-guard model ------------------------------------------------------------------------
@@ -127,24 +140,29 @@ def _freeze(value: Any) -> Hashable:
     return value  # type: ignore[no-any-return]
 
 
-def _model_data(model: Any, attribute: str) -> Hashable:
-    """The model's own data: its attributes, less callables, machines and machine internals."""
+def _data_items(model: Any, attribute: str) -> list[tuple[str, Any]] | None:
+    """The model's own data attributes, less callables, machines and machine internals
+    (``None``: the model has no ``__dict__``)."""
     try:
         items = vars(model).items()
     except TypeError:
-        return ()
+        return None
     skip = _machine_keys() if isinstance(model, Machine) else frozenset()
-    return tuple(
-        sorted(
-            (k, _freeze(v))
-            for k, v in items
-            if k != attribute
-            and k not in skip
-            and not callable(v)
-            and not isinstance(v, Machine)
-            and not k.startswith("__")
-        )
-    )
+    return [
+        (k, v)
+        for k, v in items
+        if k != attribute
+        and k not in skip
+        and not callable(v)
+        and not isinstance(v, Machine)
+        and not k.startswith("__")
+    ]
+
+
+def _model_data(model: Any, attribute: str) -> Hashable:
+    """The model's own data, frozen: what a state is made of besides its name."""
+    items = _data_items(model, attribute)
+    return () if items is None else tuple(sorted((k, _freeze(v)) for k, v in items))
 
 
 # -- the check -----------------------------------------------------------------------------------
@@ -197,6 +215,7 @@ def check_machine(
     snapshot: Callable[[Any], Hashable] | None = None,
     max_states: int | None = None,
     max_depth: int | None = None,
+    max_seconds: float | None = None,
     progress: bool = False,
     name: str | None = None,
 ) -> CheckReport:
@@ -212,11 +231,20 @@ def check_machine(
     ``False`` or a message when not. ``snapshot(model)`` replaces the default identity of a
     model's state (its state and its data attributes). ``max_states`` defaults to
     :data:`DEFAULT_MODEL_STATES` with real models and to no bound with free guards.
+    ``max_seconds`` is a wall-time budget, the set-up (importing, building the machine)
+    included: the search stops cleanly when it runs out and the verdict is ``INCONCLUSIVE``
+    unless a property failed.
+
+    A state's model is a copy of the model it was found with (a fresh model from the factory,
+    given a deep copy of the data attributes and the state), so the search costs time linear in
+    the states; a model whose copy's snapshot differs from its own (data outside its
+    ``__dict__``, a copy that fails) is rebuilt by replaying its events from a fresh one.
 
     Returns a :class:`~multiconnector.check.CheckReport`; :func:`validate` raises instead.
 
     .. versionadded:: 0.1.0
     """
+    started = time.perf_counter()
     label_name = name
     if isinstance(machine, str):
         label_name = label_name or machine
@@ -250,12 +278,34 @@ def check_machine(
         label=scenario.label,
         data=scenario.data,
         annotate=scenario.annotate,
+        fork=scenario.fork,
+        keep_models=_KEEP_MODELS,
         max_states=max_states,
         max_depth=max_depth,
+        max_seconds=_budget(max_seconds, started),
         progress=progress,
-        bounds=_bounds(declared, label_name, guards, max_states, max_depth),
+        bounds=_bounds(
+            declared,
+            label_name,
+            guards,
+            max_states=max_states,
+            max_depth=max_depth,
+            max_seconds=max_seconds,
+        ),
         title=f"multiconnector check: the machine {label_name}",
     )
+
+
+def _budget(max_seconds: float | None, started: float) -> float | None:
+    """What is left of ``max_seconds`` for the search (a bad one is passed on, for
+    :func:`~multiconnector.check.explore` to refuse)."""
+    if (
+        max_seconds is None
+        or type(max_seconds) not in (int, float)
+        or not 0 < max_seconds < float("inf")
+    ):
+        return max_seconds
+    return max(max_seconds - (time.perf_counter() - started), _LEAST_SECONDS)
 
 
 def _check_options(free_guards: Any, model: Any, snapshot: Any) -> None:
@@ -268,9 +318,16 @@ def _check_options(free_guards: Any, model: Any, snapshot: Any) -> None:
 
 
 def _bounds(
-    declared: Declared, label: str, guards: str, max_states: int | None, max_depth: int | None
+    declared: Declared,
+    label: str,
+    guards: str,
+    *,
+    max_states: int | None,
+    max_depth: int | None,
+    max_seconds: float | None,
 ) -> dict[str, Any]:
-    """What the report says was explored, and how."""
+    """What the report says was explored, and how (a bound not set is ``None``, shown as
+    unbounded)."""
     finals = ", ".join(s for s in declared.states if s in declared.final)
     if not declared.final_declared:
         finals = "none declared; taken as the states with no way out: " + (
@@ -280,9 +337,11 @@ def _bounds(
         "machine": label,
         "guards": guards,
         "final states": finals,
-        "max states": max_states if max_states is not None else "unbounded",
-        "max depth": max_depth if max_depth is not None else "unbounded",
+        "max states": max_states,
+        "max depth": max_depth,
     }
+    if max_seconds is not None:
+        bounds["max seconds"] = max_seconds
     if declared.skipped_auto:
         bounds["auto transitions"] = "to_<state> left out"
     return bounds
@@ -393,6 +452,10 @@ class _Scenario:
     def annotate(self, run: _Run) -> Mapping[str, Any]:
         return {}
 
+    def fork(self, run: _Run) -> _Run | None:
+        """An independent copy of ``run`` (``None``: replay its events instead)."""
+        return None
+
 
 class _FreeScenario(_Scenario):
     """Guards are free choices; the state is the whole model."""
@@ -423,6 +486,9 @@ class _FreeScenario(_Scenario):
 
     def snapshot(self, run: _Run) -> Hashable:
         return run.state
+
+    def fork(self, run: _Run) -> _Run:
+        return _Run(_FreeModel(run.state), None, "state", run.last)
 
     def no_deadlock(self, run: _Run) -> object:
         """every reachable state that is not final has an event that can fire"""
@@ -463,6 +529,10 @@ class _ModelScenario(_Scenario):
         self.shared = machine
         self.previous: Any = None
         self.autos = frozenset(f"to_{s}" for s in declared.states)
+        #: Whether models are copied (:meth:`fork`); off after the first copy that failed.
+        self.forking = True
+        self.copies = 0
+        self.collecting = gc.isenabled()
 
     def initial(self) -> _Run:
         made = self.factory()
@@ -499,6 +569,36 @@ class _ModelScenario(_Scenario):
         if self.user_snapshot is not None:
             return (run.state, self.user_snapshot(run.model))
         return (run.state, _model_data(run.model, run.attribute))
+
+    def fork(self, run: _Run) -> _Run | None:
+        """A fresh model given a deep copy of ``run``'s data and its state; ``None`` (and no
+        copies from then on) when the copy fails or its snapshot is not ``run``'s."""
+        if not self.forking:
+            return None
+        self.copies += 1
+        if self.collecting and self.copies & _COLLECT_EVERY == 0:
+            gc.collect(0)  # the copies dropped since the last time (the search paused it)
+        items = _data_items(run.model, run.attribute)
+        copied = None if items is None else self._copied(run, items)
+        if copied is None or self.snapshot(copied) != self.snapshot(run):
+            self.forking = False
+            return None
+        return copied
+
+    def _copied(self, run: _Run, items: list[tuple[str, Any]]) -> _Run | None:
+        fresh = self.initial()
+        if fresh.machine is None or fresh.attribute != run.attribute:
+            return None
+        # What refers back to the model or its machine refers to the copy's.
+        memo: dict[int, Any] = {id(run.model): fresh.model, id(run.machine): fresh.machine}
+        try:
+            for key, value in items:
+                setattr(fresh.model, key, copy.deepcopy(value, memo))
+            fresh.machine.set_state(run.state, model=fresh.model)
+        except Exception:  # a lock, a handle: replay instead
+            return None
+        fresh.last = run.last
+        return fresh
 
     def no_deadlock(self, run: _Run) -> object:
         """every reachable state that is not final has an event that can fire"""

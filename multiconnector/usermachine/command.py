@@ -6,6 +6,7 @@ import json
 import sys
 from typing import Any, Final
 
+from .._explore import EXIT_STATUS
 from ..errors import InvalidArgumentError, InvalidMachineError
 from .analysis import check_machine
 from .declaration import load
@@ -60,7 +61,8 @@ def add_check_arguments(parser: Any) -> None:
 
 
 def run_check_cli(args: Any, parser: Any) -> int:
-    """``multiconnector check --machine``: 0 PASS, 1 a property FAILs, 2 bad input."""
+    """``multiconnector check --machine``: 0 PASS, 1 a property FAILs, 2 bad input, 3
+    INCONCLUSIVE (``--max-states`` or ``--max-seconds`` cut the search short)."""
     if args.machine is None:
         parser.print_usage(sys.stderr)
         print(
@@ -89,6 +91,7 @@ def run_check_cli(args: Any, parser: Any) -> int:
             invariants=invariants,
             max_states=args.max_states,
             max_depth=args.max_depth,
+            max_seconds=args.max_seconds,
             progress=not args.no_progress,
         )
     except (InvalidArgumentError, InvalidMachineError) as exc:
@@ -105,4 +108,4 @@ def run_check_cli(args: Any, parser: Any) -> int:
             print(f"multiconnector check: error: cannot write --json: {exc}", file=sys.stderr)
             return 2
         print(f"report written to {args.json}")
-    return 0 if report.ok else 1
+    return EXIT_STATUS[report.verdict]

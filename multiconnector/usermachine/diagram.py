@@ -209,9 +209,7 @@ class Diagram:
         """What a notebook shows: the SVG when Graphviz is there, and the Markdown (mermaid)."""
         bundle = {"text/markdown": self.markdown(), "text/plain": self.mermaid()}
         # Without Graphviz, the notebook draws the mermaid in the Markdown, if it can.
-        with contextlib.suppress(
-            ModuleNotFoundError, RuntimeError, OSError, subprocess.CalledProcessError
-        ):
+        with contextlib.suppress(RuntimeError, OSError, subprocess.CalledProcessError):
             bundle["image/svg+xml"] = self.svg()
         return bundle
 
@@ -312,19 +310,20 @@ def run_cli(args: Any, parser: Any) -> int:
         return 2
     try:
         out = diagram.render(args.format)
-    except ModuleNotFoundError as exc:
-        print(f"multiconnector diagram: {exc}", file=sys.stderr)
-        return 1
     except (RuntimeError, subprocess.CalledProcessError) as exc:
         print(
             f"multiconnector diagram: {exc}\n(the svg format needs Graphviz's `dot` on PATH; "
-            "'make system' or 'apt-get install graphviz' installs it)",
+            "'apt-get install graphviz', or your system's package manager, installs it)",
             file=sys.stderr,
         )
         return 1
     if args.output is None:
         sys.stdout.write(out)
-    else:
+        return 0
+    try:
         with open(args.output, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(out)
+    except OSError as exc:  # writable when checked, no longer
+        print(f"multiconnector diagram: error: cannot write --output: {exc}", file=sys.stderr)
+        return 2
     return 0
