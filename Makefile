@@ -97,7 +97,7 @@ TEST_WORKERS ?= auto
 TEST_DIST    ?= worksteal
 test: setup $(VLLM) $(ENGINE)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist $(TEST_DIST) -m "not engine and not slow"
-	MULTICONNECTOR_REQUIRE_ENGINE=1 $(ENGINE_PY) -m pytest tests/engine -m engine
+	MULTICONNECTOR_REQUIRE_ENGINE=1 $(ENGINE_PY) -m pytest tests/engine -m "engine and not slow"
 	MULTICONNECTOR_REQUIRE_VLLM=1 $(ENGINE_PY) -m pytest -n $(TEST_WORKERS) --dist $(TEST_DIST) \
 	  tests/adapter -m "vllm and not slow"
 
@@ -105,9 +105,12 @@ test: setup $(VLLM) $(ENGINE)
 #             three planted load bugs, every load bug's searches without symmetry, without
 #             reduction or with the enumerated canonical form (tests/checked.py), and a few other
 #             tests of 6 to 20 s each, each marked where it is defined with its cost. CI runs
-#             it after `make test`. A run that collects none fails (pytest's exit 5).
-test-slow: setup $(VLLM)
+#             it after `make test`. A run that collects none fails (pytest's exit 5). Then the
+#             slow engine tests in .venv-engine: `vllm serve` with the adapter, driven over HTTP
+#             (tests/engine/test_serve.py).
+test-slow: setup $(VLLM) $(ENGINE)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist $(TEST_DIST) -m "slow and not engine"
+	MULTICONNECTOR_REQUIRE_ENGINE=1 $(ENGINE_PY) -m pytest tests/engine -m "engine and slow"
 
 ## test-deep: the hypothesis properties with many more examples (and the adapter's fuzz inside
 #             vLLM's scheduler, tests/adapter/test_fuzz_scheduler.py, with many thousands)
@@ -168,11 +171,13 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 ## bench: the benchmarks; prints a table and writes build/bench.json; then the engine row
-#         (bench/engine_row.py, in .venv-engine), merged into it
+#         (bench/engine_row.py, in .venv-engine) and the served row (bench/serve_row.py:
+#         `vllm bench serve` against fresh `vllm serve` servers), merged into it
 bench: setup $(ENGINE)
 	mkdir -p $(BUILD)
 	$(PY) -m bench.run --json $(BUILD)/bench.json
 	$(ENGINE_PY) -m bench.engine_row --json $(BUILD)/bench.json
+	$(ENGINE_PY) -m bench.serve_row --json $(BUILD)/bench.json
 
 lint: setup
 	$(VENV)/bin/ruff check multiconnector tests bench tools

@@ -35,8 +35,13 @@ from . import engine_harness as h
 VOCAB = 1024
 #: Ids 0, 1, 2: the tiny Llama's config names 1 and 2 its BOS and EOS.
 SPECIAL = ("<unk>", "<s>", "</s>")
-#: How long a server may take to answer ``/health`` after it started.
-START_TIMEOUT = 240.0
+#: How long a server may take to answer ``/health`` after it started (about 100 s at a load
+#: average of 2 on the project's 2-core machine: each process imports vLLM).
+START_TIMEOUT = 420.0
+#: Above the prompt tokens of ``vllm bench serve``'s 64 prompts of 128 arriving at once: no
+#: prefill is chunked (vLLM's ExampleConnector saves a chunked prefill's first chunk under the
+#: whole prompt; docs/vllm.md, *Upstream limits*).
+BATCHED_TOKENS = 16384
 #: How long one HTTP call may take.
 CALL_TIMEOUT = 120.0
 
@@ -117,9 +122,11 @@ def serve_command(model: Path, port: int, config: dict[str, Any] | None) -> list
     command = [str(vllm_command()), "serve", str(model), "--host", "127.0.0.1"]
     command += ["--port", str(port), "--dtype", "float32", "--enforce-eager", "--seed", "0"]
     command += ["--block-size", str(h.BLOCK_SIZE), "--max-model-len", str(h.MAX_MODEL_LEN)]
-    command += ["--max-num-batched-tokens", str(h.MAX_BATCHED_TOKENS), "--max-num-seqs", "128"]
+    command += ["--max-num-batched-tokens", str(BATCHED_TOKENS), "--max-num-seqs", "128"]
     command += ["--served-model-name", "tiny", "--enable-prompt-tokens-details"]
-    command += ["--disable-uvicorn-access-log"]
+    # The worker in the engine core's process (one GPU's worth, as vLLM does on one device
+    # without multiprocessing): one process fewer to start, the same two connector roles.
+    command += ["--disable-uvicorn-access-log", "--distributed-executor-backend", "uni"]
     if config is not None:
         command += ["--kv-transfer-config", json.dumps(config)]
     return command
@@ -141,6 +148,30 @@ def serve_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(h.REPO), *(p for p in paths if p != str(h.REPO))])
     env.update(extra or {})
     return env
+
+
+def debug_logging_config(folder: Path) -> Path:
+    """A logging config for ``VLLM_LOGGING_CONFIG_PATH``: vLLM's own default (its format, its
+    stream, INFO), plus the ``multiconnector`` logger at DEBUG through a handler of the same
+    format; so the adapter's debug lines (the books at shutdown) reach the server's log."""
+    import copy
+
+    from vllm.logger import DEFAULT_LOGGING_CONFIG
+
+    config = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
+    config["handlers"]["vllm"].update(level="INFO", formatter="vllm")
+    config["loggers"]["vllm"]["level"] = "INFO"
+    for formatter in config["formatters"].values():
+        formatter["log_level"] = "INFO"
+    config["handlers"]["multiconnector"] = {**config["handlers"]["vllm"], "level": "DEBUG"}
+    config["loggers"]["multiconnector"] = {
+        "handlers": ["multiconnector"],
+        "level": "DEBUG",
+        "propagate": False,
+    }
+    path = folder / "logging.json"
+    path.write_text(json.dumps(config, indent=1))
+    return path
 
 
 class ServerDied(RuntimeError):
@@ -277,12 +308,8 @@ class Server:
         body = completion_body(prompt, max_tokens, stream=True)
         connection = self.connection()
         try:
-            connection.request(
-                "POST",
-                "/v1/completions",
-                json.dumps(body).encode(),
-                {"Accept": "text/event-stream"},
-            )
+            headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+            connection.request("POST", "/v1/completions", json.dumps(body).encode(), headers)
             response = connection.getresponse()
             assert response.status == 200, response.read()
             read = 0
