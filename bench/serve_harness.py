@@ -127,6 +127,9 @@ def serve_command(model: Path, port: int, config: dict[str, Any] | None) -> list
     # The worker in the engine core's process (one GPU's worth, as vLLM does on one device
     # without multiprocessing): one process fewer to start, the same two connector roles.
     command += ["--disable-uvicorn-access-log", "--distributed-executor-backend", "uni"]
+    # A graceful stop: the engine core gets time to shut its executor and scheduler down (and
+    # with them both connectors); vLLM's default, 0, kills it at once.
+    command += ["--shutdown-timeout", "20"]
     if config is not None:
         command += ["--kv-transfer-config", json.dumps(config)]
     return command
@@ -182,8 +185,8 @@ class Server:
     """``vllm serve`` as a subprocess (its own process group), its output in ``log``.
 
     ``with Server(...) as server:`` waits (bounded) until ``/health`` answers; leaving the block
-    stops the server with SIGINT, as Ctrl-C does (the engine then shuts its connectors down),
-    and kills the whole group if it is still there after ``grace`` seconds.
+    stops the server with SIGTERM (the engine then shuts its connectors down), and kills the
+    whole group if it is still there after ``grace`` seconds.
     """
 
     def __init__(
@@ -241,13 +244,14 @@ class Server:
         raise ServerDied(f"no answer on /health within {timeout:.0f} s:\n{self.tail()}")
 
     def stop(self) -> int | None:
-        """SIGINT, then the group killed after :attr:`grace` s; the server's exit status."""
+        """SIGTERM to the server's process, as a service manager stops it (it shuts its engine
+        down), then the group killed after :attr:`grace` s; the server's exit status."""
         process = self.process
         if process is None:
             return None
         if process.poll() is None:
             try:
-                os.killpg(process.pid, signal.SIGINT)
+                process.send_signal(signal.SIGTERM)
                 process.wait(timeout=self.grace)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass

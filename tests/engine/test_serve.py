@@ -95,7 +95,7 @@ def _repro(server: s.Server) -> list[tuple[int, int, str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 def test_served_ours_as_vllms_class(served_model: Path, tmp_path: Path) -> None:
     """vLLM's class, then ours, served: the same answers to the issue's two requests; ours
     then survives the whole workload and ends clean."""
