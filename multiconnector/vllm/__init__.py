@@ -84,6 +84,7 @@ from .errors import (
     WrongRoleError,
 )
 from .ledger import SaveLedger
+from .trouble import adopt_vllm_logging
 from .wire import (
     NamedEvents,
     NamedHandshakeMetadata,
@@ -119,3 +120,5 @@ __all__ = [
     "msgspec_dec_hook",
     "msgspec_enc_hook",
 ]
+
+adopt_vllm_logging()  # our warnings inside vLLM read as vLLM's (trouble.adopt_vllm_logging)

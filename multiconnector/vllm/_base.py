@@ -23,6 +23,7 @@ from .config import ChildSpec, specs_of, without_hma
 from .errors import ChildStartError, HMAUnsupportedError, MetadataMismatchError
 from .ledger import SaveLedger
 from .sides import Call, SchedulerSide, WorkerSide
+from .trouble import Trouble
 from .wire import NamedMultiConnectorMetadata
 
 __all__ = ["ConnectorBase"]
@@ -49,6 +50,9 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         #: for every group's blocks (vLLM's rule), otherwise the one group's.
         self._all_support_hma = not lacking
         self._specs: dict[str, ChildSpec] = {spec.name: spec for spec in specs}
+        #: Both roles: the children's failures in per-request and per-step hooks, counted and
+        #: logged; never raised into vLLM (:mod:`~multiconnector.vllm.trouble`).
+        self._trouble = Trouble()
         self._children: dict[str, Any] = _start_children(specs, vllm_config, role, kv_cache_config)
         #: ``(name, child)`` pairs in configuration order, for the per-step fan-outs.
         self._items: tuple[tuple[str, Any], ...] = tuple(self._children.items())
@@ -74,6 +78,17 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._tail_savers: dict[str, tuple[str, ...]] = {}
         self._new_savers: dict[str, tuple[str, ...]] = {}
         self._new_loads: dict[str, str] = {}
+        #: Scheduler: each request's computed tokens when its loader was chosen (the first
+        #: block its external tokens fill), until vLLM allocates for it.
+        self._matched_at: dict[str, int] = {}
+        #: Scheduler, this step: the synchronous loads, with their loader and the blocks their
+        #: external tokens fill (a worker reports those blocks failed if the loader fails
+        #: there); the asynchronous loads known failed, with their loader (each worker reports
+        #: them failed); the blocks of the synchronous loads known failed.
+        self._sync_loads: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self._failed_loads: dict[str, str] = {}
+        self._load_errors: list[int] = []
+        self._block_size: int = int(getattr(vllm_config.cache_config, "block_size", 16) or 16)
         #: Scheduler: the requests whose asynchronous load was sent to the workers and has not
         #: reported yet (a finished request's record is held for those only).
         self._loads_in_flight: set[str] = set()
@@ -94,6 +109,10 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         #: due when the metadata was bound); None when nothing is.
         self._due: Any = None
         self._load_plan: dict[str, str] = {}
+        #: Worker: the metadata bound for this step (its loads, if a loader fails), else None.
+        self._bound: NamedMultiConnectorMetadata | None = None
+        #: Worker: blocks of failed synchronous loads, for get_block_ids_with_load_errors.
+        self._load_errors_due: set[int] = set()
         self._finished_while_loading: set[str] = set()
         #: Worker: requests whose saves all reported here while their load was still in flight
         #: here: held back until the load reports (one completion per request).
@@ -156,11 +175,8 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         return results
 
     def _each(self, method: str, *args: Any) -> None:
-        """``child.<method>(*args)`` for every child; every failure raised together afterwards.
-
-        :meth:`_gather` for a call whose answers are not used, with no closure and no result
-        dict on the way (the per-step calls).
-        """
+        """``child.<method>(*args)`` for every child, a per-step call whose answers are not
+        used: a child that raises is that child's failure (:meth:`_absorb`), not the call's."""
         failures: list[tuple[str, Exception]] | None = None
         for name, child in self._items:
             try:
@@ -168,7 +184,40 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
             except Exception as exc:
                 failures = _failed(failures, name, exc)
         if failures is not None:
-            self._raise(method, failures)
+            self._absorb(method, failures)
+
+    def _absorb(
+        self,
+        what: str,
+        failures: Sequence[tuple[str, BaseException]],
+        degraded: str = "ignored for this call",
+    ) -> None:
+        """The children of ``failures`` failed in ``what``, a hook vLLM calls per request or
+        per step: counted under their names and logged, never raised (``degraded`` says what
+        became of each child's part, for the log)."""
+        self._trouble.record_all(what, failures, degraded)
+
+    def _gather_soft(
+        self, what: str, call: Callable[[str, Any], _T], degraded: str
+    ) -> dict[str, _T]:
+        """:meth:`_gather` for a per-request or per-step hook: the answers of the children
+        that did not fail; the failures absorbed (:meth:`_absorb`)."""
+        try:
+            return self._gather(what, call)
+        except ConnectorFailures as failures:
+            pairs = list(zip(failures.failed, failures.exceptions, strict=True))
+            self._absorb(what, pairs, degraded)
+            found: dict[str, _T] = failures.result
+            return found
+
+    def child_failures(self) -> dict[str, dict[str, int]]:
+        """Per child name, per hook, how many times the child raised or answered what cannot
+        be true in a hook vLLM calls per request or per step (each degraded that child for that
+        call; none reached vLLM): docs/vllm.md, "When a child fails".
+
+        .. versionadded:: 0.1.0
+        """
+        return self._trouble.counts()
 
     def _raise(self, what: str, failures: list[tuple[str, Exception]], result: Any = ...) -> None:
         """Raise :class:`ConnectorFailures` for ``failures``, as :meth:`_gather` does."""
@@ -182,9 +231,14 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
             result=result,
         )
 
-    def _present(self, method: str) -> dict[str, Any]:
-        """Each child's no-argument ``method()``, keeping only answers that are not ``None``."""
-        answers = self._gather(method, lambda _, c: getattr(c, method)())
+    def _present(self, method: str, *, soft: bool = False) -> dict[str, Any]:
+        """Each child's no-argument ``method()``, keeping only answers that are not ``None``
+        (``soft``: a per-step hook, whose failures are absorbed (:meth:`_absorb`))."""
+        answers = (
+            self._gather_soft(method, lambda _, c: getattr(c, method)(), "its answer dropped")
+            if soft
+            else self._gather(method, lambda _, c: getattr(c, method)())
+        )
         return {name: answer for name, answer in answers.items() if answer is not None}
 
     def _loader(self, request_id: str) -> str | None:

@@ -27,7 +27,7 @@ from .config import child_specs, connector_class, specs_of, without_hma
 from .errors import ChildrenConflictError
 from .ledger import SaveLedger
 from .scheduler import SchedulerRole
-from .wire import NamedMultiConnectorStats, NamedPromMetrics
+from .wire import NamedMultiConnectorMetadata, NamedMultiConnectorStats, NamedPromMetrics
 from .worker import WorkerRole
 
 __all__ = ["MultiConnector"]
@@ -246,6 +246,9 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
                 self._loads.match_tokens(request_id, 0)
             finally:
                 del self._load_plan[request_id]
+        if metadata.failed_loads or metadata.load_errors:
+            self._fail_loads_known(metadata)
+        self._bound = metadata
         children = metadata.children
         failures: list[tuple[str, Exception]] | None = None
         for name, child in self._items:
@@ -254,10 +257,21 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
             except Exception as exc:
                 failures = _failed(failures, name, exc)
         if failures is not None:
-            self._raise("bind_connector_metadata", failures)
+            self._loader_failed("bind_connector_metadata", failures)
         super().bind_connector_metadata(connector_metadata)
 
+    def _fail_loads_known(self, metadata: NamedMultiConnectorMetadata) -> None:
+        """The loads the scheduler knows failed (its child failed there): reported failed by
+        this worker, as each worker reports its loads, so vLLM recomputes them."""
+        if metadata.failed_loads:
+            due = self._due_results()
+            for request_id in metadata.failed_loads:
+                due.finished_recving.add(request_id)
+                due.failed_recving.add(request_id)
+        self._load_errors_due.update(metadata.load_errors)
+
     def clear_connector_metadata(self) -> None:
+        self._bound = None
         self._each("clear_connector_metadata")
         super().clear_connector_metadata()
 
@@ -275,7 +289,12 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
     def reset_cache(self) -> bool:
         """Whether every child reset (vLLM's rule: an answer that is not ``False``); a child
         answering ``None`` (it does not say) is logged at WARNING: it may still serve blocks."""
-        results = self._gather("reset_cache", lambda _, c: c.reset_cache())
+        results: dict[str, Any] = {
+            name: False for name in self._children
+        }  # a child that raises did not reset
+        results.update(
+            self._gather_soft("reset_cache", lambda _, c: c.reset_cache(), "counted as not reset")
+        )
         unsure = [name for name, result in results.items() if result is None]
         if unsure:
             logger.warning(
@@ -297,7 +316,7 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
             if found is not None:
                 stats[name] = found
         if failures is not None:
-            self._raise("get_kv_connector_stats", failures, result=stats)
+            self._absorb("get_kv_connector_stats", failures, "its stats of this step dropped")
         if not stats:
             return None
         sources = {

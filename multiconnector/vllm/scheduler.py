@@ -12,7 +12,13 @@ from contextlib import suppress
 from typing import Any
 
 from .._validate import shown
-from ..errors import InvalidArgumentError, ShutDownError
+from ..errors import (
+    ConnectorFailures,
+    InvalidArgumentError,
+    InvalidParamsError,
+    KeyClashError,
+    ShutDownError,
+)
 from ..machine import State
 from ..outcome import Outcome
 from ..rule import COUNTER_LIMIT, OTHER_NAMES, transfer_report
@@ -49,7 +55,7 @@ class SchedulerRole(ConnectorBase):
     def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
         self._gather("bind_gpu_block_pool", lambda _, c: c.bind_gpu_block_pool(gpu_block_pool))
 
-    def on_new_request(self, request: Any) -> None:
+    def on_new_request(self, request: Any) -> None:  # a child that raises: _each's rule
         self._ensure(request)
         self._each("on_new_request", request)
 
@@ -63,31 +69,56 @@ class SchedulerRole(ConnectorBase):
         """
         request_id = self._ensure(request)
         self._call.start()
-        tokens = self._tracker.match_tokens(request_id, num_computed_tokens)
+        try:
+            tokens = self._tracker.match_tokens(request_id, num_computed_tokens)
+        except ConnectorFailures as failures:
+            # A child that raised or answered what cannot be true (a negative count, more
+            # tokens than the request has left, ...) counts as no hit; the others' answers stand.
+            self._absorb(
+                "get_num_new_matched_tokens",
+                list(zip(failures.failed, failures.exceptions, strict=True)),
+                "counted as no hit",
+            )
+            tokens = failures.result
         if not tokens:
             return tokens, False
         loader = self._loader(request_id)
         assert loader is not None
+        self._matched_at[request_id] = num_computed_tokens
         return tokens, self._sides[loader].load_async.get(request_id, False)
 
     def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
         loader = self._loader(request.request_id)
-        if loader is None:
-            return super().get_loaded_kv_cache_group_ids(request)  # type: ignore[no-any-return]
-        return self._children[loader].get_loaded_kv_cache_group_ids(request)  # type: ignore[no-any-return]
+        if loader is not None:
+            try:
+                return self._children[loader].get_loaded_kv_cache_group_ids(request)  # type: ignore[no-any-return]
+            except Exception as exc:
+                self._absorb(
+                    "get_loaded_kv_cache_group_ids", [(loader, exc)], "answered the default"
+                )
+        return super().get_loaded_kv_cache_group_ids(request)  # type: ignore[no-any-return]
 
     def get_external_cache_hit_sources(
         self, request: Any, num_external_tokens: int
     ) -> dict[Any, int]:
         loader = self._loader(request.request_id)
-        if loader is None:
-            return super().get_external_cache_hit_sources(request, num_external_tokens)  # type: ignore[no-any-return]
-        return self._children[loader].get_external_cache_hit_sources(  # type: ignore[no-any-return]
-            request, num_external_tokens
-        )
+        if loader is not None:
+            try:
+                return self._children[loader].get_external_cache_hit_sources(  # type: ignore[no-any-return]
+                    request, num_external_tokens
+                )
+            except Exception as exc:
+                self._absorb(
+                    "get_external_cache_hit_sources", [(loader, exc)], "answered the default"
+                )
+        return super().get_external_cache_hit_sources(request, num_external_tokens)  # type: ignore[no-any-return]
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        """The loader gets ``num_external_tokens``; every other child gets 0 and the blocks."""
+        """The loader gets ``num_external_tokens``; every other child gets 0 and the blocks.
+
+        A child that raises is that child's failure; when it is the loader, its load is
+        reported failed (through the workers, in vLLM's own terms), so vLLM recomputes.
+        """
         request_id = request.request_id
         loader = self._loader(request_id)
         failures: list[tuple[str, Exception]] | None = None
@@ -98,17 +129,45 @@ class SchedulerRole(ConnectorBase):
                 )
             except Exception as exc:
                 failures = _failed(failures, name, exc)
+        matched_at = self._matched_at.pop(request_id, 0) if self._matched_at else 0
+        if num_external_tokens <= 0 or loader is None:
+            if failures is not None:
+                self._absorb("update_state_after_alloc", failures)
+            return
+        loader_failed = failures is not None and any(name == loader for name, _ in failures)
         if failures is not None:
-            self._raise("update_state_after_alloc", failures)
-        if (
-            num_external_tokens > 0
-            and loader is not None
-            and self._sides[loader].load_async.get(request_id, False)
-        ):
-            self._new_loads[request_id] = loader
+            self._absorb(
+                "update_state_after_alloc",
+                failures,
+                "its load reported failed, recomputed by vLLM",
+            )
+        if self._sides[loader].load_async.get(request_id, False):
             self._loads_in_flight.add(request_id)
+            if loader_failed:
+                self._failed_loads[request_id] = loader  # each worker reports it failed
+                return
+            self._new_loads[request_id] = loader
             if loader in self._counted:
                 self._loads_owed[request_id] = (loader, self._counted[loader])
+            return
+        external = self._external_blocks(blocks, matched_at, num_external_tokens)
+        if loader_failed:
+            self._load_errors.extend(external)
+        else:
+            self._sync_loads[request_id] = (loader, external)
+
+    def _external_blocks(self, blocks: Any, matched_at: int, tokens: int) -> tuple[int, ...]:
+        """The ids of the blocks that hold a request's ``tokens`` external tokens, after the
+        ``matched_at`` it had computed (one KV cache group; none for more: vLLM recomputes
+        load errors by block only with one group)."""
+        try:
+            groups = blocks.get_block_ids()
+        except Exception:  # not vLLM's KVCacheBlocks: nothing to name
+            return ()
+        if len(groups) != 1:
+            return ()
+        size = self._block_size
+        return tuple(groups[0][matched_at // size : -(-(matched_at + tokens) // size)])
 
     def build_connector_meta(self, scheduler_output: Any) -> NamedMultiConnectorMetadata:
         children: dict[str, Any] = {}
@@ -118,14 +177,41 @@ class SchedulerRole(ConnectorBase):
                 children[name] = child.build_connector_meta(scheduler_output)
             except Exception as exc:
                 failures = _failed(failures, name, exc)
+                children[name] = None
         if failures is not None:
-            self._raise("build_connector_meta", failures, result=children)
+            self._absorb(
+                "build_connector_meta",
+                failures,
+                "its workers get no metadata this step and its loads of this step are "
+                "reported failed",
+            )
+            self._fail_step_loads({name for name, _ in failures})
         # Built by this connector: the dicts are new and the saver names tuples, so the
         # metadata takes them as they are instead of copying them.
         metadata = NamedMultiConnectorMetadata.owning(children, self._new_savers, self._new_loads)
         self._new_savers = {}
         self._new_loads = {}
+        if self._sync_loads or self._failed_loads or self._load_errors:
+            metadata.sync_loads = self._sync_loads
+            metadata.failed_loads = self._failed_loads
+            metadata.load_errors = tuple(self._load_errors)
+            self._sync_loads = {}
+            self._failed_loads = {}
+            self._load_errors = []
         return metadata
+
+    def _fail_step_loads(self, names: set[str]) -> None:
+        """The loads of this step by the children ``names`` (which sent their workers no
+        metadata) are reported failed: vLLM recomputes them."""
+        for request_id, name in list(self._new_loads.items()):
+            if name in names:
+                del self._new_loads[request_id]
+                self._loads_owed.pop(request_id, None)
+                self._failed_loads[request_id] = name
+        for request_id, (name, external) in list(self._sync_loads.items()):
+            if name in names:
+                del self._sync_loads[request_id]
+                self._load_errors.extend(external)
 
     def update_connector_output(self, connector_output: Any) -> None:
         """Each child sees the output with its own worker metadata and its own KV cache events
@@ -191,8 +277,7 @@ class SchedulerRole(ConnectorBase):
             connector_output.kv_connector_worker_meta = worker_meta
             connector_output.kv_cache_events = events
         if failures is not None:
-            self._recving = ()
-            self._raise("update_connector_output", failures)
+            self._absorb("update_connector_output", failures)
 
     def _one_completion(self, connector_output: Any, worker_meta: Any) -> None:
         """Make ``connector_output``'s completions one per request for the requests handed off.
@@ -362,11 +447,12 @@ class SchedulerRole(ConnectorBase):
         block_ids: tuple[list[int], ...],
         partial_tail_offloads: list[tuple[int, int, int]],
     ) -> bool:
-        accepted = self._gather(
+        accepted = self._gather_soft(
             "register_finished_partial_tail",
             lambda _, c: c.register_finished_partial_tail(
                 request, block_ids, partial_tail_offloads
             ),
+            "counted as not taking the tail",
         )
         names = tuple(name for name, took in accepted.items() if took)
         if names:
@@ -416,9 +502,15 @@ class SchedulerRole(ConnectorBase):
         call = self._call
         call.start()
         answered = False
+        params: dict[str, Any] | None = None
         try:
             _, params = tracker.request_finished(request_id, () if all_groups else blocks)
             answered = True
+        except (ConnectorFailures, KeyClashError, InvalidParamsError) as failures:
+            # The core made its books consistent first (a garbage answer awaited, a clash's
+            # params dropped): each child's failure is its own, not vLLM's.
+            params = failures.result[1] if failures.result is not None else None
+            self._absorb_finish(failures)
         finally:
             self._all_groups = None
             handed = call.handed_off
@@ -435,6 +527,8 @@ class SchedulerRole(ConnectorBase):
                 if self._counted:
                     self._owe_counted(request_id, savers)
             self._live.pop(request_id, None)
+            if self._matched_at:
+                self._matched_at.pop(request_id, None)
             if self._tail_savers:
                 self._tail_savers.pop(request_id, None)
             for side in self._sides.values():
@@ -455,6 +549,26 @@ class SchedulerRole(ConnectorBase):
                     tracker.load_finished(request_id, record.loader)
             tracker.take()
         return bool(savers), params
+
+    def _absorb_finish(self, failures: Exception) -> None:
+        """Count and log what went wrong in a request_finished, under the children's names: a
+        clash under the later children that supplied a key, bad params under ``params``."""
+        found: list[tuple[str, BaseException]] = []
+        errors = failures.exceptions if isinstance(failures, ConnectorFailures) else (failures,)
+        names = failures.failed if isinstance(failures, ConnectorFailures) else ()
+        for index, exc in enumerate(errors):
+            if isinstance(exc, KeyClashError):
+                later = {name for names_ in exc.clashes.values() for name in names_[1:]}
+                found.extend((name, exc) for name in self._children if name in later)
+            elif index < len(names):
+                found.append((names[index], exc))
+            else:
+                found.append(("params", exc))
+        self._absorb(
+            "request_finished",
+            found,
+            "its params dropped (a save it may have started is still awaited)",
+        )
 
     def _owe_counted(self, request_id: str, savers: tuple[str, ...]) -> None:
         counted = self._counted
@@ -509,14 +623,20 @@ class SchedulerRole(ConnectorBase):
                 continue
             events.extend(found)
         if failures is not None:
-            self._raise("take_events", failures, result=answers)
+            self._absorb("take_events", failures, "its events of this step dropped")
         return events
 
     def has_pending_block_frees(self) -> bool:
-        return any(c.has_pending_block_frees() for c in self._children.values())
+        answers = self._gather_soft(
+            "has_pending_block_frees", lambda _, c: c.has_pending_block_frees(), "counted as no"
+        )
+        return any(answers.values())
 
     def has_pending_push_work(self) -> bool:
-        return any(c.has_pending_push_work() for c in self._children.values())
+        answers = self._gather_soft(
+            "has_pending_push_work", lambda _, c: c.has_pending_push_work(), "counted as no"
+        )
+        return any(answers.values())
 
     def set_xfer_handshake_metadata(self, metadata: dict[int, Any]) -> None:
         """Each child gets its own entries of :class:`NamedHandshakeMetadata`, by name."""

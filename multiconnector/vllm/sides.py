@@ -9,8 +9,11 @@ the scheduler, the :class:`Call` its owner's sides share.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 from typing import Any, Protocol, final
 
+from .._validate import shown
+from ..errors import InvalidArgumentError
 from .errors import WrongRoleError
 
 __all__ = ["SchedulerOwner", "SchedulerSide", "Side", "WorkerOwner", "WorkerSide"]
@@ -85,17 +88,39 @@ class SchedulerSide(Side):
         if call.looking_up:
             # An earlier child is still looking up: like vLLM's, the later ones are not asked.
             return None
-        tokens, load_async = self.child.get_num_new_matched_tokens(
-            self.owner.live_request(request_id), num_computed_tokens
-        )
+        request = self.owner.live_request(request_id)
+        answer = self.child.get_num_new_matched_tokens(request, num_computed_tokens)
+        if answer.__class__ is not tuple or len(answer) != 2:
+            raise InvalidArgumentError(
+                f"child {self.name!r} answered get_num_new_matched_tokens with "
+                f"{shown(answer)}; must be a (tokens, load_async) pair"
+            )
+        tokens, load_async = answer
         if tokens is None:
             call.looking_up = True
             return None
+        if tokens.__class__ is not int:
+            if isinstance(tokens, bool) or not isinstance(tokens, Integral):
+                raise InvalidArgumentError(
+                    f"child {self.name!r} answered tokens={shown(tokens)}; must be an int or None"
+                )
+            tokens = int(tokens)
+        if tokens > 0:
+            left = request.num_tokens - num_computed_tokens
+            if tokens > left:
+                raise InvalidArgumentError(
+                    f"child {self.name!r} answered tokens={tokens} for a request with "
+                    f"{left} token(s) left to compute"
+                )
+            if load_async is not True and load_async is not False:
+                raise InvalidArgumentError(
+                    f"child {self.name!r} answered load_async={shown(load_async)}; must be a bool"
+                )
         if load_async:
             self.load_async[request_id] = True
         elif self.load_async:
             self.load_async.pop(request_id, None)  # an earlier match's answer
-        return int(tokens)
+        return tokens  # a negative count is the core's to refuse (with the child's name)
 
     def request_finished(self, request_id: str, blocks: Sequence[Any]) -> tuple[bool, Any]:
         """``blocks`` is one group's block ids; every group's come from the owner, if set."""

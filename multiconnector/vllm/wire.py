@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -46,6 +47,14 @@ class NamedMultiConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
     once all of them reported. ``loads`` maps each request whose asynchronous load started to
     the name chosen to load it: the only one whose load completion is passed on.
 
+    When a child fails (docs/vllm.md, "When a child fails"), its entry in ``children`` is
+    ``None`` (it built no metadata this step), and the workers report what its failure did to
+    the loads: ``failed_loads`` maps each asynchronous load known failed on the scheduler to
+    its loader (every worker reports it finished and failed); ``load_errors`` holds the blocks
+    of the synchronous loads known failed there; ``sync_loads`` maps each synchronous load of
+    the step to its loader and the blocks its external tokens fill (a worker on which that
+    loader fails reports them as load errors). vLLM then recomputes those tokens.
+
     vLLM sends it to workers with pickle. For msgspec, encode with :func:`msgspec_enc_hook` and
     decode with ``type=NamedMultiConnectorMetadata, dec_hook=msgspec_dec_hook``: the children's
     metadata types are recorded, so each comes back as its own type.
@@ -59,12 +68,26 @@ class NamedMultiConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
         *,
         savers: Mapping[str, Iterable[str]] | None = None,
         loads: Mapping[str, str] | None = None,
+        sync_loads: Mapping[str, tuple[str, Iterable[int]]] | None = None,
+        failed_loads: Mapping[str, str] | None = None,
+        load_errors: Iterable[int] = (),
     ) -> None:
         self.children: dict[str, Any] = dict(children or {})
         self.savers: dict[str, tuple[str, ...]] = {
             request_id: tuple(names) for request_id, names in (savers or {}).items()
         }
         self.loads: dict[str, str] = dict(loads or {})
+        self.sync_loads = {
+            request_id: (str(name), tuple(blocks))
+            for request_id, (name, blocks) in (sync_loads or {}).items()
+        }
+        self.failed_loads = dict(failed_loads or {})
+        self.load_errors = tuple(load_errors)
+
+    # Most steps have none of these: read from the class, not stored per instance.
+    sync_loads: Mapping[str, tuple[str, tuple[int, ...]]] = MappingProxyType({})
+    failed_loads: Mapping[str, str] = MappingProxyType({})
+    load_errors: tuple[int, ...] = ()
 
     @classmethod
     def owning(
@@ -84,6 +107,8 @@ class NamedMultiConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
         """Every child name this metadata mentions."""
         mentioned = set(self.children)
         mentioned.update(self.loads.values())
+        mentioned.update(self.failed_loads.values())
+        mentioned.update(name for name, _ in self.sync_loads.values())
         for names in self.savers.values():
             mentioned.update(names)
         return mentioned
@@ -91,10 +116,16 @@ class NamedMultiConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, NamedMultiConnectorMetadata):
             return NotImplemented
-        return (self.children, self.savers, self.loads) == (
-            other.children,
-            other.savers,
-            other.loads,
+        return self._fields() == other._fields()
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (
+            self.children,
+            self.savers,
+            self.loads,
+            dict(self.sync_loads),
+            dict(self.failed_loads),
+            self.load_errors,
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -102,7 +133,13 @@ class NamedMultiConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
     def __repr__(self) -> str:
         return (
             f"NamedMultiConnectorMetadata(children={self.children!r}, "
-            f"savers={self.savers!r}, loads={self.loads!r})"
+            f"savers={self.savers!r}, loads={self.loads!r}"
+            + (
+                f", sync_loads={dict(self.sync_loads)!r}, failed_loads="
+                f"{dict(self.failed_loads)!r}, load_errors={self.load_errors!r})"
+                if self.sync_loads or self.failed_loads or self.load_errors
+                else ")"
+            )
         )
 
 
@@ -133,10 +170,14 @@ def msgspec_enc_hook(obj: Any) -> Any:
     if isinstance(obj, NamedMultiConnectorMetadata):
         return {
             "children": {
-                name: [_type_path(type(meta)), meta] for name, meta in obj.children.items()
+                name: None if meta is None else [_type_path(type(meta)), meta]
+                for name, meta in obj.children.items()
             },
             "savers": {request_id: list(names) for request_id, names in obj.savers.items()},
             "loads": dict(obj.loads),
+            "sync_loads": {r: [name, list(b)] for r, (name, b) in obj.sync_loads.items()},
+            "failed_loads": dict(obj.failed_loads),
+            "load_errors": list(obj.load_errors),
         }
     raise NotImplementedError(f"msgspec_enc_hook cannot encode type {type(obj).__name__}")
 
@@ -151,12 +192,21 @@ def msgspec_dec_hook(type_: type[Any], obj: Any) -> Any:
     if not isinstance(obj, Mapping):
         raise InvalidArgumentError(f"encoded metadata={shown(obj)} must be a mapping")
     children: dict[str, Any] = {}
-    for name, (path, raw) in obj.get("children", {}).items():
+    for name, entry in obj.get("children", {}).items():
+        if entry is None:  # the child failed to build its metadata
+            children[name] = None
+            continue
+        path, raw = entry
         children[name] = msgspec.convert(
             raw, type=_resolve_metadata_type(path), dec_hook=msgspec_dec_hook
         )
     return NamedMultiConnectorMetadata(
-        children, savers=obj.get("savers", {}), loads=obj.get("loads", {})
+        children,
+        savers=obj.get("savers", {}),
+        loads=obj.get("loads", {}),
+        sync_loads=obj.get("sync_loads", {}),
+        failed_loads=obj.get("failed_loads", {}),
+        load_errors=obj.get("load_errors", ()),
     )
 
 

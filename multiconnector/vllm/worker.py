@@ -19,6 +19,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransfe
 
 from .._validate import check_request_ids, shown
 from ..errors import InvalidArgumentError
+from ..machine import State
 from ..outcome import Outcome
 from ._base import ConnectorBase, _failed
 from .errors import ChildrenConflictError
@@ -87,6 +88,9 @@ def _merged(mine: Any, theirs: Any) -> Any:
     )
 
 
+_SAVE_DEGRADED: Final = "its save of this step may be incomplete; its report is still awaited"
+
+
 class WorkerRole(ConnectorBase):
     """The worker-side methods of vLLM's connector interface."""
 
@@ -125,7 +129,11 @@ class WorkerRole(ConnectorBase):
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
         children = self._check_metadata(kv_connector_metadata).children
-        self._gather("handle_preemptions", lambda name, c: c.handle_preemptions(children[name]))
+        self._gather_soft(
+            "handle_preemptions",
+            lambda name, c: c.handle_preemptions(children[name]),
+            "ignored for this step",
+        )
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         failures: list[tuple[str, Exception]] | None = None
@@ -135,7 +143,7 @@ class WorkerRole(ConnectorBase):
             except Exception as exc:
                 failures = _failed(failures, name, exc)
         if failures is not None:
-            self._raise("start_load_kv", failures)
+            self._loader_failed("start_load_kv", failures)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # Called for every attention layer of every step: a plain loop, no helper.
@@ -146,7 +154,7 @@ class WorkerRole(ConnectorBase):
             except Exception as exc:
                 failures = _failed(failures, name, exc)
         if failures is not None:
-            self._raise("wait_for_layer_load", failures)
+            self._loader_failed("wait_for_layer_load", failures)
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
@@ -158,10 +166,52 @@ class WorkerRole(ConnectorBase):
             except Exception as exc:
                 failures = _failed(failures, name, exc)
         if failures is not None:
-            self._raise("save_kv_layer", failures)
+            self._absorb("save_kv_layer", failures, _SAVE_DEGRADED)
+
+    def _loader_failed(self, what: str, failures: list[tuple[str, Exception]]) -> None:
+        """The children of ``failures`` failed in ``what``, a hook of this step's loads: each
+        one's loads of this step are reported failed (vLLM recomputes them)."""
+        self._absorb(what, failures, "its loads of this step reported failed")
+        for name, _ in failures:
+            self._fail_loads_of(name)
+
+    def _fail_loads_of(self, name: str) -> None:
+        """Child ``name`` failed in this step's load hooks: its asynchronous loads bound this
+        step are reported finished and failed (once: a later report of its own is then a
+        duplicate), the blocks of its synchronous loads reported as load errors."""
+        bound = self._bound
+        if bound is None:
+            return
+        for request_id, loader in bound.loads.items():
+            if loader != name:
+                continue
+            if name in self._counted:
+                # This worker reported its part already; the scheduler counts the child's own
+                # reports, which no one else can make for it (docs/vllm.md, "When a child
+                # fails": such a child that never reports is seen in child_failures()).
+                continue
+            record = self._loads.peek(request_id)
+            if record is None or record.loaded or record.state is not State.pending:
+                continue
+            # Cancelled on these books: a report of the child's own, if one comes, is its
+            # drain, not a second completion (vLLM has this one).
+            self._loads.cancel(request_id)
+            due = self._due_results()
+            due.finished_recving.add(request_id)
+            due.failed_recving.add(request_id)
+        for loader, blocks in bound.sync_loads.values():
+            if loader == name:
+                self._load_errors_due.update(blocks)
 
     def wait_for_save(self) -> None:
-        self._each("wait_for_save")
+        failures: list[tuple[str, Exception]] | None = None
+        for name, child in self._items:
+            try:
+                child.wait_for_save()
+            except Exception as exc:
+                failures = _failed(failures, name, exc)
+        if failures is not None:
+            self._absorb("wait_for_save", failures, _SAVE_DEGRADED)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         results = self.get_transfer_results(finished_req_ids)
@@ -172,9 +222,8 @@ class WorkerRole(ConnectorBase):
 
         A request is reported finished sending once every name the scheduler said saves it has
         reported; a load completion is passed on once, from the name chosen to load. When a
-        child raises (or answers what is not a set of request ids), the others' completions are
-        still applied, and what became due is returned by the next call: the books have already
-        let go of those requests, so they must not be lost with the error.
+        child raises (or answers what is not a set of request ids), that is its failure: the
+        others' completions are applied and returned, and the child's reports are awaited still.
         """
         per_child: dict[str, Any] = {}
         failures: list[tuple[str, Exception]] | None = None
@@ -208,7 +257,7 @@ class WorkerRole(ConnectorBase):
         if len(self._loads):  # nothing to look up while no load is tracked
             self._finish_loads(finished_req_ids)
         if failures is not None:
-            self._raise("get_transfer_results", failures, result=per_child)
+            self._absorb("get_transfer_results", failures, "its completions of this step ignored")
         self._due = None
         return results
 
@@ -328,7 +377,12 @@ class WorkerRole(ConnectorBase):
 
     def _load_pending(self, request_id: str) -> bool:
         record = self._loads.peek(request_id)
-        return record is not None and record.loader is not None and not record.loaded
+        return (
+            record is not None
+            and record.state is State.pending
+            and record.loader is not None
+            and not record.loaded
+        )
 
     def planned_loader(self, request_id: str) -> str | None:
         """The child the scheduler chose to load ``request_id`` (while its plan is bound)."""
@@ -338,8 +392,8 @@ class WorkerRole(ConnectorBase):
         loads = self._loads
         for request_id in finished_req_ids:
             record = loads.peek(request_id)
-            if record is None:
-                continue
+            if record is None or record.state is not State.pending:
+                continue  # (a failed load, cancelled here: taken once its loader drained it)
             if record.loader is None or record.loaded:
                 loads.cancel(request_id)
             else:  # aborted while loading: the scheduler still needs that one completion
@@ -347,7 +401,11 @@ class WorkerRole(ConnectorBase):
         loads.take()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        blocks: set[int] = set()
+        blocks: set[int] = self._load_errors_due
+        if blocks:
+            self._load_errors_due = set()
+        else:
+            blocks = set()
         failures: list[tuple[str, Exception]] | None = None
         answers: dict[str, Any] = {}
         for name, child in self._items:
@@ -359,14 +417,14 @@ class WorkerRole(ConnectorBase):
             if found:
                 blocks |= found
         if failures is not None:
-            self._raise("get_block_ids_with_load_errors", failures, result=answers)
+            self._absorb("get_block_ids_with_load_errors", failures)
         return blocks
 
     def get_kv_connector_kv_cache_events(self) -> NamedKVEvents | None:
         """Every child's KV cache events object, by name, in one :class:`NamedKVEvents`
         (``None`` when no child has one): vLLM's output aggregator merges it across workers
         child by child, and the scheduler hands each child back its own."""
-        found = self._present("get_kv_connector_kv_cache_events")
+        found = self._present("get_kv_connector_kv_cache_events", soft=True)
         return NamedKVEvents(found) if found else None
 
     def get_handshake_metadata(self) -> NamedHandshakeMetadata | None:
@@ -388,8 +446,8 @@ class WorkerRole(ConnectorBase):
                 if found is None:
                     found = {}
                 found[name] = meta
-        if failures is not None:  # the forwarded reports go with the next call's metadata
-            self._raise("build_connector_worker_meta", failures, result=found or {})
+        if failures is not None:
+            self._absorb("build_connector_worker_meta", failures, "its worker metadata dropped")
         forward, loaded, load_failed = self._forward, self._forward_loads, self._forward_failed
         if found is None and not forward and not loaded:
             return None

@@ -322,6 +322,10 @@ def _frozen(value: Any) -> Any:
         return ("aggregator", tuple(records), len(value.held()))
     if isinstance(value, SaveLedger):
         return ("ledger", _frozen(value.held()), _frozen(value._expected))
+    if type(value).__name__ == "Trouble":
+        return ("trouble", _frozen(value.counts()))
+    if type(value).__name__ == "NamedMultiConnectorMetadata":
+        return ("metadata", _frozen(value._fields()))
     if type(value).__name__ == "Call":
         return ("call", value.looking_up, tuple(value.handed_off))
     if type(value).__name__ == "KVConnectorTransferResults":

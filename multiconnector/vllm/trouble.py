@@ -1,0 +1,104 @@
+"""A child's failure is that child's, never the server's: :class:`Trouble` counts and logs them.
+
+vLLM calls some hooks once per request or once per step (matching tokens, allocating, building
+metadata, each layer's load and save, the completions, the stats...). When a child raises in
+one of them, or answers what cannot be true (a negative token count, more tokens than the
+request has left, a load flag that is no ``bool``), the connector degrades that child for that
+call (no hit, no metadata, a load reported as failed so that vLLM recomputes: docs/vllm.md,
+"When a child fails") and records it here, under the child's name and the hook's. Nothing is
+raised into vLLM's engine loop. Start-up and shutdown hooks are not per step: a child failing
+there still raises (:class:`~multiconnector.ConnectorFailures`), so a server that cannot start
+says why.
+
+Each failure is logged at WARNING on the ``multiconnector`` logger (inside vLLM in vLLM's
+format: :func:`adopt_vllm_logging`): the first of a child and hook with its traceback, then at
+most one line a minute with how many more there were.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Final
+
+__all__ = ["WARN_SECONDS", "Trouble", "adopt_vllm_logging"]
+
+logger: Final = logging.getLogger("multiconnector")
+
+#: At most one warning per child and hook in this many seconds (the first with its traceback).
+WARN_SECONDS: Final = 60.0
+
+
+class Trouble:
+    """Per child and hook, how many times the child failed there; rate-limited warnings."""
+
+    __slots__ = ("_counts", "_warned")
+
+    def __init__(self) -> None:
+        self._counts: dict[str, dict[str, int]] = {}
+        #: Per (child, hook): when last warned about, and how many failures since.
+        self._warned: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def record(self, hook: str, name: str, exc: BaseException, degraded: str) -> None:
+        """Child ``name`` failed in ``hook`` with ``exc``; ``degraded`` says what became of it
+        (for the log line: "counted as no hit", ...)."""
+        per = self._counts.get(name)
+        if per is None:
+            per = self._counts[name] = {}
+        per[hook] = per.get(hook, 0) + 1
+        key = (name, hook)
+        now = time.monotonic()
+        last = self._warned.get(key)
+        if last is not None and now - last[0] < WARN_SECONDS:
+            self._warned[key] = (last[0], last[1] + 1)
+            return
+        self._warned[key] = (now, 0)
+        quiet = "" if last is None or not last[1] else f" ({last[1]} more since the last warning)"
+        logger.warning(
+            "child connector %r failed in %s: %s: %s; %s, and the server goes on%s",
+            name,
+            hook,
+            type(exc).__name__,
+            exc,
+            degraded,
+            quiet,
+            exc_info=exc if last is None else None,
+        )
+
+    def record_all(
+        self, hook: str, failures: Iterable[tuple[str, BaseException]], degraded: str
+    ) -> None:
+        """:meth:`record` for each ``(name, exc)`` of ``failures``."""
+        for name, exc in failures:
+            self.record(hook, name, exc, degraded)
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Per child name, per hook, how many times it failed there (a copy)."""
+        return {name: dict(per) for name, per in self._counts.items()}
+
+
+class _ToVllm(logging.Handler):
+    """Hands a record to vLLM's ``vllm`` logger's handlers, so it reads as vLLM's lines do
+    (process, level, time, file) and follows vLLM's logging configuration: unless the root
+    logger has handlers of its own (an embedder configured logging), which then print it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logging.getLogger().handlers:
+            return  # propagated to the root's handlers: printed there, once
+        logging.getLogger("vllm").handle(record)
+
+
+def adopt_vllm_logging() -> None:
+    """Inside vLLM, print the ``multiconnector`` logger's records through vLLM's handlers.
+
+    Only when nobody gave that logger a handler of its own: an embedder's own logging
+    configuration is left as it is. Its level is vLLM's unless one was set. Each record is
+    printed once: by vLLM's handlers, or, when the root logger has handlers, by those.
+    """
+    ours = logging.getLogger("multiconnector")
+    if ours.handlers:
+        return
+    ours.addHandler(_ToVllm())
+    if ours.level == logging.NOTSET:
+        ours.setLevel(logging.getLogger("vllm").getEffectiveLevel())
