@@ -7,8 +7,8 @@ gets concurrent completions with shared prefixes, a prefix-cache reset and the l
 streams dropped mid-generation, the two-request pattern that once crashed it (issue #33: a
 child answering a negative token count) and ``vllm bench serve``'s request pattern; then it
 must be healthy with nothing running or waiting, and its log must hold no error and show that
-our books hold nothing at shutdown. About two minutes: marked ``slow`` (``make test-slow`` runs
-it in ``.venv-engine``).
+our books hold nothing at shutdown. Each server takes 100 s or more to start on a 2-core
+machine: marked ``slow`` (``make test-slow`` runs it in ``.venv-engine``).
 """
 
 # vLLM is imported inside functions: the main environment collects this folder and has no engine.
