@@ -18,6 +18,7 @@ own processes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -161,6 +162,7 @@ class Server:
         name: str,
         model: Path,
         logs: Path,
+        *,
         core: int,
         transfer: dict[str, Any] | None,
         hf_overrides: dict[str, Any] | None = None,
@@ -206,10 +208,8 @@ class Server:
 
     def kill(self, sig: int = signal.SIGKILL, timeout: float = 20.0) -> None:
         """Signal the server's whole process group; wait for the server (bounded)."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, sig)
-        except ProcessLookupError:
-            pass
         try:
             self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

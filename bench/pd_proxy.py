@@ -71,7 +71,7 @@ class Proxy(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: Proxy
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # quiet: the tests read the engines' logs
 
     def _answer(self, status: int, body: bytes) -> None:
@@ -81,7 +81,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         if self.path != "/v1/completions":
             self._answer(404, b'{"error": "only /v1/completions"}')
             return
