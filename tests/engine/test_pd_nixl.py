@@ -53,6 +53,8 @@ BLOCK_BYTES = 2 * 2 * 32 * 2 * 64 * 4
 ROUND, AFTER_ABORT, DECODE_ALONE, CHANGED = 3, 3, 4, 5
 PROMPTS = h.prompts(6, PROMPT_TOKENS, seed=33)
 OUTPUT_TOKENS = 8
+#: The stream the client leaves: longer than the drain takes to notice.
+LONG = 400
 #: NixlConnector's lease: how long a prefill engine holds KV nobody pulls (30 s by default).
 LEASE = 6
 #: Bounded waits (s): a server's start on a loaded 2-core machine, a drain.
@@ -144,18 +146,28 @@ def _round_trips(
     return samples
 
 
+def _total(samples: dict[str, float], name: str) -> float:
+    """A metric summed over its labels."""
+    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
+
+
 def _abort_mid_stream(proxy: Proxy, decode: pd.Server, reference: list[list[int]]) -> None:
     """A client that goes away after the first chunks: the decode engine aborts, then serves."""
+    before = pd.metrics(decode.url)
     connection = http.client.HTTPConnection("127.0.0.1", proxy.server_address[1], timeout=60)
-    body = pd.completion(PROMPTS[AFTER_ABORT], 400, stream=True)
+    body = pd.completion(PROMPTS[AFTER_ABORT], LONG, stream=True)
     connection.request("POST", "/v1/completions", json.dumps(body))
     answer = connection.getresponse()
     assert answer.status == 200
     assert answer.read1(256).startswith(b"data:")  # streaming: the decode engine is generating
+    answer.close()  # the response holds the socket open: both closed, the client is gone
     connection.close()
     _wait(lambda: _idle(decode.url), DRAIN, "drained after the client left")
-    aborted = 'vllm:request_success_total{finished_reason="abort"}'
-    assert pd.metrics(decode.url)[aborted] == 1
+    after = pd.metrics(decode.url)
+    success = "vllm:request_success_total"
+    assert _total(after, success) == _total(before, success)  # aborted, not finished
+    generated = "vllm:generation_tokens_total"
+    assert 0 < after[generated] - before[generated] < LONG
     assert pd.health(decode.url)
     assert _through(proxy, PROMPTS[AFTER_ABORT]) == reference[AFTER_ABORT]
 
