@@ -44,8 +44,8 @@ def _post(url: str, body: dict[str, Any], timeout: float) -> tuple[int, bytes]:
         connection.request(
             "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
         )
-        answer = connection.getresponse()
-        return answer.status, answer.read()
+        with connection.getresponse() as answer:
+            return answer.status, answer.read()
     finally:
         connection.close()
 
@@ -62,10 +62,15 @@ class Proxy(ThreadingHTTPServer):
         self.handed: list[dict[str, Any]] = []
 
     def start(self) -> threading.Thread:
-        """Serve in a daemon thread (``shutdown()`` stops it)."""
+        """Serve in a daemon thread (``stop()`` stops it)."""
         thread = threading.Thread(target=self.serve_forever, daemon=True)
         thread.start()
         return thread
+
+    def stop(self) -> None:
+        """Stop serving and close the listening socket."""
+        self.shutdown()
+        self.server_close()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -104,6 +109,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _decode(self, request: dict[str, Any]) -> None:
         """Relay the decode engine's answer; a stream chunk by chunk, until either side ends."""
         connection = _connect(self.server.decode, self.server.timeout)
+        answer = None
         try:
             connection.request(
                 "POST", "/v1/completions", json.dumps(request), {"Content-Type": "application/json"}
@@ -122,6 +128,8 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass  # the client or the decode engine went away: closing the connection aborts it
         finally:
+            if answer is not None:
+                answer.close()
             connection.close()
             self.close_connection = True
 

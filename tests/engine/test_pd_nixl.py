@@ -247,7 +247,7 @@ def test_prefill_decode_over_nixl_with_a_cache_tier(
         _never_decoded(prefill)
         _prefill_killed(prefill, decode, reference)
     finally:
-        proxy.shutdown()
+        proxy.stop()
     assert not prefill.alive()
     # A prefill engine whose KV differs: the decode engine's tokens follow it.
     changed = {"rms_norm_eps": 0.5}
@@ -259,5 +259,5 @@ def test_prefill_decode_over_nixl_with_a_cache_tier(
         assert _through(proxy, PROMPTS[CHANGED]) != reference[CHANGED]
         assert pd.metrics(decode.url)["vllm:nixl_bytes_transferred_count"] == pulls + 1
     finally:
-        proxy.shutdown()
+        proxy.stop()
     assert _idle(decode.url) and _idle(prefill.url)
