@@ -17,7 +17,9 @@ answered; the decode engine pulls the prompt's KV over NIXL. Checked, for both c
   killed before the pull (the decode engine answers an error); after each, the survivor serves,
   and ``/metrics`` show nothing running or waiting.
 
-Marked ``slow``: about 2 to 4 minutes per class on the 2-core machine (two engines start twice).
+Marked ``slow``: 8 to 10 minutes per class on the 2-core machine at a load average of 7 to 16
+(a pair of servers takes about 3 minutes to start there; each class starts a pair, then a prefill
+engine again).
 NIXL comes from ``requirements/nixl.txt`` (``make nixl``).
 """
 
