@@ -11,10 +11,11 @@ ENGINE_VENV ?= .venv-engine
 ENGINE_PY   := $(ENGINE_VENV)/bin/python
 ENGINE_PIP  := $(ENGINE_PY) -m pip --disable-pip-version-check
 ENGINE      := $(ENGINE_VENV)/.engine-done
+NIXL        := $(ENGINE_VENV)/.nixl-done
 ENGINE_UNMATCHED := torchvision torchaudio torchcodec triton
 BUILD   := build
 
-.PHONY: setup system npm vllm engine run demo test test-slow test-vllm-own test-deep mutate lint check diagrams docs-diagrams docs bench clean
+.PHONY: setup system npm vllm engine nixl run demo test test-slow test-vllm-own test-deep mutate lint check diagrams docs-diagrams docs bench clean
 
 ## setup: the virtual environment with the package (editable) and its dev, docs extras
 $(SETUP): pyproject.toml
@@ -75,6 +76,16 @@ $(ENGINE): pyproject.toml requirements/engine.txt tools/vllm_command.py
 
 engine: $(ENGINE)
 
+## nixl: NIXL 1.5.1 in .venv-engine (requirements/nixl.txt, --no-deps: its own requirements would
+#        pull the CUDA build of torch), for the prefill/decode engine test
+#        (tests/engine/test_pd_nixl.py, marked slow). Its UCX backend runs on the CPU here.
+$(NIXL): $(ENGINE) requirements/nixl.txt
+	$(ENGINE_PIP) install -q --no-deps -r requirements/nixl.txt
+	UCX_TLS=tcp,sm,self $(ENGINE_PY) -c "from nixl._api import nixl_agent; nixl_agent('probe')" >/dev/null
+	touch $@
+
+nixl: $(NIXL)
+
 ## run: the main job: a simulated serving workload with faults, the model check, the diagrams
 run: setup
 	mkdir -p $(BUILD)
@@ -106,10 +117,10 @@ test: setup $(VLLM) $(ENGINE)
 #             reduction or with the enumerated canonical form (tests/checked.py), and a few other
 #             tests of 6 to 20 s each, each marked where it is defined with its cost. CI runs
 #             it after `make test`. A run that collects none fails (pytest's exit 5). Then the
-#             slow engine tests in .venv-engine (`vllm serve` with the adapter, driven over
+#             slow engine tests in .venv-engine (with NIXL, `make nixl`; one at a time: each engine takes a core; `vllm serve` with the adapter, driven over
 #             HTTP: tests/engine/test_serve.py; prefill/decode over NIXL: test_pd_nixl.py),
 #             and vLLM's own tests of its MultiConnector (test-vllm-own).
-test-slow: setup $(VLLM) $(ENGINE)
+test-slow: setup $(VLLM) $(ENGINE) $(NIXL)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist $(TEST_DIST) -m "slow and not engine"
 	MULTICONNECTOR_REQUIRE_ENGINE=1 $(ENGINE_PY) -m pytest tests/engine -m "engine and slow"
 	$(MAKE) --no-print-directory test-vllm-own
