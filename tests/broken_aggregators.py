@@ -623,6 +623,11 @@ CATALOG: tuple[Broken, ...] = (
         why="begin, request_finished saving a and b (asks, applies), unregister a, "
         "transfer_finished a: duplicate, not unregistered",
         factory=OutcomeRulesOutOfOrder,
+        also={
+            "counters": "an early report of a, kept while request_finished asks, then a "
+            "unregistered: decided on the answers by the same misclassifying _report, it returned "
+            "early and is counted duplicate (the rule says unregistered); as short, 5 events"
+        },
     ),
     Broken(
         name="drained report counted as applied",

@@ -138,8 +138,9 @@ def test_each_later_planted_bug_fails_only_the_property_meant(name: str) -> None
     report = checked_bug(bug)
     failed = {p.name: len(p.counterexample or ()) for p in report.failures}
     assert set(failed) == {bug.prop, *bug.also}, report.to_text()
-    # The property meant fails first: the others only as the bug's consequence, later.
-    assert all(n > failed[bug.prop] for p, n in failed.items() if p != bug.prop)
+    # The property meant fails first: the others only as the bug's consequence, no sooner (an
+    # early report decided on the answers can show it in the counters at the same depth).
+    assert all(n >= failed[bug.prop] for p, n in failed.items() if p != bug.prop)
 
 
 def test_the_params_bugs_pass_without_params() -> None:
