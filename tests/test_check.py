@@ -101,7 +101,7 @@ def test_two_requests_bound_in_make_test_passes() -> None:
     """
     report = check_aggregator(SMALL, requests=2, events=set(ALPHABET) - {"register"})
     assert_all_pass(report)
-    assert (report.distinct_states, report.max_depth) == (5046, 13)
+    assert (report.distinct_states, report.max_depth) == (4766, 14)
 
 
 # -- the load side (opt-in: it more than doubles the default bound) -----------------------------
@@ -117,7 +117,7 @@ def test_load_side_bound_in_make_test_passes() -> None:
     # The same search as test_check_broken's: run once (tests/checked.py).
     report = checked(connectors=SMALL, requests=1, events=ALPHABET + LOAD_EVENTS)
     assert_all_pass(report, LOAD_PROPERTIES)
-    assert (report.distinct_states, report.max_depth) == (7945, 17)
+    assert (report.distinct_states, report.max_depth) == (8609, 18)
     assert report.bounds["events"] == [*ALPHABET, *LOAD_EVENTS]
 
 
@@ -150,7 +150,7 @@ def test_params_bound_in_make_check_passes() -> None:
         PARAMS_MERGED,
         *PROPERTIES[-3:],
     ]
-    assert (report.distinct_states, report.max_depth) == (900, 9)
+    assert (report.distinct_states, report.max_depth) == (1410, 9)
     assert report.bounds["params"] == "every saver answers one of: None, own, equal, differ"
 
 
@@ -382,8 +382,8 @@ def test_text_report_has_every_figure() -> None:
         "states generated",
         "distinct",
         "edges",
-        "max depth 9",
-        "search: complete: every reachable state was explored (max depth 9)",
+        "max depth 10",
+        "search: complete: every reachable state was explored (max depth 10)",
         "distinct states/s (",
         "states generated/s)",
         "PASS  no trap",
@@ -406,7 +406,7 @@ def test_json_report_round_trips(tmp_path: Path) -> None:
     assert run_cli(["--connectors", "a,b,none=none", "--requests", "1", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["ok"] is True and data["finished"] is True
-    assert data["distinct_states"] == 294
+    assert data["distinct_states"] == 322
     assert [p["name"] for p in data["properties"]] == list(PROPERTIES)
     assert {p["result"] for p in data["properties"]} == {"PASS"}
     assert {(c["source"], c["event"], c["dest"]) for c in data["coverage"]} == declared()

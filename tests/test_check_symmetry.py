@@ -113,7 +113,8 @@ def _random_part(rng: random.Random, names: list[str]) -> tuple[Any, ...]:
     view = (rng.choice(["pending", "finishing"]), some(), some(), some())
     load = ("live", rng.choice([None, *names]), rng.random() < 0.5, False, None, False, False, None)
     asking = (tuple(sorted((n, rng.random() < 0.5) for n in some())),) if rng.random() < 0.3 else ()
-    return ("request", 1, view, frozenset(some()), False, load, asking)
+    early = some() if asking else ()  # the early reports kept while a call asks (a key)
+    return ("request", 1, view, frozenset(some()), False, load, asking, early)
 
 
 def test_the_key_is_a_renaming_of_the_state_and_the_same_for_every_renaming() -> None:
