@@ -111,11 +111,11 @@ class SchedulerSide(Side):
                 )
             tokens = int(tokens)
         if tokens > 0:
-            left = request.num_tokens - num_computed_tokens
-            if tokens > left:
+            total = getattr(request, "num_tokens", None)  # an int on vLLM's Request
+            if total.__class__ is int and tokens > total - num_computed_tokens:
                 raise InvalidArgumentError(
                     f"child {self.name!r} answered tokens={tokens} for a request with "
-                    f"{left} token(s) left to compute"
+                    f"{total - num_computed_tokens} token(s) left to compute"
                 )
             if load_async is not True and load_async is not False:
                 raise InvalidArgumentError(
