@@ -135,7 +135,7 @@ def test_load_side_with_two_requests_keeps_the_behavioural_properties() -> None:
         report.result("transitions fired").message
     )
     assert report.result(LOAD_ONCE).passed
-    assert (report.distinct_states, report.max_depth) == (22578, 14)
+    assert (report.distinct_states, report.max_depth) == (12246, 13)
 
 
 # -- params, outcomes, counters, callbacks, batches ---------------------------------------------
