@@ -16,7 +16,7 @@ Breadth-first order makes every counterexample a shortest one: states are number
 they are found, so a state's number never decreases with its depth.
 """
 
-from .explore import explore
+from .explore import explore, remaining_seconds
 from .report import (
     ACTORS_APART,
     COVERAGE,
@@ -67,4 +67,5 @@ __all__ = [
     "UnknownPropertyError",
     "declared_transitions",
     "explore",
+    "remaining_seconds",
 ]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from .._validate import check_bool, shown
 from ..errors import InvalidArgumentError, InvalidValueError
@@ -15,7 +16,25 @@ from .report import (
 from .search import _Search
 from .views import View
 
-__all__ = ["explore"]
+__all__ = ["explore", "remaining_seconds"]
+
+#: What is left of ``max_seconds`` for a search once its set-up spent it all: the search then
+#: stops after the initial state (which is checked: the report says "complete to 0 events").
+_LEAST_SECONDS: Final = 1e-6
+
+
+def remaining_seconds(max_seconds: float | None, started: float) -> float | None:
+    """What is left of ``max_seconds`` for the search, its set-up having begun at ``started``
+    (``time.perf_counter()``); a bad ``max_seconds`` is passed on unchanged, for
+    :func:`explore` to refuse."""
+    if (
+        max_seconds is None
+        or type(max_seconds) not in (int, float)
+        or not 0 < max_seconds < float("inf")
+    ):
+        return max_seconds
+    return max(max_seconds - (time.perf_counter() - started), _LEAST_SECONDS)
+
 
 M = TypeVar("M")
 E = TypeVar("E")

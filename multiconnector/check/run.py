@@ -12,6 +12,7 @@ import attrs
 from .._explore import (
     CheckReport,
     explore,
+    remaining_seconds,
 )
 from .._validate import check_bool, check_name, shown
 from ..aggregator import MultiConnector
@@ -223,7 +224,7 @@ def _explore_scenario(
         annotate=_annotate,
         max_states=max_states,
         max_depth=max_depth,
-        max_seconds=_budget(max_seconds, started),
+        max_seconds=remaining_seconds(max_seconds, started),
         expected=None if strict_coverage else reachable_in(kinds, alphabet),
         actor=_actor if reduction or per_request else None,
         alike=_alike if reduction else None,
@@ -387,22 +388,6 @@ def _invariants(alphabet: frozenset[str], params: bool) -> dict[str, Callable[[_
     if params:
         invariants[PARAMS_MERGED] = _params_merged
     return invariants
-
-
-#: The search's budget once the set-up spent all of ``max_seconds``: it stops after the initial
-#: state (which is then checked: the report says "complete to 0 events").
-_LEAST_SECONDS = 1e-6
-
-
-def _budget(max_seconds: float | None, started: float) -> float | None:
-    """What is left of ``max_seconds`` for the search (one explore refuses, unchanged)."""
-    if (
-        max_seconds is None
-        or type(max_seconds) not in (int, float)
-        or not 0 < max_seconds < float("inf")
-    ):
-        return max_seconds
-    return max(max_seconds - (time.perf_counter() - started), _LEAST_SECONDS)
 
 
 #: How a state's canonical form is found (the tests swap in the reference, ``Enumerated``).

@@ -21,6 +21,7 @@ from .._explore import (
     CheckReport,
     Counterexample,
     explore,
+    remaining_seconds,
 )
 from .._validate import shown
 from ..errors import InvalidArgumentError, InvalidMachineError
@@ -51,9 +52,6 @@ _KEEP_MODELS: Final = 20_000
 #: A model holding its machine is a cycle: a copy the search drops is freed only by the
 #: collector, which the search pauses; a few thousand piled up take a second to free at once.
 _COLLECT_EVERY: Final = (1 << 10) - 1
-#: What is left of ``max_seconds`` for the search once the set-up spent it all: the search then
-#: stops after the initial state, which is checked.
-_LEAST_SECONDS: Final = 1e-6
 
 
 # -- the free-guard model ------------------------------------------------------------------------
@@ -282,7 +280,7 @@ def check_machine(
         keep_models=_KEEP_MODELS,
         max_states=max_states,
         max_depth=max_depth,
-        max_seconds=_budget(max_seconds, started),
+        max_seconds=remaining_seconds(max_seconds, started),
         progress=progress,
         bounds=_bounds(
             declared,
@@ -294,18 +292,6 @@ def check_machine(
         ),
         title=f"multiconnector check: the machine {label_name}",
     )
-
-
-def _budget(max_seconds: float | None, started: float) -> float | None:
-    """What is left of ``max_seconds`` for the search (a bad one is passed on, for
-    :func:`~multiconnector.check.explore` to refuse)."""
-    if (
-        max_seconds is None
-        or type(max_seconds) not in (int, float)
-        or not 0 < max_seconds < float("inf")
-    ):
-        return max_seconds
-    return max(max_seconds - (time.perf_counter() - started), _LEAST_SECONDS)
 
 
 def _check_options(free_guards: Any, model: Any, snapshot: Any) -> None:
