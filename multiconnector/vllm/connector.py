@@ -323,11 +323,8 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
     def reset_cache(self) -> bool:
         """Whether every child reset (vLLM's rule: an answer that is not ``False``); a child
         answering ``None`` (it does not say) is logged at WARNING: it may still serve blocks."""
-        results: dict[str, Any] = {
-            name: False for name in self._children
-        }  # a child that raises did not reset
-        results.update(
-            self._gather_soft("reset_cache", lambda _, c: c.reset_cache(), "counted as not reset")
+        results = self._gather_soft(
+            "reset_cache", lambda _, c: c.reset_cache(), "counted as not reset"
         )
         unsure = [name for name, result in results.items() if result is None]
         if unsure:
@@ -336,7 +333,10 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
                 "counted as reset, as vLLM does, but they may still serve cached blocks",
                 ", ".join(unsure),
             )
-        return all(result is not False for result in results.values())
+        # A child that raised is missing from results: it did not reset.
+        return len(results) == len(self._children) and all(
+            result is not False for result in results.values()
+        )
 
     def get_kv_connector_stats(self) -> NamedMultiConnectorStats | None:
         stats: dict[str, Any] = {}

@@ -275,19 +275,8 @@ def test_a_child_raising_in_request_finished_is_not_awaited(model: Path) -> None
 
 RANDOM_HOOKS = [
     "get_num_new_matched_tokens",
-    "update_state_after_alloc",
-    "build_connector_meta",
-    "update_connector_output",
     "request_finished",
-    "take_events",
-    "bind_connector_metadata",
-    "start_load_kv",
-    "wait_for_layer_load",
-    "save_kv_layer",
-    "wait_for_save",
-    "get_transfer_results",
-    "clear_connector_metadata",
-    "on_new_request",
+    *(hook for _, hook in LOAD_HOOKS + OTHER_HOOKS),
 ]
 
 

@@ -700,3 +700,15 @@ def test_reset_cache_logs_children_that_answer_none(
     with caplog.at_level("WARNING", logger="multiconnector"):
         assert w.reset_cache() is True
     assert not caplog.records
+
+
+def test_a_child_raising_in_reset_cache_did_not_reset(model: Path) -> None:
+    w = worker(model, a=script(), b=script())
+    w.children["a"].reset_cache = lambda: True
+
+    def broken() -> bool:
+        raise OSError("store unreachable")
+
+    w.children["b"].reset_cache = broken
+    assert w.reset_cache() is False  # b's failure is its own: it did not reset, counted
+    assert w.child_failures() == {"b": {"reset_cache": 1}}
