@@ -55,7 +55,7 @@ class SchedulerRole(ConnectorBase):
     def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
         self._gather("bind_gpu_block_pool", lambda _, c: c.bind_gpu_block_pool(gpu_block_pool))
 
-    def on_new_request(self, request: Any) -> None:  # a child that raises: _each's rule
+    def on_new_request(self, request: Any) -> None:
         self._ensure(request)
         self._each("on_new_request", request)
 
@@ -582,7 +582,8 @@ class SchedulerRole(ConnectorBase):
         self._absorb(
             "request_finished",
             found,
-            "its params dropped (a save it may have started is still awaited)",
+            "its params dropped (awaited if it answered garbage: it may have started a save; "
+            "not if it raised)",
         )
 
     def _owe_counted(self, request_id: str, savers: tuple[str, ...]) -> None:
