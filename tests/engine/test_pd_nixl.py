@@ -57,8 +57,9 @@ PROMPTS = h.prompts(6, PROMPT_TOKENS, seed=33)
 OUTPUT_TOKENS = 8
 #: The stream the client leaves: longer than the drain takes to notice.
 LONG = 400
-#: NixlConnector's lease: how long a prefill engine holds KV nobody pulls (30 s by default).
-LEASE = 6
+#: NixlConnector's lease: how long a prefill engine holds KV nobody pulls (30 s by default);
+#: long enough that a round trip's pull on a loaded machine comes within it.
+LEASE = 12
 #: Bounded waits (s): a server's start on a loaded 2-core machine, a drain.
 START, DRAIN = 420.0, 60.0
 
@@ -181,7 +182,10 @@ def _never_decoded(prefill: pd.Server) -> None:
     assert params["do_remote_prefill"] and params["remote_block_ids"]
     held = time.monotonic()
     expired = "vllm:nixl_num_kv_expired_reqs_total"
-    _wait(lambda: pd.metrics(prefill.url).get(expired, 0) >= 1, LEASE + DRAIN, "expired")
+    # Counted from here: on a loaded machine an earlier round trip's pull can come after its
+    # lease (then the counter is already 1 or more, and that request was still served).
+    before = pd.metrics(prefill.url).get(expired, 0)
+    _wait(lambda: pd.metrics(prefill.url).get(expired, 0) > before, LEASE + DRAIN, "expired")
     assert time.monotonic() - held >= LEASE * 0.9  # held for the lease, not dropped at once
     _wait(lambda: pd.metrics(prefill.url)["vllm:kv_cache_usage_perc"] == 0, DRAIN, "freed")
     assert _idle(prefill.url)
@@ -200,6 +204,7 @@ def _prefill_killed(
     with pytest.raises(urllib.error.HTTPError) as failed:
         pd.post(decode.url + "/v1/completions", pull, 120)
     assert failed.value.code >= 500
+    failed.value.close()  # the error holds the response open: else a ResourceWarning at exit
     _wait(lambda: _idle(decode.url), DRAIN, "drained after the prefill side died")
     assert pd.health(decode.url)
     alone = pd.post(decode.url + "/v1/completions", pd.completion(PROMPTS[DECODE_ALONE], 8))
@@ -218,6 +223,7 @@ def _first_pull(proxy: Proxy, prompt: list[int], tries: int = 3) -> list[int]:
         except urllib.error.HTTPError as exc:
             if exc.code != 500 or attempt == tries - 1:
                 raise
+            exc.close()
     raise AssertionError("unreachable")
 
 
