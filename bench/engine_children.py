@@ -20,6 +20,7 @@ Extra config keys they read (each child's own ``kv_connector_extra_config``):
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
@@ -137,3 +138,71 @@ class DelayedSaveConnector(RecordingExampleConnector):
     def pending(self) -> dict[str, int]:
         """The saves in flight: request id to the step at which it is reported."""
         return dict(self._pending)
+
+
+class FaultyExampleConnector(RecordingExampleConnector):
+    """ExampleConnector with faults, chosen by prompt (its first token id) or by call.
+
+    Extra config keys:
+
+    - ``save_fails``: first token ids of the prompts whose save of the first layer fails with an
+      ``OSError`` (EIO) after the step's other requests were saved: that layer's file is then
+      missing, so a later load of the prompt fails on a missing file;
+    - ``truncate``: first token ids of the prompts whose every layer file is cut to 16 bytes as
+      soon as it is written: a later load fails on a truncated file;
+    - ``get_finished_raises``: every worker ``get_finished`` call raises ``RuntimeError``.
+
+    ``FAULTS`` counts, in-process, what was injected (``label`` -> kind -> count).
+    """
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config
+        self._save_fails = {int(t) for t in extra.get("save_fails", ())}
+        self._truncate = {int(t) for t in extra.get("truncate", ())}
+        self._finished_raises = bool(extra.get("get_finished_raises", False))
+        self._failed_once: set[int] = set()
+        self._faults = FAULTS.setdefault(self._label, {})
+
+    def _fault(self, kind: str) -> None:
+        self._faults[kind] = self._faults.get(kind, 0) + 1
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kw: Any) -> None:
+        metadata = self._get_connector_metadata()
+        stores = [r for r in metadata.requests if r.is_store]
+        failing = [
+            r
+            for r in stores
+            if int(r.token_ids[0]) in self._save_fails
+            and int(r.token_ids[0]) not in self._failed_once
+        ]
+        requests = metadata.requests
+        metadata.requests = [r for r in requests if all(r is not f for f in failing)]
+        try:
+            super().save_kv_layer(layer_name, kv_layer, attn_metadata, **kw)
+        finally:
+            metadata.requests = requests
+        for request in stores:
+            if int(request.token_ids[0]) in self._truncate and all(
+                request is not f for f in failing
+            ):
+                name = self._generate_filename_debug(
+                    layer_name, request.token_ids, request.mm_hashes
+                )
+                with open(name, "r+b") as file:
+                    file.truncate(16)
+                self._fault("truncated")
+        if failing:
+            self._failed_once.update(int(r.token_ids[0]) for r in failing)
+            self._fault("save_fails")
+            raise OSError(errno.EIO, f"injected I/O error saving {layer_name}")
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self._finished_raises:
+            self._fault("get_finished_raises")
+            raise RuntimeError("injected: get_finished failed")
+        return super().get_finished(finished_req_ids)  # type: ignore[no-any-return]
+
+
+#: In-process engines only: per label, the faults a FaultyExampleConnector injected, by kind.
+FAULTS: dict[str, dict[str, int]] = {}
