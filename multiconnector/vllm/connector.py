@@ -210,12 +210,18 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
             return NamedMultiConnectorStats()
         stats: dict[str, Any] = {}
         sources: dict[str, tuple[str, str | None]] = {}
+        counts: dict[str, dict[str, int]] = {}
         for name, entry in data.items():
             if isinstance(entry, KVConnectorStats):
                 stats[name] = entry
                 continue
             if is_named_stats_entry(entry):
                 source = (entry["kv_connector"], entry["kv_connector_module_path"])
+                if entry.get("counts"):
+                    counts[name] = dict(entry["counts"])
+                    sources[name] = source
+                if entry["stats"] is None:  # only the adapter's counts of this child
+                    continue
                 rebuilt = connector_class(*source).build_kv_connector_stats(data=entry["stats"])
             elif isinstance(entry, Mapping):  # vLLM's payload: a class name and its stats
                 source = None
@@ -232,7 +238,7 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
                 stats[name] = rebuilt
                 if source is not None:
                     sources[name] = source
-        return NamedMultiConnectorStats(data=stats, sources=sources)
+        return NamedMultiConnectorStats(data=stats, sources=sources, counts=counts)
 
     @classmethod
     def build_prom_metrics(
@@ -351,12 +357,17 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
                 stats[name] = found
         if failures is not None:
             self._absorb("get_kv_connector_stats", failures, "its stats of this step dropped")
-        if not stats:
+        new = self._trouble.take_unreported()
+        if not stats and not new:
             return None
-        sources = {
-            name: (self._specs[name].kv_connector, self._specs[name].module_path) for name in stats
+        counts = {
+            name: {f"failed.{hook}": n for hook, n in per.items()} for name, per in new.items()
         }
-        return NamedMultiConnectorStats(data=stats, sources=sources)
+        sources = {
+            name: (self._specs[name].kv_connector, self._specs[name].module_path)
+            for name in (*stats, *counts)
+        }
+        return NamedMultiConnectorStats(data=stats, sources=sources, counts=counts)
 
 
 def _own_overrides(cls: type[Any], base: type[Any]) -> None:

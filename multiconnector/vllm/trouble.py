@@ -33,10 +33,12 @@ WARN_SECONDS: Final = 60.0
 class Trouble:
     """Per child and hook, how many times the child failed there; rate-limited warnings."""
 
-    __slots__ = ("_counts", "_warned")
+    __slots__ = ("_counts", "_unreported", "_warned")
 
     def __init__(self) -> None:
         self._counts: dict[str, dict[str, int]] = {}
+        #: The failures since :meth:`take_unreported` last ran (the stats' share of them).
+        self._unreported: dict[str, dict[str, int]] = {}
         #: Per (child, hook): when last warned about, and how many failures since.
         self._warned: dict[tuple[str, str], tuple[float, int]] = {}
 
@@ -47,6 +49,10 @@ class Trouble:
         if per is None:
             per = self._counts[name] = {}
         per[hook] = per.get(hook, 0) + 1
+        new = self._unreported.get(name)
+        if new is None:
+            new = self._unreported[name] = {}
+        new[hook] = new.get(hook, 0) + 1
         key = (name, hook)
         now = time.monotonic()
         last = self._warned.get(key)
@@ -76,6 +82,14 @@ class Trouble:
     def counts(self) -> dict[str, dict[str, int]]:
         """Per child name, per hook, how many times it failed there (a copy)."""
         return {name: dict(per) for name, per in self._counts.items()}
+
+    def take_unreported(self) -> dict[str, dict[str, int]]:
+        """The failures recorded since the last call, per child and hook (for the stats vLLM
+        collects each step); empty when there were none."""
+        if not self._unreported:
+            return {}
+        taken, self._unreported = self._unreported, {}
+        return taken
 
 
 class _ToVllm(logging.Handler):

@@ -392,10 +392,18 @@ class NamedMultiConnectorStats(MultiKVConnectorStats):  # type: ignore[misc]
     written back in vLLM's shape, its stats' own ``to_dict()``. :meth:`reduce` is vLLM's shape,
     each entry's reduced values under its name, so vLLM's log line reads the same.
 
+    ``counts`` holds, per child name, what the adapter itself counted of that child in the
+    interval (``"failed.<hook>"``: the child's failures in that hook, docs/vllm.md "When a child
+    fails"): summed when stats are aggregated (over workers, over steps). Each child's counts
+    travel in its payload entry, beside its own stats (``"stats": None`` when it has none), and
+    reach the log line under :data:`ADAPTER_KEY` and the Prometheus metrics of
+    :class:`NamedPromMetrics`.
+
     .. versionadded:: 0.1.0
     """
 
     sources: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         payload: dict[str, Any] = {}
@@ -409,11 +417,23 @@ class NamedMultiConnectorStats(MultiKVConnectorStats):  # type: ignore[misc]
                 "kv_connector_module_path": source[1],
                 "stats": stats.to_dict(),
             }
+        for name, counts in self.counts.items():
+            entry = payload.get(name)
+            source = self.sources.get(name)
+            if entry is None and source is not None:
+                entry = payload[name] = {
+                    "kv_connector": source[0],
+                    "kv_connector_module_path": source[1],
+                    "stats": None,
+                }
+            if entry is not None and source is not None:
+                entry["counts"] = dict(counts)
         return payload
 
     def reset(self) -> None:
         for stats in self.data.values():
             stats.reset()
+        self.counts.clear()
 
     def aggregate(self, other: Any) -> NamedMultiConnectorStats:
         """Fold ``other`` (ours or vLLM's ``MultiKVConnectorStats``) into this accumulator,
@@ -424,27 +444,48 @@ class NamedMultiConnectorStats(MultiKVConnectorStats):  # type: ignore[misc]
         for name, stats in other.data.items():
             mine = self.data.get(name)
             self.data[name] = stats if mine is None else mine.aggregate(stats)
-            if name in theirs:
-                self.sources.setdefault(name, theirs[name])
+        for name, source in theirs.items():
+            self.sources.setdefault(name, source)
+        for name, counts in getattr(other, "counts", {}).items():
+            mine_counts = self.counts.setdefault(name, {})
+            for key, n in counts.items():
+                mine_counts[key] = mine_counts.get(key, 0) + n
         return self
 
     def reduce(self) -> dict[str, Any]:
-        """Each entry's reduced values, under its name (vLLM's shape)."""
-        return {name: stats.reduce() for name, stats in self.data.items()}
+        """Each entry's reduced values, under its name (vLLM's shape); the adapter's counts,
+        if any, under :data:`ADAPTER_KEY`, as ``"<child>.<count>"``."""
+        reduced: dict[str, Any] = {name: stats.reduce() for name, stats in self.data.items()}
+        ours = {
+            f"{name}.{key}": n
+            for name, counts in sorted(self.counts.items())
+            for key, n in sorted(counts.items())
+        }
+        if ours:
+            reduced[ADAPTER_KEY] = ours
+        return reduced
 
     def is_empty(self) -> bool:
-        return all(stats.is_empty() for stats in self.data.values())
+        return all(stats.is_empty() for stats in self.data.values()) and not any(
+            self.counts.values()
+        )
 
 
-#: The keys of one entry of :meth:`NamedMultiConnectorStats.to_dict`'s payload.
+#: Where :meth:`NamedMultiConnectorStats.reduce` puts the adapter's own counts: not a child name
+#: (a name has no whitespace), so it never hides a child's entry.
+ADAPTER_KEY: Final = "multiconnector adapter"
+
+#: The keys of one entry of :meth:`NamedMultiConnectorStats.to_dict`'s payload, and the one it
+#: may add.
 STATS_ENTRY_KEYS: Final = frozenset({"kv_connector", "kv_connector_module_path", "stats"})
+STATS_ENTRY_OPTIONAL: Final = frozenset({"counts"})
 
 
 def is_named_stats_entry(entry: Any) -> bool:
     """Whether ``entry`` is one entry of our stats payload (else it is vLLM's: the stats)."""
     return (
         isinstance(entry, Mapping)
-        and entry.keys() == STATS_ENTRY_KEYS
+        and STATS_ENTRY_KEYS <= entry.keys() <= STATS_ENTRY_KEYS | STATS_ENTRY_OPTIONAL
         and isinstance(entry["kv_connector"], str)
     )
 
@@ -453,7 +494,9 @@ class NamedPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
     """Routes each child's stats payload to the Prometheus metrics of that child's class.
 
     Metrics are built once per class (Prometheus refuses to register a metric twice), so two
-    children of one class record into the same metrics.
+    children of one class record into the same metrics. The adapter's own counts of each child
+    (:attr:`NamedMultiConnectorStats.counts`) are recorded by child *name*:
+    ``vllm:multiconnector_child_failures_total{child, hook}``.
 
     .. versionadded:: 0.1.0
     """
@@ -468,9 +511,28 @@ class NamedPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
     ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self.by_name = dict(by_name)
+        self.child_failures = self._counter_cls(
+            name="vllm:multiconnector_child_failures",
+            documentation="Failures of a child connector of multiconnector's MultiConnector, by "
+            "child name and hook; each degraded that child for that call, none reached the engine",
+            labelnames=[*labelnames, "child", "hook"],
+        )
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for name, entry in transfer_stats_data.items():
+            if not isinstance(entry, Mapping):
+                continue
             metrics = self.by_name.get(name)
-            if metrics is not None and isinstance(entry, Mapping):
-                metrics.observe(entry.get("stats", {}), engine_idx)
+            stats = entry.get("stats", {})
+            if metrics is not None and stats is not None:
+                metrics.observe(stats, engine_idx)
+            counts = entry.get("counts")
+            if counts:
+                self._observe_counts(name, counts, engine_idx)
+
+    def _observe_counts(self, name: str, counts: Mapping[str, int], engine_idx: int) -> None:
+        values = self.per_engine_labelvalues[engine_idx]
+        for key, n in counts.items():
+            kind, _, hook = key.partition(".")
+            if kind == "failed" and n > 0:
+                self.child_failures.labels(*values, name, hook).inc(n)

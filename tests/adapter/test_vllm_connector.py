@@ -21,7 +21,7 @@ from typing import Any  # noqa: E402
 import msgspec  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from prometheus_client import Counter, Gauge, Histogram  # noqa: E402
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
     KVConnectorBase_V1,
     KVConnectorRole,
@@ -34,6 +34,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (  # no
     MultiKVConnectorStats,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlKVConnectorStats  # noqa: E402
+from vllm.v1.metrics.prometheus import unregister_vllm_metrics  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm_children import (  # noqa: E402
     ScriptedConnector,
@@ -69,6 +70,7 @@ from multiconnector.vllm import (  # noqa: E402
     msgspec_dec_hook,
     msgspec_enc_hook,
 )
+from multiconnector.vllm.wire import ADAPTER_KEY  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]  # vLLM engine start-up
 
@@ -569,14 +571,74 @@ def test_no_child_with_stats_means_no_stats(model: Path) -> None:
     assert worker(model, a=script()).get_kv_connector_stats() is None
 
 
-def test_prometheus_metrics_are_routed_by_name(model: Path) -> None:
-    config = make_config(model, [child("a", script())])
+def test_a_childs_failures_reach_the_stats_by_name_once(model: Path) -> None:
+    """The failures of a step are in that step's stats, under the child's name and the hook,
+    beside the children's own stats; they survive the payload's trip and add up over workers;
+    the next step without failures (and without stats) has none."""
+    w = worker(
+        model,
+        a=script(stats=1),
+        b=script(raise_in={"wait_for_save": OSError("disk"), "get_kv_connector_stats": KeyError()}),
+    )
+    w.wait_for_save()
+    stats = w.get_kv_connector_stats()
+    assert isinstance(stats, NamedMultiConnectorStats)
+    assert stats.counts == {"b": {"failed.wait_for_save": 1, "failed.get_kv_connector_stats": 1}}
+    assert stats.reduce() == {
+        "a": {"count": 1},
+        ADAPTER_KEY: {"b.failed.get_kv_connector_stats": 1, "b.failed.wait_for_save": 1},
+    }
+    payload = json.loads(json.dumps(stats.to_dict()))
+    assert payload["b"]["stats"] is None  # b's own stats raised: only our counts of it
+    rebuilt = MultiConnector.build_kv_connector_stats(payload)
+    assert rebuilt.counts == stats.counts and rebuilt.reduce() == stats.reduce()
+    rebuilt.aggregate(MultiConnector.build_kv_connector_stats(payload))  # a second worker's
+    assert rebuilt.counts == {"b": {"failed.wait_for_save": 2, "failed.get_kv_connector_stats": 2}}
+    assert rebuilt.data["a"].data == {"count": 2}
+    rebuilt.reset()
+    assert rebuilt.is_empty() and rebuilt.counts == {}
+    # the next step: b fails only in its stats hook again, counted once more, nothing else
+    again = w.get_kv_connector_stats()
+    assert again is not None and again.counts == {"b": {"failed.get_kv_connector_stats": 1}}
+    assert w.child_failures() == {"b": {"wait_for_save": 1, "get_kv_connector_stats": 2}}
+    quiet = worker(model, c=script(raise_in={"wait_for_save": OSError("disk")}))
+    quiet.wait_for_save()
+    assert quiet.get_kv_connector_stats() is not None
+    assert quiet.get_kv_connector_stats() is None  # reported once
+
+
+def _prom_metrics(model: Path) -> NamedPromMetrics:
+    unregister_vllm_metrics()  # as vLLM's Prometheus logger does before building its metrics
+    config = make_config(model, [child("a", script()), child("b", script())])
     metrics = MultiConnector.build_prom_metrics(
         config, {Gauge: Gauge, Counter: Counter, Histogram: Histogram}, ["engine"], {0: ["0"]}
     )
     assert isinstance(metrics, NamedPromMetrics)
+    return metrics
+
+
+def test_prometheus_metrics_are_routed_by_name(model: Path) -> None:
+    metrics = _prom_metrics(model)
     assert metrics.by_name == {}  # the scripted class has no metrics of its own
     metrics.observe({"a": {"stats": {}}})
+
+
+def test_a_childs_failures_are_a_prometheus_counter_by_child_and_hook(model: Path) -> None:
+    metrics = _prom_metrics(model)
+    w = worker(model, a=script(), b=script(raise_in={"wait_for_save": OSError("disk")}))
+    for _ in range(3):
+        w.wait_for_save()
+        stats = w.get_kv_connector_stats()
+        assert stats is not None
+        metrics.observe(json.loads(json.dumps(stats.to_dict())))
+    name = "vllm:multiconnector_child_failures_total"
+    assert (
+        REGISTRY.get_sample_value(name, {"engine": "0", "child": "b", "hook": "wait_for_save"}) == 3
+    )
+    assert (
+        REGISTRY.get_sample_value(name, {"engine": "0", "child": "a", "hook": "wait_for_save"})
+        is None
+    )
 
 
 def test_shutdown_attempts_every_child(model: Path) -> None:

@@ -239,6 +239,7 @@ class ScriptedConnector(KVConnectorBase_V1):
         self._call("set_xfer_handshake_metadata", metadata)
 
     def get_kv_connector_stats(self) -> ScriptedStats | None:
+        self._raise_if("get_kv_connector_stats")
         if self.script.stats is None:
             return None
         return ScriptedStats(data={"count": self.script.stats})

@@ -78,6 +78,17 @@ def _spy_recomputed(scheduler: Any) -> list[str]:
     return recomputed
 
 
+def _failures_metric(llm: Any) -> dict[str, int]:
+    """``vllm:multiconnector_child_failures`` of child ``first`` per hook, as vLLM's
+    Prometheus logger recorded it (``LLM.get_metrics``)."""
+    found: dict[str, int] = {}
+    for metric in llm.get_metrics():
+        if metric.name == "vllm:multiconnector_child_failures":
+            assert metric.labels["child"] == "first", metric
+            found[metric.labels["hook"]] = int(metric.value)
+    return found
+
+
 def _ids(outputs: Any) -> set[str]:
     """The scheduler's ids of these outputs' requests (vLLM adds a suffix to the user's id)."""
     return {output.request_id for output in outputs}
@@ -97,7 +108,7 @@ def test_a_failing_child_costs_recomputes_never_the_engine(
 
     FAULTS.clear()
     h.engine_environment(in_process=True)
-    llm = h.make_llm(tiny_model, _transfer(tmp_path))
+    llm = h.make_llm(tiny_model, _transfer(tmp_path), disable_log_stats=False)
     try:
         out1 = h.generate(llm, PROMPTS, OUTPUT_TOKENS)
         assert h.cached(out1) == [0] * len(PROMPTS)
@@ -109,6 +120,7 @@ def test_a_failing_child_costs_recomputes_never_the_engine(
         assert failures["first"]["save_kv_layer"] == 1
         assert failures["first"]["get_transfer_results"] >= 1
         _nothing_held(llm)
+        assert _failures_metric(llm) == failures["first"]  # vLLM's Prometheus metrics
 
         scheduler = h.engine_core(llm).scheduler
         recomputed = _spy_recomputed(scheduler)
