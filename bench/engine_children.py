@@ -169,23 +169,21 @@ class FaultyExampleConnector(RecordingExampleConnector):
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kw: Any) -> None:
         metadata = self._get_connector_metadata()
-        stores = [r for r in metadata.requests if r.is_store]
-        failing = [
-            r
-            for r in stores
-            if int(r.token_ids[0]) in self._save_fails
-            and int(r.token_ids[0]) not in self._failed_once
-        ]
         requests = metadata.requests
-        metadata.requests = [r for r in requests if all(r is not f for f in failing)]
+        kept, failing = [], set()
+        for request in requests:
+            first = int(request.token_ids[0])
+            if request.is_store and first in self._save_fails and first not in self._failed_once:
+                failing.add(first)
+            else:
+                kept.append(request)
+        metadata.requests = kept  # the others of the step are saved
         try:
             super().save_kv_layer(layer_name, kv_layer, attn_metadata, **kw)
         finally:
             metadata.requests = requests
-        for request in stores:
-            if int(request.token_ids[0]) in self._truncate and all(
-                request is not f for f in failing
-            ):
+        for request in kept:
+            if request.is_store and int(request.token_ids[0]) in self._truncate:
                 name = self._generate_filename_debug(
                     layer_name, request.token_ids, request.mm_hashes
                 )
@@ -193,7 +191,7 @@ class FaultyExampleConnector(RecordingExampleConnector):
                     file.truncate(16)
                 self._fault("truncated")
         if failing:
-            self._failed_once.update(int(r.token_ids[0]) for r in failing)
+            self._failed_once |= failing
             self._fault("save_fails")
             raise OSError(errno.EIO, f"injected I/O error saving {layer_name}")
 

@@ -29,6 +29,7 @@ from .errors import ChildrenConflictError
 from .ledger import SaveLedger
 from .scheduler import SchedulerRole
 from .wire import (
+    FAILED,
     NamedMultiConnectorMetadata,
     NamedMultiConnectorStats,
     NamedPromMetrics,
@@ -360,9 +361,7 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
         new = self._trouble.take_unreported()
         if not stats and not new:
             return None
-        counts = {
-            name: {f"failed.{hook}": n for hook, n in per.items()} for name, per in new.items()
-        }
+        counts = {name: {FAILED + hook: n for hook, n in per.items()} for name, per in new.items()}
         sources = {
             name: (self._specs[name].kv_connector, self._specs[name].module_path)
             for name in (*stats, *counts)

@@ -418,16 +418,14 @@ class NamedMultiConnectorStats(MultiKVConnectorStats):  # type: ignore[misc]
                 "stats": stats.to_dict(),
             }
         for name, counts in self.counts.items():
-            entry = payload.get(name)
             source = self.sources.get(name)
-            if entry is None and source is not None:
-                entry = payload[name] = {
-                    "kv_connector": source[0],
-                    "kv_connector_module_path": source[1],
-                    "stats": None,
-                }
-            if entry is not None and source is not None:
-                entry["counts"] = dict(counts)
+            if source is None:  # vLLM's shape has no place for them
+                continue
+            entry = payload.setdefault(
+                name,
+                {"kv_connector": source[0], "kv_connector_module_path": source[1], "stats": None},
+            )
+            entry["counts"] = dict(counts)
         return payload
 
     def reset(self) -> None:
@@ -470,6 +468,9 @@ class NamedMultiConnectorStats(MultiKVConnectorStats):  # type: ignore[misc]
             self.counts.values()
         )
 
+
+#: The prefix of a count of a child's failures in one hook: ``"failed.<hook>"``.
+FAILED: Final = "failed."
 
 #: Where :meth:`NamedMultiConnectorStats.reduce` puts the adapter's own counts: not a child name
 #: (a name has no whitespace), so it never hides a child's entry.
@@ -533,6 +534,5 @@ class NamedPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
     def _observe_counts(self, name: str, counts: Mapping[str, int], engine_idx: int) -> None:
         values = self.per_engine_labelvalues[engine_idx]
         for key, n in counts.items():
-            kind, _, hook = key.partition(".")
-            if kind == "failed" and n > 0:
-                self.child_failures.labels(*values, name, hook).inc(n)
+            if key.startswith(FAILED) and n > 0:
+                self.child_failures.labels(*values, name, key.removeprefix(FAILED)).inc(n)
