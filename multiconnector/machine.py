@@ -120,7 +120,7 @@ class Step(NamedTuple):
 
 
 @final
-@attrs.define(slots=True, eq=False, weakref_slot=False, repr=True)
+@attrs.define(slots=True, eq=True, weakref_slot=False, repr=True)
 class RequestTransferState:
     """The transfer bookkeeping of one request.
 
@@ -132,10 +132,11 @@ class RequestTransferState:
     <multiconnector.MultiConnector.take>` hands terminal ones over, after which nothing refers
     to them. Read them, don't mutate them.
 
-    Records compare by identity, and hash by it: the aggregator keys its own tables by the held
-    record, which changes as the request does, so value equality would make records unhashable
-    or let two requests' records collide. Compare two records' contents with
-    ``attrs.asdict(a) == attrs.asdict(b)``.
+    Records compare by value: two records are equal when every field is (the request id, the
+    state, the names awaited, expected and abandoned, the loader, the params and the history),
+    so a snapshot of ``records()`` or ``take()`` compares with ``==``. A record changes as its
+    request does, so it is not hashable (``hash(record)`` raises ``TypeError``): key a table by
+    ``record.request_id``.
 
     .. versionadded:: 0.1.0
     """

@@ -502,10 +502,40 @@ def test_the_errors_tree_lists_every_error_class() -> None:
         assert re.search(rf"[├└]── {name}\b", tree), name
 
 
-def test_records_compare_by_identity_and_stay_hashable() -> None:
+def test_records_compare_by_value_and_are_not_hashable() -> None:
     mc = MultiConnector(ConnectorRegistry({"a": Scripted()}))
     mc.begin("r1")
+    mc.begin("r2")
     first, second = mc.get("r1"), mc.get("r1")
-    assert first is not None and second is not None
-    assert first != second and attrs.asdict(first) == attrs.asdict(second)
-    assert len({first, second}) == 2  # usable as keys, one per record
+    assert first is not None and second is not None and first is not second
+    assert first == second
+    assert not first != second  # noqa: SIM202  (__ne__ too)
+    assert first != mc.get("r2")  # another request id
+    mc.request_finished("r1")
+    assert mc.get("r1") != first  # another state, the same id
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(first)
+    # Snapshots (get() copies) compare with what take() hands back.
+    shown = [mc.get("r1"), mc.get("r2")]
+    mc.cancel("r2")
+    mc.transfer_finished("r1", "a")
+    taken = sorted(mc.take(), key=lambda r: r.request_id)
+    assert [r.request_id for r in taken] == ["r1", "r2"] and taken != shown
+    assert shown[0] is not None and shown[1] is not None
+    assert taken == [
+        attrs.evolve(shown[0], state=State.finished, awaiting=()),
+        attrs.evolve(shown[1], state=State.cancelled),
+    ]
+
+
+def test_a_request_begun_again_while_its_old_record_is_asked_about_is_not_a_duplicate() -> None:
+    """The aggregator's claim tables key records by identity (id), not by their equal value: a
+    record equal to the claimed one is another request's."""
+    mc = MultiConnector(ConnectorRegistry({"a": Scripted(saves=False)}))
+    mc.begin("r")
+    old = mc.peek("r")
+    assert old is not None
+    twin = attrs.evolve(old)
+    assert twin == old and twin is not old
+    mc._asking[id(twin)] = object()  # an old call's claim on an equal, other record
+    assert mc.request_finished("r")[0] is Outcome.applied

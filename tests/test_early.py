@@ -177,9 +177,9 @@ def test_request_finished_by_decides_the_reports_that_came_while_it_was_claimed(
     record = mc.peek("r")
     assert record is not None
     claim = object()
-    mc._asking[record] = claim  # a request_finished_by between its claim and its update
+    mc._asking[id(record)] = claim  # a request_finished_by between its claim and its update
     assert mc.transfer_finished("r", "a", [1]) is Outcome.early
-    del mc._asking[record]
+    del mc._asking[id(record)]
     assert mc.request_finished_by("r", ["a"]) is Outcome.applied
     assert a.on_finished_calls == [("r", (1,))]
     assert [r.state for r in mc.take()] == [State.finished]

@@ -99,15 +99,18 @@ class Books:
         self._allow_equal = allow_equal_params
         self._requests: dict[str, RequestTransferState] = {}
         self._done: deque[RequestTransferState] = deque()
-        # Records a request_finished (or request_finished_by) is applying, each with that
-        # call's claim token; see request_finished.
-        self._asking: dict[RequestTransferState, object] = {}
+        # Records a request_finished (or request_finished_by) is applying, by id(record), each
+        # with that call's claim token; see request_finished. Records compare by value and are
+        # not hashable, so these tables key them by id: a key is never reused while it is here,
+        # as the call holding the claim holds the record (and _early and _parked hold keys of
+        # _asking only, dropped with the claim).
+        self._asking: dict[int, object] = {}
         # Early reports: for a record a request_finished is asking about, the names that
         # reported while it asked, each with its report's blocks, in the order they came; kept
         # until the claim is dropped, then decided (_drop_claim). Written under the record's lock.
-        self._early: dict[RequestTransferState, dict[str, Sequence[int]]] = {}
+        self._early: dict[int, dict[str, Sequence[int]]] = {}
         # Cancelled records kept from take() while a request_finished still asks (see _settle).
-        self._parked: set[RequestTransferState] = set()
+        self._parked: set[int] = set()
         # Set only by _ask (the model check): request_finished then stops after asking.
         self._halves: list[Any] | None = None
         self._locks = tuple(threading.Lock() for _ in range(stripes))
@@ -174,8 +177,8 @@ class Books:
         release settles it."""
         if record.in_flight:
             return
-        if record.state is _CANCELLED and record in self._asking:
-            self._parked.add(record)
+        if record.state is _CANCELLED and id(record) in self._asking:
+            self._parked.add(id(record))
             return
         self._done.append(record)
 
@@ -190,10 +193,11 @@ class Books:
         early reports applied, ``(name, blocks)``, whose
         ``on_finished`` the caller calls once the lock is released; ``None`` when none was
         applied."""
-        del self._asking[record]
+        key = id(record)
+        del self._asking[key]
         if self._parked:
             self._unpark(record)  # first: a drain below settles it once, not twice
-        early = self._early.pop(record, None) if self._early else None
+        early = self._early.pop(key, None) if self._early else None
         if early is None:
             return None
         awaiting = record.awaiting
@@ -211,8 +215,8 @@ class Books:
         """``record``'s claim was just dropped: queue it if a cancel kept it back for that;
         the caller holds its lock."""
         parked = self._parked
-        if record in parked:
-            parked.discard(record)
+        if id(record) in parked:
+            parked.discard(id(record))
             self._settle(record)
 
     def _call_back_early(

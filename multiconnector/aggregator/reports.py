@@ -234,7 +234,7 @@ class Reports(Books):
                 self._count(index, outcome, name)
                 self._settle(record)
                 return outcome
-            if self._asking and record in self._asking:
+            if self._asking and id(record) in self._asking:
                 early = self._early_report(record, name, blocks, index)
                 if early is not None:
                     return early
@@ -253,13 +253,13 @@ class Reports(Books):
         or ``None`` when ``name`` is no ready connector (the usual rules decide)."""
         if self._stranger(name) is not _PHANTOM:
             return None
-        kept = self._early.get(record)
+        kept = self._early.get(id(record))
         outcome = self._verdicts.of(
             record.state, record.awaiting, record.expected, record.abandoned, name, early=kept or ()
         )[0]
         if outcome is _EARLY:
             if kept is None:
-                kept = self._early[record] = {}
+                kept = self._early[id(record)] = {}
             kept[name] = blocks
             return outcome
         self._count(index, outcome, name)

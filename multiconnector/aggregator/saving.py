@@ -135,8 +135,8 @@ class Saving(Books):
         # Claimed with an atomic dict.setdefault: a concurrent second call finds the claim, is
         # a duplicate and asks nobody (no save only one call would track). A claim is released
         # after its call wrote the state, so the state is read again once claimed; a cancel that
-        # overtakes us keeps the record from take() until then (_settle). Keyed by the record:
-        # a request taken and begun again while an old call asks is a new record.
+        # overtakes us keeps the record from take() until then (_settle). Keyed by the record (its
+        # id): a request taken and begun again while an old call asks is a new record.
         record = self._requests.get(request_id)
         claim = object()  # ours alone: only the call that set it removes it
         index = hash(request_id) & self._mask
@@ -146,7 +146,7 @@ class Saving(Books):
                 refused = _UNKNOWN_REQUEST
             elif record.state in _NOT_FINISHABLE:
                 refused = self._refuse_finish(record)
-            elif self._asking.setdefault(record, claim) is not claim:
+            elif self._asking.setdefault(id(record), claim) is not claim:
                 refused = _DUPLICATE
             elif record.state in _NOT_FINISHABLE:  # finished or cancelled since our look
                 self._release(record, claim, index)
@@ -355,7 +355,7 @@ class Saving(Books):
         lock = self._locks[index]
         lock.acquire()
         try:
-            if self._asking.get(record) is claim:
+            if self._asking.get(id(record)) is claim:
                 # Not applied: the record is pending (interrupted), finished or cancelled, so no
                 # early report (none it awaited: those were applied) is applied now.
                 self._drop_claim(record, index)
@@ -421,12 +421,12 @@ class Saving(Books):
         record = self._requests.get(request_id)
         claim = object()
         try:
-            if record is not None and asking.setdefault(record, claim) is not claim:
+            if record is not None and asking.setdefault(id(record), claim) is not claim:
                 outcome = self._refused(index, _DUPLICATE)
             else:
                 outcome = self._finish_by(request_id, record, names, index, claim)
         finally:
-            if record is not None and asking.get(record) is claim:  # interrupted: not released
+            if record is not None and asking.get(id(record)) is claim:  # interrupted: not released
                 self._release(record, claim, index)
         if outcome is not _APPLIED:
             self._log_ignored("request_finished", request_id, None, outcome)
@@ -476,7 +476,7 @@ class Saving(Books):
                 outcome = self._finish(record, awaited, expected, None, index)
         finally:
             early = None
-            if claimed is not None and self._asking.get(claimed) is claim:
+            if claimed is not None and self._asking.get(id(claimed)) is claim:
                 early = self._drop_claim(claimed, index)
             lock.release()
         if early is not None:

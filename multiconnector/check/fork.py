@@ -121,9 +121,14 @@ def _fork(world: _World) -> _World | None:
     new._allow_equal = mc._allow_equal
     new._requests = {rid: record(r) for rid, r in mc._requests.items()}
     new._done = deque(record(r) for r in mc._done)
-    new._asking = {record(r): claim for r, claim in mc._asking.items()}
-    new._parked = {record(r) for r in mc._parked}
-    new._early = {record(r): dict(kept) for r, kept in mc._early.items()}
+    # The claim tables key records by id: the copy's by its records' ids. A claimed record is
+    # held (a cancel parks it until the claim is dropped), so it is one of _requests'.
+    held = {id(r): r for r in mc._requests.values()}
+    if not held.keys() >= mc._asking.keys():
+        return None  # pragma: no cover - a claim on a record no longer held: replay
+    new._asking = {id(record(held[key])): claim for key, claim in mc._asking.items()}
+    new._parked = {id(record(held[key])) for key in mc._parked}
+    new._early = {id(record(held[key])): dict(kept) for key, kept in mc._early.items()}
     new._halves = None
     new._locks = tuple(threading.Lock() for _ in mc._locks)
     new._mask = mc._mask
