@@ -28,6 +28,12 @@ class FlattenMixins(griffe.Extension):
             if package != pkg.path:
                 continue
             cls = pkg.get_member(rest)
+            # The signatures the class declares for type checkers alone (``if TYPE_CHECKING:``,
+            # no docstring) stand for the bases' members, which are documented: dropped here.
+            for name in [n for n, m in cls.members.items() if m.is_function or m.is_attribute]:
+                member = cls.members[name]
+                if member.docstring is None and any(name in b.members for b in cls.mro()):
+                    cls.del_member(name)
             inherited = cls.inherited_members  # reversed MRO, each base in source order
             cls.bases = []
             for name, alias in inherited.items():

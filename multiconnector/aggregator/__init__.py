@@ -23,8 +23,13 @@ Rules, in one place (docs/concepts.md explains them at length):
 
 from __future__ import annotations
 
-from typing import final
+import inspect
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, final
 
+from ..machine import RequestTransferState
+from ..outcome import Outcome
+from ..registry import Connector, ConnectorRegistry
 from ._books import OTHER_NAMES, Books
 from .lifecycle import Lifecycle
 from .loading import Loading
@@ -74,3 +79,63 @@ class MultiConnector(Queries, Loading, Reports, Saving, Lifecycle, Books):
 
     # Every attribute is declared by Books; each base adds the methods of one concept.
     __slots__ = ()
+
+    if TYPE_CHECKING:
+        # The public methods' signatures, as the bases define them, declared here for type
+        # checkers alone: a wrong call in a user's code is then reported against
+        # "MultiConnector", not the base that happens to hold the method. Nothing of this runs;
+        # tests/test_public_names.py checks it matches the bases.
+        @property
+        def registry(self) -> ConnectorRegistry: ...
+        def register(self, name: str, connector: Connector | None) -> None: ...
+        def unregister(self, name: str) -> Connector | None: ...
+        def begin(self, request_id: str) -> None: ...
+        def cancel(self, request_id: str) -> Outcome: ...
+        def take(self) -> list[RequestTransferState]: ...
+        def shutdown(self) -> None: ...
+        def request_finished(
+            self, request_id: str, blocks: Sequence[int] = ()
+        ) -> tuple[Outcome, dict[str, Any] | None]: ...
+        def request_finished_by(
+            self, request_id: str, savers: Iterable[str], *, allow_unregistered: bool = False
+        ) -> Outcome: ...
+        def transfer_finished(
+            self, request_id: str, name: str, blocks: Sequence[int] = ()
+        ) -> Outcome: ...
+        def transfer_finished_many(
+            self, name: str, request_ids: Iterable[str], blocks: Sequence[int] = ()
+        ) -> list[Outcome]: ...
+        def match_tokens(self, request_id: str, num_computed_tokens: int = 0) -> int | None: ...
+        def load_finished(self, request_id: str, name: str) -> Outcome: ...
+        def get(self, request_id: str) -> RequestTransferState | None: ...
+        def peek(self, request_id: str) -> RequestTransferState | None: ...
+        def held(self) -> dict[str, int]: ...
+        def oldest(
+            self, count: int = 1, *, draining: bool = False
+        ) -> list[RequestTransferState]: ...
+        def request_ids(self) -> list[str]: ...
+        def counts(self) -> dict[Outcome, int]: ...
+        def connector_counts(self) -> dict[str, dict[Outcome, int]]: ...
+        def stats(self) -> dict[str, Any]: ...
+
+
+#: The methods and properties :class:`MultiConnector` offers, each defined in one of its bases.
+PUBLIC: tuple[str, ...] = tuple(
+    name
+    for base in reversed(MultiConnector.__mro__[1:-1])
+    for name in vars(base)
+    if not name.startswith("_") or name in ("__init__", "__repr__", "__len__", "__contains__")
+)
+
+
+def _named_after_the_class() -> None:
+    """Give each public function the qualified name ``MultiConnector.<name>``, so that Python's
+    own errors (a missing argument, an unexpected keyword) and tracebacks name the class a
+    caller uses, not the base that holds the function."""
+    for name in PUBLIC:
+        member = inspect.getattr_static(MultiConnector, name)
+        function: Any = member.fget if isinstance(member, property) else member
+        function.__qualname__ = f"MultiConnector.{name}"
+
+
+_named_after_the_class()
