@@ -12,6 +12,10 @@ The rules (docs/bad-input.md lists every call's bad inputs and what each gets):
   with ``__index__``, numpy's integers say, counts; a ``bool`` does not).
 * **stripes**: a power of two from 1 to :data:`MAX_STRIPES`.
 * **connector**: an instance, not a class.
+
+A bad argument of the wrong type raises :class:`InvalidArgumentError` (a ``TypeError``); one of
+the right type whose value is out of range, empty, negative or not among the choices raises
+:class:`InvalidValueError` (also a ``ValueError``): :func:`bad_argument` picks between them.
 """
 
 from __future__ import annotations
@@ -158,6 +162,21 @@ def check_connector(value: Any, argument: str = "connector") -> None:
         raise InvalidArgumentError(
             f"{argument}={_shown(value)} is a class; register an instance of it"
         )
+
+
+def bad_argument(right_type: bool) -> type[InvalidArgumentError]:
+    """The error of a bad argument: :class:`InvalidValueError` when it has the right type (its
+    value is out of range, empty or not a choice), :class:`InvalidArgumentError` otherwise."""
+    return InvalidValueError if right_type else InvalidArgumentError
+
+
+def check_choice(value: Any, argument: str, choices: Collection[str]) -> str:
+    """``value`` if it is one of the ``str`` ``choices``; else a bad argument naming them."""
+    if isinstance(value, str) and value in choices:
+        return value
+    raise bad_argument(isinstance(value, str))(
+        f"{argument}={_shown(value)} must be one of {', '.join(choices)}"
+    )
 
 
 def check_bool(value: Any, argument: str) -> bool:

@@ -44,8 +44,8 @@ from ._drawing import (
     mark_initial,
     titled_mermaid,
 )
-from ._validate import shown
-from .errors import InvalidArgumentError
+from ._validate import bad_argument, check_choice, shown
+from .errors import InvalidArgumentError, InvalidValueError
 from .machine import INITIAL, STATES, TERMINAL, RequestTransferState, State, Step, build_machine
 
 __all__ = [
@@ -120,7 +120,7 @@ def _one_step(item: Any, where: str) -> Step:
     known = {s.value for s in STATES}
     for part, value in (("source", source), ("dest", dest)):
         if value not in known:
-            raise InvalidArgumentError(
+            raise InvalidValueError(
                 f"{where}.{part}={value!r} must be one of the states {sorted(known)}"
             )
     return Step(event, State(source), State(dest), name)
@@ -150,12 +150,12 @@ def steps(path: Iterable[Any], argument: str = "path") -> tuple[Step, ...]:
         where = f"{argument}[{index}]"
         one = _one_step(item, where)
         if (one.event, one.source.value, one.dest.value) not in declared:
-            raise InvalidArgumentError(
+            raise InvalidValueError(
                 f"{where}={list(one)!r} is not a transition of the machine: no {one.event!r} "
                 f"leads from {one.source.value!r} to {one.dest.value!r}"
             )
         if one.source is not at:
-            raise InvalidArgumentError(
+            raise InvalidValueError(
                 f"{where}={list(one)!r} must start in {at.value!r}, where "
                 + ("every request starts" if index == 0 else "the previous step ended")
             )
@@ -213,25 +213,25 @@ def find_path(
         props = data.get("properties") if isinstance(data, Mapping) else None
         named = {str(p.get("name")): p for p in props or () if isinstance(p, Mapping)}
         if prop not in named:
-            raise InvalidArgumentError(
+            raise InvalidValueError(
                 f"prop={prop!r} must name a property of the check report: {sorted(named)}"
             )
         data = named[prop].get("counterexample")
         if not data:
-            raise InvalidArgumentError(
+            raise InvalidValueError(
                 f"prop={prop!r}: the check report has no counterexample for it (it "
                 f"{'passed' if named[prop].get('result') != 'FAIL' else 'failed with no trace'})"
             )
     if _looks_like_path(data):
         if request is not None:
-            raise InvalidArgumentError(
+            raise InvalidValueError(
                 f"request={request!r} cannot be chosen: the data is a single path"
             )
         return None, steps(data)
     found: dict[str, Any] = {}
     _collect(data, None, found)
     if not found and _is_report(data):
-        raise InvalidArgumentError(
+        raise InvalidValueError(
             "the check report has no counterexample: no property failed with a trace"
         )
     if not found:
@@ -240,12 +240,12 @@ def find_path(
         )
     if request is None:
         if len(found) > 1:
-            raise InvalidArgumentError(
+            raise InvalidValueError(
                 f"request=None is ambiguous: the data holds paths of {sorted(found)}; pick one"
             )
         request = next(iter(found))
     if request not in found:
-        raise InvalidArgumentError(
+        raise InvalidValueError(
             f"request={request!r} must be one of the requests with a path: {sorted(found)}"
         )
     return request, steps(found[request], f"path of {request!r}")
@@ -449,8 +449,7 @@ def render(
 
     .. versionadded:: 0.1.0
     """
-    if not isinstance(fmt, str) or fmt not in FORMATS:
-        raise InvalidArgumentError(f"fmt={shown(fmt)} must be one of {', '.join(FORMATS)}")
+    check_choice(fmt, "fmt", FORMATS)
     for argument, value in (("title", title), ("request", request)):
         if value is not None and not isinstance(value, str):
             raise InvalidArgumentError(f"{argument}={shown(value)} must be a str or None")
@@ -464,7 +463,12 @@ def render(
             or len(numbers) != len(checked)
             or not all(type(n) is int and n > 0 for n in numbers)
         ):
-            raise InvalidArgumentError(
+            right_type = (
+                isinstance(numbers, Sequence)
+                and not isinstance(numbers, str)
+                and all(type(n) is int for n in numbers)
+            )
+            raise bad_argument(right_type)(
                 f"numbers={shown(numbers)} must give one step number (an int > 0) per step of path"
             )
         at = tuple(numbers)

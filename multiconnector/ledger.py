@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 from ._validate import check_name, check_request_id, check_request_ids, shown
-from .errors import InvalidArgumentError, UnknownConnectorError
+from .errors import DuplicateConnectorError, InvalidArgumentError, UnknownConnectorError
 from .machine import State
 from .outcome import Outcome
 from .rule import SHARED_LIMIT, Verdict, Verdicts, count
@@ -43,7 +43,9 @@ class SaveLedger:
 
     ``names`` are the savers (a vLLM worker's children), in configuration order: a request
     awaits its savers in that order, as the aggregator awaits its registered connectors.
-    Single-threaded, as a vLLM worker's connector calls are.
+    Single-threaded, as a vLLM worker's connector calls are. ``names`` is checked: an iterable
+    (not a ``str``) of connector names (:class:`InvalidNameError` for one that is not), each
+    once (:class:`DuplicateConnectorError`).
 
     .. versionadded:: 0.1.0
     """
@@ -59,7 +61,14 @@ class SaveLedger:
     )
 
     def __init__(self, names: Iterable[str]) -> None:
-        self._order: dict[str, int] = {name: i for i, name in enumerate(names)}
+        if isinstance(names, str | bytes) or not isinstance(names, Iterable):
+            raise InvalidArgumentError(f"names={shown(names)} must be an iterable of child names")
+        self._order: dict[str, int] = {}
+        for given in names:
+            name = check_name(given, "an item of names")
+            if name in self._order:
+                raise DuplicateConnectorError(f"an item of names={name!r} is given twice")
+            self._order[name] = len(self._order)
         #: Each held request's savers still owing a report (never empty).
         self._awaiting: dict[str, tuple[str, ...]] = {}
         #: Each held request's savers (what tells a duplicate report from a phantom one).

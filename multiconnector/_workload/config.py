@@ -7,7 +7,7 @@ from typing import Any, Final, final
 
 import attrs
 
-from .._validate import check_stripes, shown
+from .._validate import bad_argument, check_stripes, shown
 from ..errors import InvalidArgumentError, InvalidValueError
 
 __all__ = ["CONNECTORS", "FAULT_KINDS", "MAX_BLOCKS", "SimulationConfig"]
@@ -53,7 +53,7 @@ def _check_faults(value: Any) -> frozenset[str]:
     kinds = frozenset(value)
     unknown = sorted(k for k in kinds if k not in FAULT_KINDS)
     if unknown:
-        raise InvalidArgumentError(
+        raise bad_argument(all(isinstance(k, str) for k in kinds))(
             f"faults={shown(value)} has unknown kind(s) {unknown}; "
             f"must be among {', '.join(FAULT_KINDS)}"
         )

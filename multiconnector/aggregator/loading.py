@@ -7,8 +7,8 @@ load.
 
 from __future__ import annotations
 
-from .._validate import check_int, check_name, check_request_id, shown
-from ..errors import ConnectorFailures, InvalidArgumentError, UnknownRequestError
+from .._validate import bad_argument, check_int, check_name, check_request_id, shown
+from ..errors import ConnectorFailures, UnknownRequestError
 from ..machine import TERMINAL
 from ..outcome import Outcome
 from ..registry import Entry
@@ -66,7 +66,7 @@ class Loading(Books):
             try:
                 tokens = entry.get_num_new_matched_tokens(request_id, num_computed_tokens)
                 if tokens is not None and (type(tokens) is not int or tokens < 0):
-                    raise InvalidArgumentError(
+                    raise bad_argument(type(tokens) is int)(
                         f"connector {entry.name!r} answered tokens={shown(tokens)}; "
                         "must be an int >= 0 or None"
                     )

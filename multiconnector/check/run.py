@@ -14,11 +14,9 @@ from .._explore import (
     explore,
     remaining_seconds,
 )
-from .._validate import check_bool, check_name, shown
+from .._validate import bad_argument, check_bool, check_choice, check_name, shown
 from ..aggregator import MultiConnector
-from ..errors import (
-    InvalidArgumentError,
-)
+from ..errors import InvalidArgumentError, InvalidValueError
 from ..machine import build_machine
 from .alike import _alike
 from .apply import _apply
@@ -149,7 +147,9 @@ def check_aggregator(
     started = time.perf_counter()  # max_seconds counts the set-up too
     kinds = _kinds(connectors, unknown)
     if type(requests) is not int or not 1 <= requests <= 6:
-        raise InvalidArgumentError(f"requests={shown(requests)} must be an int from 1 to 6")
+        raise bad_argument(type(requests) is int)(
+            f"requests={shown(requests)} must be an int from 1 to 6"
+        )
     alphabet = _alphabet(events)
     if not callable(factory):
         raise InvalidArgumentError(f"factory={shown(factory)} must be callable")
@@ -158,10 +158,7 @@ def check_aggregator(
     check_bool(reduction, "reduction")
     check_bool(params, "params")
     check_bool(per_request, "per_request")
-    if early_reports not in EARLY_REPORTS:
-        raise InvalidArgumentError(
-            f"early_reports={shown(early_reports)} must be one of {', '.join(EARLY_REPORTS)}"
-        )
+    check_choice(early_reports, "early_reports", EARLY_REPORTS)
     scenario, probe = _scenario(
         kinds, unknown, requests, alphabet, factory, symmetry=symmetry, params=params
     )
@@ -282,14 +279,14 @@ def _kinds(
     if connectors is None:
         connectors = DEFAULT_CONNECTORS
     if not isinstance(connectors, Mapping) or not connectors:
-        raise InvalidArgumentError(
+        raise bad_argument(isinstance(connectors, Mapping))(
             f"connectors={shown(connectors)} must be a non-empty Mapping of name to kind"
         )
     kinds: dict[str, str | None] = {}
     for name, kind in connectors.items():
         check_name(name, "connectors key")
         if kind not in (SAVER, RAISES, GARBAGE, None):
-            raise InvalidArgumentError(
+            raise bad_argument(isinstance(kind, str))(
                 f"connectors[{name!r}]={shown(kind)} must be 'saver', 'raises', 'garbage' or None"
             )
         kinds[name] = kind
@@ -298,7 +295,7 @@ def _kinds(
     for name in unknown:
         check_name(name, "unknown item")
         if name in kinds:
-            raise InvalidArgumentError(f"unknown={shown(unknown)} names a connector: {name!r}")
+            raise InvalidValueError(f"unknown={shown(unknown)} names a connector: {name!r}")
     return kinds
 
 
@@ -312,7 +309,7 @@ def _alphabet(events: Collection[str] | None) -> frozenset[str]:
         alphabet = frozenset(events)
         bad = sorted(str(e) for e in alphabet if e not in _KINDS)
         if bad:
-            raise InvalidArgumentError(
+            raise bad_argument(all(isinstance(e, str) for e in alphabet))(
                 f"events={shown(events)} has unknown kinds {bad}; choose from {list(_KINDS)}"
             )
     return alphabet

@@ -23,7 +23,7 @@ from .._explore import (
     explore,
     remaining_seconds,
 )
-from .._validate import shown
+from .._validate import bad_argument, shown
 from ..errors import InvalidArgumentError, InvalidMachineError
 from .declaration import Candidate, Declared, load, machine_name, owned_machine, read, resolve
 
@@ -180,7 +180,7 @@ def _invariant_list(invariants: Any) -> dict[str, Callable[[Any], object]]:
     out: dict[str, Callable[[Any], object]] = {}
     for name, fn in items:
         if not isinstance(name, str) or not name or not callable(fn):
-            raise InvalidArgumentError(
+            raise bad_argument(isinstance(name, str) and callable(fn))(
                 f"invariants item {shown(name)}: {shown(fn)} must be a name and a callable"
             )
         out[name] = fn

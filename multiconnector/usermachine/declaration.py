@@ -13,7 +13,7 @@ import attrs
 from transitions import Machine
 
 from .._validate import shown
-from ..errors import InvalidArgumentError, InvalidMachineError
+from ..errors import InvalidArgumentError, InvalidMachineError, InvalidValueError
 
 __all__ = ["DECLARATION_KEYS", "Candidate", "Declared", "declare", "load", "resolve"]
 
@@ -122,7 +122,7 @@ def load(spec: str, argument: str = "spec") -> Any:
         raise InvalidArgumentError(f"{argument}={shown(spec)} must be a str MODULE:ATTR")
     module_name, colon, attr = spec.partition(":")
     if not colon or not module_name or not attr:
-        raise InvalidArgumentError(
+        raise InvalidValueError(
             f"{argument}={spec!r} must be MODULE:ATTR, such as mypackage.flows:OrderFlow"
         )
     cwd = os.getcwd()
@@ -131,7 +131,7 @@ def load(spec: str, argument: str = "spec") -> Any:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise InvalidArgumentError(
+        raise InvalidValueError(
             f"{argument}={spec!r}: no module named {exc.name!r} (run from the directory that "
             "holds it, or put it on PYTHONPATH)"
         ) from None
@@ -144,7 +144,7 @@ def load(spec: str, argument: str = "spec") -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise InvalidArgumentError(
+            raise InvalidValueError(
                 f"{argument}={spec!r}: {type(obj).__name__} {getattr(obj, '__name__', '?')!r} "
                 f"has no attribute {part!r}"
             ) from None

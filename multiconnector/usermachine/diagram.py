@@ -29,8 +29,8 @@ import attrs
 
 from .._drawing import FORMATS, DiagramMachine, cell, machine_class, mark_initial, titled_mermaid
 from .._explore import Counterexample
-from .._validate import shown
-from ..errors import InvalidArgumentError
+from .._validate import check_choice, shown
+from ..errors import InvalidArgumentError, InvalidValueError
 from .declaration import Declared, declare, load
 
 __all__ = ["Diagram", "draw", "path_of", "run_cli"]
@@ -89,11 +89,11 @@ def path_of(declared: Declared, path: Any, argument: str = "path") -> tuple[Trip
         if (source, trigger, dest) not in declared_triples:
             if source == dest and i == len(steps) - 1:
                 break  # the event a property broke on changed nothing
-            raise InvalidArgumentError(
+            raise InvalidValueError(
                 f"{argument}[{i}]: no {trigger!r} leads from {source!r} to {dest!r} in the machine"
             )
         if source != at:
-            raise InvalidArgumentError(
+            raise InvalidValueError(
                 f"{argument}[{i}] must start in {at!r}, where "
                 + ("the machine starts" if i == 0 else "the previous step ended")
             )
@@ -195,8 +195,7 @@ class Diagram:
 
     def render(self, fmt: str = "mermaid") -> str:
         """The diagram in ``fmt``, one of ``mermaid``, ``dot``, ``svg``, ``md``."""
-        if not isinstance(fmt, str) or fmt not in FORMATS:
-            raise InvalidArgumentError(f"fmt={shown(fmt)} must be one of {', '.join(FORMATS)}")
+        check_choice(fmt, "fmt", FORMATS)
         if fmt == "mermaid":
             return self.mermaid()
         if fmt == "dot":
@@ -235,7 +234,7 @@ def draw(
         if value is not None and not isinstance(value, str):
             raise InvalidArgumentError(f"{argument}={shown(value)} must be a str or None")
     if state is not None and state not in declared.states:
-        raise InvalidArgumentError(
+        raise InvalidValueError(
             f"state={state!r} must be one of the machine's states {list(declared.states)}"
         )
     steps = () if path is None else path_of(declared, path)
@@ -265,10 +264,10 @@ def _report_path(data: Any, prop: str | None) -> Any:
     }
     if prop is None:
         if not traced:
-            raise InvalidArgumentError("the report has no counterexample: every property passed")
+            raise InvalidValueError("the report has no counterexample: every property passed")
         return next(iter(traced.values()))
     if prop not in traced:
-        raise InvalidArgumentError(
+        raise InvalidValueError(
             f"--property {prop!r} must name a property with a counterexample: {sorted(traced)}"
         )
     return traced[prop]

@@ -17,7 +17,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from .._validate import shown
 from ..aggregator import MultiConnector as Aggregator
-from ..errors import ConnectorFailures, InvalidArgumentError
+from ..errors import ConnectorFailures, InvalidArgumentError, InvalidValueError
 from ..registry import ConnectorRegistry
 from .config import ChildSpec, specs_of, without_hma
 from .errors import ChildStartError, HMAUnsupportedError, MetadataMismatchError
@@ -169,7 +169,7 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
                 "children, their names and its books come from the constructor"
             )
         if len(connectors) != len(self._names):
-            raise InvalidArgumentError(
+            raise InvalidValueError(
                 f"_connectors={shown(connectors)} must hold exactly one connector per configured "
                 f"child ({len(self._names)}: {list(self._names)}): names come from the "
                 "configuration"

@@ -25,8 +25,8 @@ from typing import Any, Final, final
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
-from .._validate import check_name, shown
-from ..errors import DuplicateConnectorError, InvalidArgumentError
+from .._validate import bad_argument, check_name, shown
+from ..errors import DuplicateConnectorError, InvalidArgumentError, InvalidValueError
 from .errors import ChildClassError
 
 __all__ = ["CHILDREN_KEY", "NAME_KEY", "ChildSpec", "child_specs", "default_name"]
@@ -113,7 +113,7 @@ def child_specs(
         )
     listed = extra_config.get(CHILDREN_KEY)
     if not isinstance(listed, list | tuple) or not listed:
-        raise InvalidArgumentError(
+        raise bad_argument(isinstance(listed, list | tuple))(
             f"kv_connector_extra_config[{CHILDREN_KEY!r}]={shown(listed)} must be a non-empty "
             "list of child connector configs"
         )
@@ -125,7 +125,7 @@ def child_specs(
         if not isinstance(item, Mapping):
             raise InvalidArgumentError(f"{where}={shown(item)} must be a mapping")
         if "name" in item:
-            raise InvalidArgumentError(
+            raise InvalidValueError(
                 f"{where}['name']={item['name']!r}: a child's name goes in its own "
                 f"kv_connector_extra_config[{NAME_KEY!r}] (vLLM's config checks build each "
                 "child as a KVTransferConfig, which has no 'name' field)"
@@ -133,7 +133,7 @@ def child_specs(
         fields = dict(item)
         connector = fields.get("kv_connector")
         if not isinstance(connector, str) or not connector:
-            raise InvalidArgumentError(
+            raise bad_argument(isinstance(connector, str))(
                 f"{where}['kv_connector']={shown(connector)} must be a connector class name"
             )
         occurrences[connector] = occurrences.get(connector, 0) + 1
@@ -162,7 +162,7 @@ def child_specs(
         try:
             config = KVTransferConfig(**fields)
         except (TypeError, ValueError) as exc:
-            raise InvalidArgumentError(
+            raise bad_argument(isinstance(exc, ValueError))(
                 f"{where} (name={name!r}) is not a valid KVTransferConfig: {exc}"
             ) from exc
         specs.append(ChildSpec(name, config))

@@ -13,7 +13,7 @@ from numbers import Integral
 from typing import Any, Protocol, final
 
 from .._validate import shown
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, InvalidValueError
 from .errors import WrongRoleError
 
 __all__ = ["SchedulerOwner", "SchedulerSide", "Side", "WorkerOwner", "WorkerSide"]
@@ -113,7 +113,7 @@ class SchedulerSide(Side):
         if tokens > 0:
             total = getattr(request, "num_tokens", None)  # an int on vLLM's Request
             if total.__class__ is int and tokens > total - num_computed_tokens:
-                raise InvalidArgumentError(
+                raise InvalidValueError(
                     f"child {self.name!r} answered tokens={tokens} for a request with "
                     f"{total - num_computed_tokens} token(s) left to compute"
                 )
