@@ -245,6 +245,7 @@ def test_a_bad_number_on_the_command_line_is_one_line_and_exit_2() -> None:
     for argv, status, err in results:
         assert status == 2, (argv, status, err)
         assert err.count("\n") == 1 and err.startswith(f"multiconnector {argv[0]}: error: "), err
+        assert err.endswith(" (see --help)\n"), err  # a usage error, as argparse's are
         assert "Traceback" not in err
         option = argv[1].removeprefix("--").replace("-", "_")
         assert argv[1] in err or f"{option}=" in err, err

@@ -22,6 +22,7 @@ from .scenario import (
     EARLY_REPORTS,
     GARBAGE,
     LOAD_EVENTS,
+    MAX_REQUESTS,
     RAISES,
     SAVER,
 )
@@ -63,6 +64,13 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _requests(text: str) -> int:
+    value = _positive(text)
+    if value > MAX_REQUESTS:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_REQUESTS}")
     return value
 
 
@@ -122,7 +130,11 @@ def _add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
         "ghost2, ... that --connectors does not name)",
     )
     parser.add_argument(
-        "--requests", type=_positive, default=2, metavar="N", help="request ids (default: 2)"
+        "--requests",
+        type=_requests,
+        default=2,
+        metavar="N",
+        help=f"request ids, 1 to {MAX_REQUESTS} (default: 2)",
     )
     parser.add_argument(
         "--events",

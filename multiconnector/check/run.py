@@ -52,6 +52,7 @@ from .scenario import (
     DEFAULT_UNKNOWN,
     EARLY_REPORTS,
     GARBAGE,
+    MAX_REQUESTS,
     PARAM_CHOICES,
     RAISES,
     SAVER,
@@ -146,9 +147,9 @@ def check_aggregator(
     """
     started = time.perf_counter()  # max_seconds counts the set-up too
     kinds = _kinds(connectors, unknown)
-    if type(requests) is not int or not 1 <= requests <= 6:
+    if type(requests) is not int or not 1 <= requests <= MAX_REQUESTS:
         raise bad_argument(type(requests) is int)(
-            f"requests={shown(requests)} must be an int from 1 to 6"
+            f"requests={shown(requests)} must be an int from 1 to {MAX_REQUESTS}"
         )
     alphabet = _alphabet(events)
     if not callable(factory):

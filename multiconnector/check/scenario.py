@@ -54,6 +54,8 @@ GARBAGE: Final = "garbage"
 #: more still; the tests check both with one request.
 DEFAULT_CONNECTORS: Final[Mapping[str, str | None]] = {"a": SAVER, "b": SAVER}
 DEFAULT_UNKNOWN: Final[tuple[str, ...]] = ("ghost",)
+#: The most request ids a check takes part (``requests``, ``--requests``).
+MAX_REQUESTS: Final = 6
 #: What a scripted saver may answer as params when the scenario checks them (``params=True``),
 #: each a symbol the ``request_finished`` event carries per saver: nothing, a key of its own
 #: (its name), that key plus the shared key ``=shared`` with the value 1 (equal across savers)
