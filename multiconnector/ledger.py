@@ -37,6 +37,7 @@ _APPLIED: Final = Outcome.applied
 _PHANTOM: Final = Outcome.phantom
 _FINISHING: Final = State.finishing
 _FINISHED: Final = State.finished
+_INF: Final = float("inf")
 
 
 def take_older(since: dict[str, float], cutoff: float) -> list[tuple[str, float]]:
@@ -220,7 +221,7 @@ class SaveLedger:
         request, not once per call); it stays held until its savers report. Costs what it
         returns: the requests are kept in the order they began to wait.
         """
-        if older_than.__class__ is not float or older_than < 0:
+        if older_than.__class__ is not float or not 0 <= older_than < _INF:
             older_than = check_seconds(older_than, "older_than")
         if not self._since:
             return []
