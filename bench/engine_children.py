@@ -155,7 +155,10 @@ class FaultyExampleConnector(RecordingExampleConnector):
       missing, so a later load of the prompt fails on a missing file;
     - ``truncate``: first token ids of the prompts whose every layer file is cut to 16 bytes as
       soon as it is written: a later load fails on a truncated file;
-    - ``get_finished_raises``: every worker ``get_finished`` call raises ``RuntimeError``.
+    - ``get_finished_raises``: every worker ``get_finished`` call raises ``RuntimeError``;
+    - ``fail_every``: ``k``: besides those, the prompts whose first token id is ``0`` modulo
+      ``k`` fail as ``save_fails`` do, and those at ``1`` modulo ``k`` are truncated (the
+      benchmark's faults, a fraction of any prompts).
 
     ``FAULTS`` counts, in-process, what was injected (``label`` -> kind -> count).
     """
@@ -166,8 +169,15 @@ class FaultyExampleConnector(RecordingExampleConnector):
         self._save_fails = {int(t) for t in extra.get("save_fails", ())}
         self._truncate = {int(t) for t in extra.get("truncate", ())}
         self._finished_raises = bool(extra.get("get_finished_raises", False))
+        self._every = int(extra.get("fail_every", 0))
         self._failed_once: set[int] = set()
         self._faults = FAULTS.setdefault(self._label, {})
+
+    def _fails(self, first: int) -> bool:
+        return first in self._save_fails or (self._every > 0 and first % self._every == 0)
+
+    def _truncates(self, first: int) -> bool:
+        return first in self._truncate or (self._every > 0 and first % self._every == 1)
 
     def _fault(self, kind: str) -> None:
         self._faults[kind] = self._faults.get(kind, 0) + 1
@@ -178,7 +188,7 @@ class FaultyExampleConnector(RecordingExampleConnector):
         kept, failing = [], set()
         for request in requests:
             first = int(request.token_ids[0])
-            if request.is_store and first in self._save_fails and first not in self._failed_once:
+            if request.is_store and self._fails(first) and first not in self._failed_once:
                 failing.add(first)
             else:
                 kept.append(request)
@@ -188,7 +198,7 @@ class FaultyExampleConnector(RecordingExampleConnector):
         finally:
             metadata.requests = requests
         for request in kept:
-            if request.is_store and int(request.token_ids[0]) in self._truncate:
+            if request.is_store and self._truncates(int(request.token_ids[0])):
                 name = self._generate_filename_debug(
                     layer_name, request.token_ids, request.mm_hashes
                 )
