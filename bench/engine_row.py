@@ -15,8 +15,8 @@ interquartile range; the whole process's CPU-time ratio is kept beside it.
 
 ``--faults``: the same harness, ours against ours, with and without failing children (issue
 #33: "the server's throughput stays within 10 % of the no-fault run"). Two children that save
-and load through files (``FaultyExampleConnector``); in the faulty engine, the first fails the
-save of one prompt in ``FAIL_EVERY`` with an I/O error, truncates the files of another one in
+and load through files (``FaultyExampleConnector``), on prompts of ``FAULT_PROMPT_TOKENS``; in the
+faulty engine, the first fails the save of one prompt in ``FAIL_EVERY`` with an I/O error, truncates the files of another one in
 ``FAIL_EVERY`` and raises in ``get_finished`` on every step. Each round generates its prompts
 (saving them), resets the prefix cache and generates them again (loading them; the failed loads
 are recomputed, ``kv_load_failure_policy: recompute``). The ratio is faulty ÷ healthy, of the
@@ -42,6 +42,8 @@ from . import engine_harness as h
 TARGET = 1.01
 #: --faults: the faulty engine's figures within this factor of the healthy one's.
 FAULTS_TARGET = 1.10
+#: --faults: the prompts' length.
+FAULT_PROMPT_TOKENS = 100
 #: --faults: one prompt in this many has its save fail, and another one its files truncated.
 FAIL_EVERY = 8
 #: The interquartile range must lie within this fraction of the median.
@@ -92,9 +94,12 @@ def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
         ready = {"ready": module, "torch_threads": torch.get_num_threads()}
         ready["threads"] = threading.active_count()
         print(MARK + json.dumps(ready), flush=True)
+        # --faults: 3 full blocks of 32 and 4 tokens more, so ExampleConnector saves and loads
+        # 96 tokens of each prompt (one shorter than a block is neither saved nor loaded).
+        length = FAULT_PROMPT_TOKENS if side in ("faulty", "healthy") else 32
         for line in sys.stdin:
             seed = int(line)
-            batch = h.prompts(prompts, 32, seed=seed)
+            batch = h.prompts(prompts, length, seed=seed)
             cpu, wall = time.process_time(), time.perf_counter()
             main = time.thread_time()
             out = h.generate(llm, batch, tokens)
