@@ -13,14 +13,14 @@ order (the sides swap places each repeat), on the same fresh prompts (no prefix-
 while the other waits. The ratio is the median of the per-repeat ratios ours ÷ vLLM's, with its
 interquartile range; the whole process's CPU-time ratio is kept beside it.
 
-``--faults``: the same harness, ours against ours, with and without failing children (issue
-#33: "the server's throughput stays within 10 % of the no-fault run"). Two children that save
-and load through files (``FaultyExampleConnector``), on prompts of ``FAULT_PROMPT_TOKENS``; in the
-faulty engine, the first fails the save of one prompt in ``FAIL_EVERY`` with an I/O error, truncates the files of another one in
-``FAIL_EVERY`` and raises in ``get_finished`` on every step. Each round generates its prompts
-(saving them), resets the prefix cache and generates them again (loading them; the failed loads
-are recomputed, ``kv_load_failure_policy: recompute``). The ratio is faulty ÷ healthy, of the
-engine's CPU per generated token and of the wall time per round.
+``--faults``: the same harness, ours against ours, with and without failing children (issue #33:
+"the server's throughput stays within 10 % of the no-fault run"). Two children that save and load
+through files (``FaultyExampleConnector``), on prompts of ``FAULT_PROMPT_TOKENS``; in the faulty
+engine, the first fails the save of one prompt in ``FAIL_EVERY`` with an I/O error, truncates the
+files of another one in ``FAIL_EVERY`` and raises in ``get_finished`` on every step. Each round
+generates its prompts (saving them), resets the prefix cache and generates them again (loading them;
+the failed loads are recomputed, ``kv_load_failure_policy: recompute``). The ratio is faulty ÷
+healthy, of the engine's CPU per generated token and of the wall time per round.
 """
 
 from __future__ import annotations
