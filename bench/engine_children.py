@@ -12,7 +12,9 @@ Extra config keys they read (each child's own ``kv_connector_extra_config``):
 - ``label``: the name of that file (the child's name in the test);
 - ``save_delay_steps`` (:class:`DelayedSaveConnector`): how many worker steps after a request
   finished its save is reported finished;
-- ``disk`` (:class:`DelayedSaveConnector`): ``false`` for no file I/O at all (the benchmark).
+- ``disk`` (:class:`DelayedSaveConnector`): ``false`` for no file I/O at all (the benchmark);
+- ``never_reports`` (:class:`DelayedSaveConnector`): ``true`` for a child that never reports a
+  save it promised.
 """
 
 # vLLM is imported inside functions: the main environment collects this folder and has no engine.
@@ -81,7 +83,9 @@ class DelayedSaveConnector(RecordingExampleConnector):
     Scheduler: ``request_finished`` answers ``True`` for every request (its blocks stay held
     until the workers report it finished sending). Worker: each finished request is reported in
     ``get_finished`` that many calls later. With ``disk: false`` it neither writes nor reads
-    files and never offers tokens to load (the benchmark's child: bookkeeping only).
+    files and never offers tokens to load (the benchmark's child: bookkeeping only). With
+    ``never_reports: true`` it never reports a save at all (a child that promised and went
+    silent: its requests' blocks stay held).
     """
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
@@ -89,6 +93,7 @@ class DelayedSaveConnector(RecordingExampleConnector):
         extra = self._kv_transfer_config.kv_connector_extra_config
         self._delay = int(extra.get("save_delay_steps", 3))
         self._disk = bool(extra.get("disk", True))
+        self._silent = bool(extra.get("never_reports", False))
         self._pending: dict[str, int] = {}
         self._steps = 0
         REPORTED.setdefault(self._label, {})
@@ -124,11 +129,11 @@ class DelayedSaveConnector(RecordingExampleConnector):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, None]:
         self._steps += 1
         STEPS[self._label] = self._steps
-        done = {request_id for request_id, due in self._pending.items() if due <= self._steps}
+        done = {r for r, due in self._pending.items() if 0 <= due <= self._steps}
         for request_id in done:
             del self._pending[request_id]
         for request_id in finished_req_ids:
-            self._pending[request_id] = self._steps + self._delay
+            self._pending[request_id] = -1 if self._silent else self._steps + self._delay
         reported = REPORTED[self._label]
         for request_id in done:
             reported[request_id] = self._steps
@@ -150,7 +155,10 @@ class FaultyExampleConnector(RecordingExampleConnector):
       missing, so a later load of the prompt fails on a missing file;
     - ``truncate``: first token ids of the prompts whose every layer file is cut to 16 bytes as
       soon as it is written: a later load fails on a truncated file;
-    - ``get_finished_raises``: every worker ``get_finished`` call raises ``RuntimeError``.
+    - ``get_finished_raises``: every worker ``get_finished`` call raises ``RuntimeError``;
+    - ``fail_every``: ``k``: besides those, the prompts whose first token id is ``0`` modulo
+      ``k`` fail as ``save_fails`` do, and those at ``1`` modulo ``k`` are truncated (the
+      benchmark's faults, a fraction of any prompts).
 
     ``FAULTS`` counts, in-process, what was injected (``label`` -> kind -> count).
     """
@@ -161,8 +169,15 @@ class FaultyExampleConnector(RecordingExampleConnector):
         self._save_fails = {int(t) for t in extra.get("save_fails", ())}
         self._truncate = {int(t) for t in extra.get("truncate", ())}
         self._finished_raises = bool(extra.get("get_finished_raises", False))
+        self._every = int(extra.get("fail_every", 0))
         self._failed_once: set[int] = set()
         self._faults = FAULTS.setdefault(self._label, {})
+
+    def _fails(self, first: int) -> bool:
+        return first in self._save_fails or (self._every > 0 and first % self._every == 0)
+
+    def _truncates(self, first: int) -> bool:
+        return first in self._truncate or (self._every > 0 and first % self._every == 1)
 
     def _fault(self, kind: str) -> None:
         self._faults[kind] = self._faults.get(kind, 0) + 1
@@ -173,7 +188,7 @@ class FaultyExampleConnector(RecordingExampleConnector):
         kept, failing = [], set()
         for request in requests:
             first = int(request.token_ids[0])
-            if request.is_store and first in self._save_fails and first not in self._failed_once:
+            if request.is_store and self._fails(first) and first not in self._failed_once:
                 failing.add(first)
             else:
                 kept.append(request)
@@ -183,7 +198,7 @@ class FaultyExampleConnector(RecordingExampleConnector):
         finally:
             metadata.requests = requests
         for request in kept:
-            if request.is_store and int(request.token_ids[0]) in self._truncate:
+            if request.is_store and self._truncates(int(request.token_ids[0])):
                 name = self._generate_filename_debug(
                     layer_name, request.token_ids, request.mm_hashes
                 )

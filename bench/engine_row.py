@@ -12,6 +12,15 @@ engines run in two processes, one per class; they take turns, four rounds a repe
 order (the sides swap places each repeat), on the same fresh prompts (no prefix-cache hits),
 while the other waits. The ratio is the median of the per-repeat ratios ours ÷ vLLM's, with its
 interquartile range; the whole process's CPU-time ratio is kept beside it.
+
+``--faults``: the same harness, ours against ours, with and without failing children (issue #33:
+"the server's throughput stays within 10 % of the no-fault run"). Two children that save and load
+through files (``FaultyExampleConnector``), on prompts of ``FAULT_PROMPT_TOKENS``; in the faulty
+engine, the first fails the save of one prompt in ``FAIL_EVERY`` with an I/O error, truncates the
+files of another one in ``FAIL_EVERY`` and raises in ``get_finished`` on every step. Each round
+generates its prompts (saving them), resets the prefix cache and generates them again (loading them;
+the failed loads are recomputed, ``kv_load_failure_policy: recompute``). The ratio is faulty ÷
+healthy, of the engine's CPU per generated token and of the wall time per round.
 """
 
 from __future__ import annotations
@@ -31,20 +40,41 @@ from typing import Any
 from . import engine_harness as h
 
 TARGET = 1.01
+#: --faults: the faulty engine's figures within this factor of the healthy one's.
+FAULTS_TARGET = 1.10
+#: --faults: the prompts' length.
+FAULT_PROMPT_TOKENS = 100
+#: --faults: one prompt in this many has its save fail, and another one its files truncated.
+FAIL_EVERY = 8
 #: The interquartile range must lie within this fraction of the median.
 SPREAD = 0.02
 #: The start of an engine process's answer line on its stdout.
 MARK = "BENCH-ENGINE "
 
 
-def _transfer(ours: bool, storage: Path) -> dict[str, Any]:
+def _transfer(side: str, storage: Path) -> dict[str, Any]:
+    if side in ("faulty", "healthy"):
+        return _fault_transfer(side == "faulty", storage)
     children = [
         h.example_child(
             storage / label, label, None, "DelayedSaveConnector", save_delay_steps=delay, disk=False
         )
         for label, delay in (("a", 2), ("b", 3))
     ]
-    return h.multi_config(children, ours=ours)
+    return h.multi_config(children, ours=side == "ours")
+
+
+def _fault_transfer(faulty: bool, storage: Path) -> dict[str, Any]:
+    faults: dict[str, Any] = {}
+    if faulty:
+        faults = {"fail_every": FAIL_EVERY, "get_finished_raises": True}
+    children = [
+        h.example_child(storage / "first", "first", None, "FaultyExampleConnector", **faults),
+        h.example_child(storage / "second", "second", None, "FaultyExampleConnector"),
+    ]
+    config = h.multi_config(children)
+    config["kv_load_failure_policy"] = "recompute"
+    return config
 
 
 def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
@@ -54,9 +84,9 @@ def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # an idle thread sleeps: no spinning
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as storage:
-        llm = h.make_llm(model, _transfer(side == "ours", Path(storage)))
+        llm = h.make_llm(model, _transfer(side, Path(storage)))
         module = type(h.engine_core(llm).scheduler.connector).__module__
-        expected = "multiconnector.vllm" if side == "ours" else "vllm.distributed"
+        expected = "vllm.distributed" if side == "vllm" else "multiconnector.vllm"
         assert module.startswith(expected), module
         import torch  # noqa: PLC0415 - vLLM imported it already, with the environment set
 
@@ -64,9 +94,12 @@ def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
         ready = {"ready": module, "torch_threads": torch.get_num_threads()}
         ready["threads"] = threading.active_count()
         print(MARK + json.dumps(ready), flush=True)
+        # --faults: 3 full blocks of 32 and 4 tokens more, so ExampleConnector saves and loads
+        # 96 tokens of each prompt (one shorter than a block is neither saved nor loaded).
+        length = FAULT_PROMPT_TOKENS if side in ("faulty", "healthy") else 32
         for line in sys.stdin:
             seed = int(line)
-            batch = h.prompts(prompts, 32, seed=seed)
+            batch = h.prompts(prompts, length, seed=seed)
             cpu, wall = time.process_time(), time.perf_counter()
             main = time.thread_time()
             out = h.generate(llm, batch, tokens)
@@ -75,12 +108,21 @@ def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
             while core.scheduler.requests:  # the late saves: the connectors' work too
                 llm.llm_engine.step()
                 steps += 1
+            if side in ("faulty", "healthy"):  # again, loading what was saved
+                assert llm.reset_prefix_cache()
+                again = h.generate(llm, batch, tokens)
+                assert h.tokens(again) == h.tokens(out)  # a failed load is recomputed
+                out += again
             main = time.thread_time() - main
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
             generated = sum(len(o.outputs[0].token_ids) for o in out)
-            assert generated == prompts * tokens
+            assert generated == len(out) * tokens
             answer = {"cpu": cpu, "main": main, "wall": wall, "tokens": generated}
             answer["drain_steps"] = steps
+            if side == "faulty":  # what was injected so far: the faults did happen
+                from .engine_children import FAULTS  # noqa: PLC0415 - vLLM-side module
+
+                answer["faults"] = dict(FAULTS.get("first", {}))
             print(MARK + json.dumps(answer), flush=True)
         h.shut(llm)
 
@@ -116,41 +158,60 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
-def measure(prompts: int, tokens: int, repeats: int, blocks: int = 1) -> dict[str, Any]:
+def measure(
+    prompts: int,
+    tokens: int,
+    repeats: int,
+    blocks: int = 1,
+    pair: tuple[str, str] = ("ours", "vllm"),
+) -> dict[str, Any]:
+    """``pair``'s engines in turn: the figures of ``pair[0]`` ÷ ``pair[1]``."""
+    a, b = pair
     with tempfile.TemporaryDirectory() as folder:
         model = h.write_tiny_llama(Path(folder) / "model")
-        sides = {side: _start(side, model, prompts, tokens) for side in ("ours", "vllm")}
+        sides = {side: _start(side, model, prompts, tokens) for side in pair}
         try:
             ready = {side: _ask(process) for side, process in sides.items()}
             print(f"engines: {ready}", file=sys.stderr, flush=True)
-            per_token: dict[str, list[float]] = {"ours": [], "vllm": []}
-            process_cpu: dict[str, list[float]] = {"ours": [], "vllm": []}
+            per_token: dict[str, list[float]] = {a: [], b: []}
+            process_cpu: dict[str, list[float]] = {a: [], b: []}
+            walls: dict[str, list[float]] = {a: [], b: []}
+            injected: dict[str, int] = {}
             for repeat in range(repeats + 1):  # repeat 0 warms up
                 # ABBA: two rounds a side, so a drift of the machine's load within the repeat
                 # weighs on both alike; the sides swap places from one repeat to the next.
-                order = ("ours", "vllm", "vllm", "ours") * blocks
+                order = (a, b, b, a) * blocks
                 if repeat % 2:
                     order = order[::-1]
-                sums = {side: [0.0, 0.0, 0] for side in sides}
+                sums = {side: [0.0, 0.0, 0, 0.0] for side in sides}
                 for turn, side in enumerate(order):
                     answer = _ask(sides[side], seed=1000 + 4 * blocks * repeat + turn // 2)
                     sums[side][0] += answer["main"]
                     sums[side][1] += answer["cpu"]
                     sums[side][2] += answer["tokens"]
+                    sums[side][3] += answer["wall"]
+                    if "faults" in answer:
+                        injected = answer["faults"]
                 if repeat:
-                    for side, (main, cpu, generated) in sums.items():
+                    for side, (main, cpu, generated, wall) in sums.items():
                         per_token[side].append(main / generated)
                         process_cpu[side].append(cpu / generated)
+                        walls[side].append(wall / generated)
         finally:
             for process in sides.values():
                 if process.stdin is not None:
                     process.stdin.close()
             for process in sides.values():
                 process.wait(timeout=120)
-    ratios = [o / v for o, v in zip(per_token["ours"], per_token["vllm"], strict=True)]
+    ratios = [o / v for o, v in zip(per_token[a], per_token[b], strict=True)]
     q1, ratio, q3 = quartiles(ratios)
-    whole = [o / v for o, v in zip(process_cpu["ours"], process_cpu["vllm"], strict=True)]
+    whole = [o / v for o, v in zip(process_cpu[a], process_cpu[b], strict=True)]
+    wall = [o / v for o, v in zip(walls[a], walls[b], strict=True)]
     return {
+        "pair": list(pair),
+        "faults_injected": injected,
+        "wall_ratio": statistics.median(wall),
+        "wall_ratio_iqr": list(quartiles(wall)[::2]),
         "engines": ready,
         "process_cpu_ratio": statistics.median(whole),
         "process_cpu_ratio_iqr": list(quartiles(whole)[::2]),
@@ -165,6 +226,19 @@ def measure(prompts: int, tokens: int, repeats: int, blocks: int = 1) -> dict[st
         "iqr_within": max(ratio - q1, q3 - ratio) / ratio,
         "ratios": ratios,
     }
+
+
+def fault_rows(figures: dict[str, Any]) -> list[dict[str, Any]]:
+    """The --faults rows: faulty ÷ healthy, engine CPU per token and wall time."""
+    cpu, wall = figures["ratio"], figures["wall_ratio"]
+    return [
+        {"name": "faults: engine CPU per token, failing children ÷ none", "median": cpu,
+         "p90": figures["ratio_q3"], "unit": "x", "target": f"≤ {FAULTS_TARGET:g}",
+         "met": cpu <= FAULTS_TARGET},
+        {"name": "faults: wall time per token, failing children ÷ none", "median": wall,
+         "p90": figures["wall_ratio_iqr"][1], "unit": "x", "target": f"≤ {FAULTS_TARGET:g}",
+         "met": wall <= FAULTS_TARGET},
+    ]  # fmt: skip
 
 
 def rows(figures: dict[str, Any]) -> list[dict[str, Any]]:
@@ -198,7 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=16)
     parser.add_argument("--blocks", type=int, default=2, help="ABBA blocks a repeat")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: proves it runs")
-    parser.add_argument("--serve", choices=("ours", "vllm"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--faults", action="store_true", help="ours with failing children ÷ ours without"
+    )
+    parser.add_argument(
+        "--serve", choices=("ours", "vllm", "faulty", "healthy"), help=argparse.SUPPRESS
+    )
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -207,24 +286,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.prompts, args.tokens, args.repeats, args.blocks = 4, 4, 2, 1
     started = time.perf_counter()
-    figures = measure(args.prompts, args.tokens, args.repeats, args.blocks)
+    pair = ("faulty", "healthy") if args.faults else ("ours", "vllm")
+    figures = measure(args.prompts, args.tokens, args.repeats, args.blocks, pair)
     figures["seconds"] = time.perf_counter() - started
-    table = rows(figures)
+    table = fault_rows(figures) if args.faults else rows(figures)
     print("| figure | median | target | met |\n|---|---|---|---|")
     for row in table:
         print(_line(row))
     print(
-        f"\nengine: {args.prompts} prompts x {args.tokens} tokens, {args.repeats} repeats; "
-        f"ratio {figures['ratio']:.4f} (IQR {figures['ratio_q1']:.4f}..{figures['ratio_q3']:.4f}, "
-        f"within ±{figures['iqr_within']:.2%}), {figures['seconds']:.0f} s"
+        f"\nengine {pair[0]} ÷ {pair[1]}: {args.prompts} prompts x {args.tokens} tokens, "
+        f"{args.repeats} repeats; ratio {figures['ratio']:.4f} "
+        f"(IQR {figures['ratio_q1']:.4f}..{figures['ratio_q3']:.4f}, "
+        f"within ±{figures['iqr_within']:.2%}); wall ratio {figures['wall_ratio']:.4f} "
+        f"(IQR {figures['wall_ratio_iqr'][0]:.4f}..{figures['wall_ratio_iqr'][1]:.4f}), "
+        f"{figures['seconds']:.0f} s"
     )
+    if args.faults:
+        print(f"faults injected in the faulty engine: {figures['faults_injected']}")
     if args.json:
         merged: dict[str, Any] = {}
         if args.json.exists():
             merged = json.loads(args.json.read_text())
-        merged["engine"] = figures
-        merged["engine_ratio_vs_real_vllm"] = figures["ratio"]
-        merged["rows"] = [r for r in merged.get("rows", []) if not r["name"].startswith("engine ")]
+        if args.faults:
+            merged["engine_faults"] = figures
+        else:
+            merged["engine"] = figures
+            merged["engine_ratio_vs_real_vllm"] = figures["ratio"]
+        names = {row["name"] for row in table}
+        merged["rows"] = [r for r in merged.get("rows", []) if r["name"] not in names]
         merged["rows"] += table
         met = [r["met"] for r in merged["rows"] if r.get("met") is not None]
         merged["all_targets_met"] = all(met)

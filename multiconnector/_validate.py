@@ -183,3 +183,14 @@ def check_bool(value: Any, argument: str) -> bool:
     if isinstance(value, bool):
         return value
     raise InvalidArgumentError(f"{argument}={_shown(value)} must be a bool")
+
+
+def check_seconds(value: Any, argument: str, *, positive: bool = False) -> float:
+    """A finite number of seconds, ``>= 0`` (``> 0`` when ``positive``), as a ``float``."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise InvalidArgumentError(f"{argument}={_shown(value)} must be a number of seconds")
+    seconds = float(value)
+    if not (seconds > 0 if positive else seconds >= 0) or seconds == float("inf"):
+        bound = "> 0" if positive else ">= 0"
+        raise InvalidValueError(f"{argument}={_shown(value)} must be finite and {bound}")
+    return seconds

@@ -19,16 +19,17 @@ on every sequence of a bounded alphabet and on random longer ones.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from ._validate import check_name, check_request_id, check_request_ids, shown
+from ._validate import check_name, check_request_id, check_request_ids, check_seconds, shown
 from .errors import DuplicateConnectorError, InvalidArgumentError, UnknownConnectorError
 from .machine import State
 from .outcome import Outcome
 from .rule import SHARED_LIMIT, Verdict, Verdicts, count
 
-__all__ = ["SaveLedger"]
+__all__ = ["SaveLedger", "take_older"]
 
 logger: Final = logging.getLogger("multiconnector")
 
@@ -36,6 +37,21 @@ _APPLIED: Final = Outcome.applied
 _PHANTOM: Final = Outcome.phantom
 _FINISHING: Final = State.finishing
 _FINISHED: Final = State.finished
+_INF: Final = float("inf")
+
+
+def take_older(since: dict[str, float], cutoff: float) -> list[tuple[str, float]]:
+    """Remove from ``since`` (request id -> when it began to wait, in the order they began) the
+    requests that began at ``cutoff`` or before; return them, oldest first, with when they
+    began. Costs what it returns."""
+    taken: list[tuple[str, float]] = []
+    for request_id, began in since.items():
+        if began > cutoff:
+            break
+        taken.append((request_id, began))
+    for request_id, _ in taken:
+        del since[request_id]
+    return taken
 
 
 class SaveLedger:
@@ -57,6 +73,7 @@ class SaveLedger:
         "_expected",
         "_ignored",
         "_order",
+        "_since",
         "_verdicts",
     )
 
@@ -79,6 +96,9 @@ class SaveLedger:
         self._verdicts = Verdicts()
         self._applied: dict[str, int] = {}
         self._ignored: dict[tuple[Outcome, str | None], int] = {}
+        #: When each held request began to await its savers (``time.monotonic()``), oldest
+        #: first, until :meth:`take_overdue` took it or it was released.
+        self._since: dict[str, float] = {}
 
     def expect(self, savers: Mapping[str, tuple[str, ...]]) -> None:
         """Each request of ``savers`` finished; it awaits a report from each of its names.
@@ -105,9 +125,10 @@ class SaveLedger:
                     self._check(these)
         if not plain:
             savers = {str(request_id): these for request_id, these in savers.items()}
-        awaiting, expected = self._awaiting, self._expected
+        awaiting, expected, since = self._awaiting, self._expected, self._since
         given = None
         names: tuple[str, ...] = ()
+        now = time.monotonic()
         for request_id, these in savers.items():
             if request_id in awaiting:
                 self._ignore("request_finished", request_id, None, Outcome.duplicate)
@@ -118,6 +139,7 @@ class SaveLedger:
                 names = self._canonicalize(these) if found is None else found
             if names:
                 awaiting[request_id] = expected[request_id] = names
+                since[request_id] = now
 
     def report(self, name: str, request_ids: Iterable[str], released: set[str]) -> None:
         """Child ``name`` finished saving each of ``request_ids``; a request that no longer
@@ -151,6 +173,7 @@ class SaveLedger:
             if completes:
                 del awaiting[request_id]
                 del self._expected[request_id]
+                self._since.pop(request_id, None)
                 released.add(request_id)
             else:
                 awaiting[request_id] = rest
@@ -197,6 +220,29 @@ class SaveLedger:
         if len(self._canonical) < SHARED_LIMIT:  # few distinct tuples; garbage cannot grow it
             self._canonical[names] = ordered
         return ordered
+
+    def take_overdue(
+        self, older_than: float, now: float | None = None
+    ) -> list[tuple[str, tuple[str, ...], float]]:
+        """The held requests that have awaited their savers for ``older_than`` seconds or more
+        and were not taken before: ``(request_id, savers still owing, seconds awaited)``, oldest
+        first. Each request is taken once (a saver that never reports is told about once per
+        request, not once per call); it stays held until its savers report. Costs what it
+        returns: the requests are kept in the order they began to wait.
+        """
+        if older_than.__class__ is not float or not 0 <= older_than < _INF:
+            older_than = check_seconds(older_than, "older_than")
+        if not self._since:
+            return []
+        if now is None:
+            now = time.monotonic()
+        elif now.__class__ is not float:
+            now = check_seconds(now, "now")
+        awaiting = self._awaiting
+        return [
+            (request_id, awaiting[request_id], now - began)
+            for request_id, began in take_older(self._since, now - older_than)
+        ]
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ finished it and handed it back to be reported as finished sending.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -32,6 +33,7 @@ from multiconnector import (
     ConnectorRegistry,
     InvalidArgumentError,
     InvalidNameError,
+    InvalidValueError,
     MultiConnector,
     Outcome,
     SaveLedger,
@@ -245,6 +247,9 @@ class Pair:
             if slot in COUNTERS:
                 continue
             value = getattr(self.ledger, slot)
+            if slot == "_since":  # when each began to wait: only the order tells the events
+                mine.append(tuple(value))
+                continue
             mine.append(frozenset(value.items()) if isinstance(value, dict) else value)
         return (*mine, self.ref.records())
 
@@ -610,3 +615,55 @@ def test_str_subclasses_are_held_and_released_as_plain_str() -> None:
     ledger.report(Id("b"), [Id("r1")], released)
     assert released == {"r1"}
     assert [type(r) for r in released] == [str]
+
+
+def test_take_overdue_takes_each_request_once_oldest_first_with_its_owing_savers() -> None:
+    ledger = SaveLedger(CHILDREN)
+    ledger.expect({"r1": ("a", "b")})
+    ledger.expect({"r2": ("a",), "r3": ("b", "c")})
+    released: set[str] = set()
+    ledger.report("b", ["r1"], released)  # r1 owes a alone now
+    ledger.report("a", ["r2"], released)  # r2 released: never overdue
+    assert released == {"r2"}
+    now = time.monotonic()
+    assert ledger.take_overdue(3600.0, now) == []  # nobody waited an hour
+    taken = ledger.take_overdue(0.0, now + 10)
+    assert [(r, owing) for r, owing, _ in taken] == [("r1", ("a",)), ("r3", ("b", "c"))]
+    assert all(9.9 < seconds < 11 for _, _, seconds in taken)
+    assert ledger.take_overdue(0.0, now + 20) == []  # each taken once
+    assert ledger.held() == {"r1": ("a",), "r3": ("b", "c")}  # and still held
+    ledger.expect({"r4": ("c",)})
+    assert [r for r, _, _ in ledger.take_overdue(0.0, now + 30)] == ["r4"]
+
+
+def test_take_overdue_stops_at_the_first_request_not_overdue() -> None:
+    ledger = SaveLedger(CHILDREN)
+    ledger.expect({"r1": ("a",)})
+    began = time.monotonic()
+    ledger.expect({"r2": ("a",)})
+    # r1 and r2 began within the same instant or r1 first: at a cutoff before r2 began, r2 is
+    # not taken, and neither is anything after it
+    assert [r for r, _, _ in ledger.take_overdue(5.0, began + 5.0)] in (["r1"], ["r1", "r2"])
+    ledger.take_overdue(0.0, began + 100)
+    assert ledger.take_overdue(0.0, began + 200) == []
+
+
+@pytest.mark.parametrize(
+    ("older_than", "error"),
+    [
+        (-1.0, InvalidValueError),
+        (float("nan"), InvalidValueError),
+        ("1", InvalidArgumentError),
+        (None, InvalidArgumentError),
+        (True, InvalidArgumentError),
+    ],
+    ids=repr,
+)
+def test_take_overdue_checks_its_argument_and_changes_nothing(
+    older_than: Any, error: type[Exception]
+) -> None:
+    ledger = SaveLedger(CHILDREN)
+    ledger.expect({"r1": ("a",)})
+    with pytest.raises(error, match="older_than"):
+        ledger.take_overdue(older_than)
+    assert [r for r, _, _ in ledger.take_overdue(0.0, time.monotonic() + 1)] == ["r1"]

@@ -19,7 +19,7 @@ from .._validate import shown
 from ..aggregator import MultiConnector as Aggregator
 from ..errors import ConnectorFailures, InvalidArgumentError, InvalidValueError
 from ..registry import ConnectorRegistry
-from .config import ChildSpec, specs_of, without_hma
+from .config import ChildSpec, overdue_seconds, specs_of, without_hma
 from .errors import ChildStartError, HMAUnsupportedError, MetadataMismatchError
 from .ledger import SaveLedger
 from .sides import Call, SchedulerSide, WorkerSide
@@ -40,6 +40,9 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         specs = specs_of(self._kv_transfer_config)
+        #: Both roles: how long a child may owe a save's or a load's report before it is
+        #: counted and warned about (:meth:`Trouble.overdue`); checked before a child starts.
+        self._overdue = overdue_seconds(self._kv_transfer_config.kv_connector_extra_config)
         lacking = without_hma(specs)
         if not vllm_config.scheduler_config.disable_hybrid_kv_cache_manager and lacking:
             raise HMAUnsupportedError(
@@ -97,6 +100,9 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         #: Scheduler: the requests whose asynchronous load was sent to the workers and has not
         #: reported yet (a finished request's record is held for those only).
         self._loads_in_flight: set[str] = set()
+        #: Scheduler: when each of those loads was sent (``time.monotonic()``), in that order,
+        #: until it reported or was found overdue (``report_overdue_seconds``).
+        self._load_since: dict[str, float] = {}
         #: Scheduler: the requests whose saves were handed off to the workers, with the names
         #: they await, until the workers report them finished sending.
         self._saving: dict[str, tuple[str, ...]] = {}

@@ -25,17 +25,34 @@ from typing import Any, Final, final
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
-from .._validate import bad_argument, check_name, shown
+from .._validate import bad_argument, check_name, check_seconds, shown
 from ..errors import DuplicateConnectorError, InvalidArgumentError, InvalidValueError
 from .errors import ChildClassError
 
-__all__ = ["CHILDREN_KEY", "NAME_KEY", "ChildSpec", "child_specs", "default_name"]
+__all__ = [
+    "CHILDREN_KEY",
+    "NAME_KEY",
+    "OVERDUE_KEY",
+    "OVERDUE_SECONDS",
+    "ChildSpec",
+    "child_specs",
+    "default_name",
+    "overdue_seconds",
+]
 
 #: The ``kv_connector_extra_config`` key listing the children (the key vLLM's own uses too).
 CHILDREN_KEY: Final = "connectors"
 
 #: The key, in a child's own ``kv_connector_extra_config``, of its explicit name.
 NAME_KEY: Final = "multiconnector_name"
+
+#: The ``kv_connector_extra_config`` key (beside ``connectors``) of how long a child may owe a
+#: save's or a load's report before it is counted and warned about as overdue.
+OVERDUE_KEY: Final = "report_overdue_seconds"
+#: Its default: above the longest wait vLLM's own connectors allow a transfer by default
+#: (MooncakeConnector's abort timeout, 480 s; NixlConnector's lease is 30 s, renewed while the
+#: decode side lives), so a healthy prefill waiting for its decode is not warned about.
+OVERDUE_SECONDS: Final = 600.0
 
 
 @final
@@ -167,6 +184,13 @@ def child_specs(
             ) from exc
         specs.append(ChildSpec(name, config))
     return tuple(specs)
+
+
+def overdue_seconds(extra_config: Mapping[str, Any]) -> float:
+    """``kv_connector_extra_config[OVERDUE_KEY]``, checked (a number of seconds > 0), or
+    :data:`OVERDUE_SECONDS`."""
+    value = extra_config.get(OVERDUE_KEY, OVERDUE_SECONDS)
+    return check_seconds(value, f"kv_connector_extra_config[{OVERDUE_KEY!r}]", positive=True)
 
 
 def specs_of(kv_transfer_config: Any) -> tuple[ChildSpec, ...]:

@@ -7,6 +7,7 @@ workers, by name, which children save it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from contextlib import suppress
 from typing import Any
@@ -19,6 +20,7 @@ from ..errors import (
     KeyClashError,
     ShutDownError,
 )
+from ..ledger import take_older
 from ..machine import State
 from ..outcome import Outcome
 from ..rule import COUNTER_LIMIT, OTHER_NAMES, transfer_report
@@ -143,6 +145,7 @@ class SchedulerRole(ConnectorBase):
             )
         if self._sides[loader].load_async.get(request_id, False):
             self._loads_in_flight.add(request_id)
+            self._load_since[request_id] = time.monotonic()
             if loader_failed:
                 self._failed_loads[request_id] = loader  # each worker reports it failed
                 self._sides[loader].failed_loads.add(request_id)
@@ -188,6 +191,8 @@ class SchedulerRole(ConnectorBase):
                 "reported failed",
             )
             self._fail_step_loads({name for name, _ in failures})
+        if self._load_since:
+            self._overdue_loads()
         # Built by this connector: the dicts are new and the saver names tuples, so the
         # metadata takes them as they are instead of copying them.
         metadata = NamedMultiConnectorMetadata.owning(children, self._new_savers, self._new_loads)
@@ -201,6 +206,16 @@ class SchedulerRole(ConnectorBase):
             self._failed_loads = {}
             self._load_errors = []
         return metadata
+
+    def _overdue_loads(self) -> None:
+        """Each loader still owing a load's report past ``report_overdue_seconds`` is counted
+        and warned about, once per request; vLLM keeps the request waiting for it."""
+        limit = self._overdue
+        now = time.monotonic()
+        for request_id, began in take_older(self._load_since, now - limit):
+            loader = self._loader(request_id)
+            if loader is not None:
+                self._trouble.overdue("load", loader, request_id, now - began, limit)
 
     def _fail_step_loads(self, names: set[str]) -> None:
         """The loads of this step by the children ``names`` (which sent their workers no
@@ -258,6 +273,7 @@ class SchedulerRole(ConnectorBase):
                 self._confirm_here(finished)
         for request_id in self._recving:
             self._loads_in_flight.discard(request_id)
+            self._load_since.pop(request_id, None)
             loader = self._loader(request_id)
             if loader is not None:
                 tracker.load_finished(request_id, loader)

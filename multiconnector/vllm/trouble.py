@@ -22,12 +22,16 @@ import time
 from collections.abc import Iterable
 from typing import Final
 
-__all__ = ["WARN_SECONDS", "Trouble", "adopt_vllm_logging"]
+__all__ = ["OVERDUE_HOOKS", "WARN_SECONDS", "Trouble", "adopt_vllm_logging"]
 
 logger: Final = logging.getLogger("multiconnector")
 
 #: At most one warning per child and hook in this many seconds (the first with its traceback).
 WARN_SECONDS: Final = 60.0
+
+#: The pseudo-hooks under which a report owed for too long is counted, by kind of transfer: the
+#: field of vLLM's ``KVConnectorOutput`` the child has not reported the request in.
+OVERDUE_HOOKS: Final = {"save": "finished_sending_overdue", "load": "finished_recving_overdue"}
 
 
 class Trouble:
@@ -45,6 +49,46 @@ class Trouble:
     def record(self, hook: str, name: str, exc: BaseException, degraded: str) -> None:
         """Child ``name`` failed in ``hook`` with ``exc``; ``degraded`` says what became of it
         (for the log line: "counted as no hit", ...)."""
+        quiet = self._count(hook, name)
+        if quiet is None:
+            return
+        logger.warning(
+            "child connector %r failed in %s: %s: %s; %s, and the server goes on%s",
+            name,
+            hook,
+            type(exc).__name__,
+            exc,
+            degraded,
+            quiet[1],
+            exc_info=exc if quiet[0] else None,
+        )
+
+    def overdue(self, kind: str, name: str, request_id: str, seconds: float, limit: float) -> None:
+        """Child ``name`` has owed its ``kind`` report (``"save"`` or ``"load"``) of
+        ``request_id`` for ``seconds``, past ``limit``: counted (once per request) under the hook
+        ``finished_sending_overdue`` or ``finished_recving_overdue``, and warned about as a
+        failure is (rate-limited). Its request stays held: KV a child may still be moving is
+        never freed."""
+        hook = OVERDUE_HOOKS[kind]
+        quiet = self._count(hook, name)
+        if quiet is None:
+            return
+        logger.warning(
+            "child connector %r has not reported its %s of request %r for %.0f s "
+            "(report_overdue_seconds=%g); the request's KV blocks stay held until it "
+            "reports, and the server goes on%s",
+            name,
+            kind,
+            request_id,
+            seconds,
+            limit,
+            quiet[1],
+        )
+
+    def _count(self, hook: str, name: str) -> tuple[bool, str] | None:
+        """Count one failure of ``name`` in ``hook``; ``None`` when it is not to be logged
+        (warned about less than :data:`WARN_SECONDS` ago), else whether it is the first of this
+        child and hook, and the note of how many were not logged since the last warning."""
         per = self._counts.get(name)
         if per is None:
             per = self._counts[name] = {}
@@ -58,19 +102,10 @@ class Trouble:
         last = self._warned.get(key)
         if last is not None and now - last[0] < WARN_SECONDS:
             self._warned[key] = (last[0], last[1] + 1)
-            return
+            return None
         self._warned[key] = (now, 0)
         quiet = "" if last is None or not last[1] else f" ({last[1]} more since the last warning)"
-        logger.warning(
-            "child connector %r failed in %s: %s: %s; %s, and the server goes on%s",
-            name,
-            hook,
-            type(exc).__name__,
-            exc,
-            degraded,
-            quiet,
-            exc_info=exc if last is None else None,
-        )
+        return last is None, quiet
 
     def record_all(
         self, hook: str, failures: Iterable[tuple[str, BaseException]], degraded: str

@@ -257,10 +257,20 @@ class WorkerRole(ConnectorBase):
                 failures = _pass_through(results, per_child, extra, failures)
         if len(self._loads):  # nothing to look up while no load is tracked
             self._finish_loads(finished_req_ids)
+        if len(ledger):
+            self._overdue_saves()
         if failures is not None:
             self._absorb("get_transfer_results", failures, "its completions of this step ignored")
         self._due = None
         return results
+
+    def _overdue_saves(self) -> None:
+        """Each child still owing a save's report past ``report_overdue_seconds`` is counted and
+        warned about, once per request; the request stays held until it reports."""
+        limit = self._overdue
+        for request_id, owing, seconds in self._ledger.take_overdue(limit):
+            for name in owing:
+                self._trouble.overdue("save", name, request_id, seconds, limit)
 
     def _due_results(self) -> Any:
         """What is due for the next get_transfer_results to return (made when first needed)."""

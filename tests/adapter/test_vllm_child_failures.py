@@ -9,8 +9,10 @@ ours serves the same. docs/vllm.md, "When a child fails", has the table these te
 
 from __future__ import annotations
 
+import logging
 import pickle
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +22,14 @@ from vllm_support import require_vllm
 require_vllm()
 pytestmark = pytest.mark.vllm
 
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.v1.engine import FinishReason  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm_children import ANSWERS, STORED, Script, child, script  # noqa: E402
-from vllm_harness import BLOCK, Engine, make_config, make_request  # noqa: E402
+from vllm_harness import BLOCK, Engine, make_config, make_connector, make_request  # noqa: E402
 
 from bench.scheduler_parts import runner_output  # noqa: E402
+from multiconnector.errors import InvalidArgumentError, InvalidValueError  # noqa: E402
 
 
 def odd(name: str, made: Script) -> dict[str, Any]:
@@ -269,6 +273,117 @@ def test_a_child_raising_in_request_finished_is_not_awaited(model: Path) -> None
     engine.step()
     assert not engine.held("r1")
     assert engine.connector.child_failures() == {"a": {"request_finished": 1}}
+
+
+# -- a child that never reports: counted and warned about, its request still held ---------------
+
+OVERDUE = 0.05  # report_overdue_seconds in these tests
+
+
+def _stats_taken(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The worker's stats objects, as vLLM collects them each step (FullEngine drops them)."""
+    taken: list[Any] = []
+    collect = engine.worker.get_kv_connector_stats
+
+    def recording() -> Any:
+        found = collect()
+        taken.append(found)
+        return found
+
+    monkeypatch.setattr(engine.worker, "get_kv_connector_stats", recording)
+    return taken
+
+
+def test_a_saver_that_never_reports_is_counted_and_warned_once_per_request(
+    model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b = script(saves=True), script(saves=True)
+    config = make_config(
+        model, [child("a", a), child("b", b)], extra={"report_overdue_seconds": OVERDUE}
+    )
+    engine = FullEngine(config)
+    stats = _stats_taken(engine, monkeypatch)
+    for request_id in ("r1", "r2"):
+        engine.add(make_request(request_id, num_tokens=40))
+    drive(engine, ["r1", "r2"])
+    b.sending.update({"r1", "r2"})  # b reports; a never does
+    engine.step()
+    assert engine.worker.child_failures() == {}  # not overdue yet
+    time.sleep(OVERDUE * 2)
+    with caplog.at_level(logging.WARNING, logger="multiconnector"):
+        for _ in range(3):
+            engine.step()
+    # once per request, under a alone (b reported), however many steps pass
+    assert engine.worker.child_failures() == {"a": {"finished_sending_overdue": 2}}
+    counts = [found.counts for found in stats if found is not None and found.counts]
+    assert counts == [{"a": {"failed.finished_sending_overdue": 2}}]
+    warned = [r.getMessage() for r in caplog.records if "has not reported" in r.getMessage()]
+    assert len(warned) == 1, warned  # rate-limited: one line a minute per child
+    assert "'a'" in warned[0] and "save" in warned[0] and "stay held" in warned[0]
+    # nothing freed under a save a may still be making
+    assert engine.held("r1") and engine.held("r2")
+    a.sending.update({"r1", "r2"})
+    engine.step()
+    assert not engine.held("r1") and not engine.held("r2")
+    assert engine.worker.child_failures() == {"a": {"finished_sending_overdue": 2}}
+
+
+def test_a_saver_that_reports_in_time_is_never_overdue(model: Path) -> None:
+    a = script(saves=True)
+    engine = FullEngine(make_config(model, [child("a", a)], extra={"report_overdue_seconds": 30}))
+    engine.add(make_request("r1", num_tokens=40))
+    drive(engine, ["r1"])
+    a.sending.add("r1")
+    engine.step()
+    assert not engine.held("r1")
+    assert len(engine.worker.ledger) == 0
+    assert engine.worker.child_failures() == {}
+
+
+def test_a_loader_that_never_reports_is_counted_and_the_request_waits(
+    model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = script(tokens=2 * BLOCK, load_async=True)
+    engine = FullEngine(
+        make_config(model, [child("a", a)], extra={"report_overdue_seconds": OVERDUE})
+    )
+    engine.add(make_request("r1", num_tokens=40))
+    engine.step()
+    time.sleep(OVERDUE * 2)
+    with caplog.at_level(logging.WARNING, logger="multiconnector"):
+        for _ in range(3):
+            engine.step()
+    assert engine.connector.child_failures() == {"a": {"finished_recving_overdue": 1}}
+    assert any("its load of request 'r1'" in r.getMessage() for r in caplog.records)
+    assert "r1" not in engine.outputs and computed_for(engine, "r1") == 0  # vLLM waits for it
+    a.recving.add("r1")
+    drive(engine, ["r1"])
+    assert "r1" in engine.outputs
+    assert computed_for(engine, "r1") == 40 - 2 * BLOCK  # loaded, not recomputed
+    assert engine.connector.child_failures() == {"a": {"finished_recving_overdue": 1}}
+    assert engine.scheduler.requests == {}
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (0, InvalidValueError),
+        (-1.0, InvalidValueError),
+        (float("nan"), InvalidValueError),
+        ("60", InvalidArgumentError),
+        (True, InvalidArgumentError),
+    ],
+)
+def test_report_overdue_seconds_is_checked_before_any_child_starts(
+    model: Path, value: Any, error: type[Exception]
+) -> None:
+    a = script(saves=True)
+    with pytest.raises(error, match="report_overdue_seconds"):
+        make_connector(
+            make_config(model, [child("a", a)], extra={"report_overdue_seconds": value}),
+            KVConnectorRole.SCHEDULER,
+        )
+    assert a.instances == []
 
 
 # -- children failing at random steps: the server never sees it ----------------------------------

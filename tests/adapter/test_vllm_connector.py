@@ -14,6 +14,7 @@ import dataclasses  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
 import pickle  # noqa: E402
+import traceback  # noqa: E402
 from contextlib import nullcontext  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -648,6 +649,23 @@ def test_shutdown_attempts_every_child(model: Path) -> None:
         w.shutdown()
     assert caught.value.failed == ("a",)
     assert (a.shutdowns, b.shutdowns) == (1, 1)
+
+
+@pytest.mark.parametrize("failing", [("a",), ("a", "b")])
+def test_a_failure_raised_together_prints_each_childs_error_once(
+    model: Path, failing: tuple[str, ...]
+) -> None:
+    # The group is raised outside the handler of any child's error: its traceback shows each
+    # child's error once, inside the group, not also as the context the group was raised in.
+    scripts = {n: script(shutdown_error=RuntimeError(f"{n} is stuck")) for n in failing}
+    w = worker(model, **{"a": script(), "b": script(), **scripts})
+    with pytest.raises(ConnectorFailures) as caught:
+        w.shutdown()
+    text = "".join(traceback.format_exception(caught.value))
+    for name in failing:
+        assert text.count(f"{name} is stuck") == 1, text
+    assert "During handling of the above exception" not in text
+    assert "direct cause" not in text
 
 
 # -- scheduler side, called directly -----------------------------------------------------------

@@ -87,8 +87,10 @@ def make_config(
     *,
     ours: bool = True,
     kv_role: str = "kv_both",
+    extra: dict[str, Any] | None = None,
 ) -> VllmConfig:
-    """A VllmConfig whose connector is ours or vLLM's MultiConnector over ``children``."""
+    """A VllmConfig whose connector is ours or vLLM's MultiConnector over ``children`` (and
+    ``extra`` beside them in ``kv_connector_extra_config``)."""
     connector, module = OURS if ours else THEIRS
     return VllmConfig(
         model_config=ModelConfig(model=str(model), skip_tokenizer_init=True),
@@ -104,7 +106,7 @@ def make_config(
             kv_connector=connector,
             kv_connector_module_path=module,
             kv_role=kv_role,
-            kv_connector_extra_config={"connectors": children},
+            kv_connector_extra_config={"connectors": children, **(extra or {})},
         ),
         device_config=DeviceConfig("cpu"),
     )

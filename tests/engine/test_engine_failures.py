@@ -16,6 +16,7 @@ nothing is held afterwards, by vLLM or by our books.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,8 @@ OUTPUT_TOKENS = 8
 #: The prompt whose first layer's save fails (its file is missing) and the one whose files are
 #: truncated: loads of either from ``first`` fail.
 SAVE_FAILS, TRUNCATED = 1, 4
+#: report_overdue_seconds of the silent child's test.
+OVERDUE = 2.0
 
 
 def _transfer(tmp: Path) -> dict[str, Any]:
@@ -78,13 +81,13 @@ def _spy_recomputed(scheduler: Any) -> list[str]:
     return recomputed
 
 
-def _failures_metric(llm: Any) -> dict[str, int]:
-    """``vllm:multiconnector_child_failures`` of child ``first`` per hook, as vLLM's
+def _failures_metric(llm: Any, child: str = "first") -> dict[str, int]:
+    """``vllm:multiconnector_child_failures`` of ``child`` per hook, as vLLM's
     Prometheus logger recorded it (``LLM.get_metrics``)."""
     found: dict[str, int] = {}
     for metric in llm.get_metrics():
         if metric.name == "vllm:multiconnector_child_failures":
-            assert metric.labels["child"] == "first", metric
+            assert metric.labels["child"] == child, metric
             found[metric.labels["hook"]] = int(metric.value)
     return found
 
@@ -149,5 +152,47 @@ def test_a_failing_child_costs_recomputes_never_the_engine(
         )
         assert set(recomputed) - seen == _ids(out3)
         _nothing_held(llm)
+    finally:
+        h.shut(llm)
+
+
+def test_a_child_that_never_reports_is_overdue_and_its_requests_stay_held(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """A child that promised saves and went silent: the engine serves on, each of its requests
+    is counted once as overdue past ``report_overdue_seconds`` (in ``child_failures()`` and in
+    vLLM's Prometheus metrics), and their blocks stay held, as nothing may free KV a child may
+    still be writing."""
+    silent = h.example_child(
+        tmp_path / "silent",
+        "silent",
+        None,
+        "DelayedSaveConnector",
+        multiconnector_name="silent",
+        disk=False,
+        never_reports=True,
+    )
+    healthy = h.example_child(tmp_path / "healthy", "healthy", None, multiconnector_name="healthy")
+    config = h.multi_config([silent, healthy])
+    config["kv_connector_extra_config"]["report_overdue_seconds"] = OVERDUE
+    h.engine_environment(in_process=True)
+    llm = h.make_llm(tiny_model, config, disable_log_stats=False)
+    try:
+        first = h.generate(llm, PROMPTS[:3], OUTPUT_TOKENS)
+        assert [len(t) for t in h.tokens(first)] == [OUTPUT_TOKENS] * 3  # served
+        scheduler = h.engine_core(llm).scheduler
+        assert len(scheduler.requests) == 3  # finished, their blocks held for silent's saves
+        # The workers learn who saves a finished request from the next step's metadata: their
+        # clock starts then.
+        later = h.generate(llm, PROMPTS[3:4], OUTPUT_TOKENS)
+        worker = _worker_connector()
+        assert worker.child_failures() == {}  # not overdue yet
+        time.sleep(OVERDUE + 0.5)
+        later += h.generate(llm, PROMPTS[4:5], OUTPUT_TOKENS)  # the engine steps again
+        assert [len(t) for t in h.tokens(later)] == [OUTPUT_TOKENS] * 2
+        assert worker.child_failures() == {"silent": {"finished_sending_overdue": 3}}
+        assert _failures_metric(llm, "silent") == {"finished_sending_overdue": 3}
+        assert len(scheduler.requests) == 5  # all held: silent never reported
+        assert set(scheduler.connector.saving) == set(scheduler.requests)
     finally:
         h.shut(llm)
