@@ -59,11 +59,10 @@ Failures = list[tuple[str, Exception]] | None
 
 class Asked(NamedTuple):
     """What request_finished's first half gathered, for its second half: the claimed record,
-    the claim, its lock stripe, the ready snapshot asked, the savers, the failures, the merged
+    its lock stripe, the ready snapshot asked, the savers, the failures, the merged
     params and the params error (see :meth:`Saving._ask`)."""
 
     record: RequestTransferState
-    claim: object
     stripe: int
     ready: tuple[Entry, ...]
     savers: list[Entry]
@@ -160,10 +159,8 @@ class Saving(Books):
             savers, failures, merged, clash = self._gather(ready, request_id, blocks)
             halves = self._halves
             if halves is None:
-                return self._apply_answers(
-                    record, claim, index, ready, savers, failures, merged, clash
-                )
-            halves.append(Asked(record, claim, index, ready, savers, failures, merged, clash))
+                return self._apply_answers(record, index, ready, savers, failures, merged, clash)
+            halves.append(Asked(record, index, ready, savers, failures, merged, clash))
             return _UNKNOWN_REQUEST, None  # not read
         except BaseException:
             if record is not None:
@@ -259,11 +256,10 @@ class Saving(Books):
         return self._apply_answers(*asked)
 
     # Positional: request_finished calls it with no Asked built (building the NamedTuple took
-    # about 5x the time of a plain tuple of its 8 fields: timeit, CPython 3.11, this machine).
+    # about 5x the time of a plain tuple of its 7 fields: timeit, CPython 3.11, this machine).
     def _apply_answers(  # noqa: PLR0917
         self,
         record: RequestTransferState,
-        claim: object,
         index: int,
         ready: tuple[Entry, ...],
         savers: list[Entry],

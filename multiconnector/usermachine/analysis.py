@@ -514,7 +514,6 @@ class _ModelScenario(_Scenario):
         # Plain models are attached to the given machine (callbacks included), one at a time.
         self.shared = machine
         self.previous: Any = None
-        self.autos = frozenset(f"to_{s}" for s in declared.states)
         #: Whether models are copied (:meth:`fork`); off after the first copy that failed.
         self.forking = True
         self.copies = 0
