@@ -30,6 +30,7 @@ from multiconnector import (
     State,
 )
 from multiconnector import _explore as engine
+from multiconnector.aggregator import checking
 from multiconnector.check import (
     ALPHABET,
     CALLBACKS,
@@ -1012,11 +1013,21 @@ def test_copied_worlds_explore_exactly_what_replayed_ones_do(
 
 
 def test_the_copy_knows_every_slot_of_the_aggregator() -> None:
-    """A slot added to MultiConnector or ConnectorRegistry must be copied too: until fork.py
+    """A slot added to MultiConnector must be copied too: until the aggregator's checking seam
     lists it, the checker replays instead (slower, never wrong), and this test fails."""
     mc = MultiConnector()
     assert forkable(mc)
     assert not forkable(type("Sub", (MultiConnector,), {"__slots__": ()})())
+    assert checking._slots(MultiConnector) == checking._COPIED
+    mc.begin("r")
+    copy = mc._copy(lambda record: record)
+    assert copy is not None and copy.registry is not mc.registry
+    assert copy.registry.entries is mc.registry.entries  # published entries are shared
+    assert copy.peek("r") is mc.peek("r")  # the records the function gave
+    copy.begin("s")
+    assert mc.peek("s") is None  # the books are its own
+    mc.registry.subscribe(lambda entry: None)  # a second listener: not copied
+    assert mc._copy(lambda record: record) is None
 
 
 def test_early_reports_chooses_which_reports_between_the_halves_are_explored() -> None:

@@ -1,0 +1,135 @@
+"""The model checker's seam: all that :mod:`multiconnector.check` does to an aggregator beyond
+its public calls, in one place.
+
+The checker drives the real aggregator through its public methods, and through these three:
+
+* :meth:`Checking._ask` and :meth:`Checking._answer`: ``request_finished``'s two halves (ask every
+  ready connector; apply the answers under the request's lock) as two events, so that any other
+  event can come between them, as it can between two threads. ``request_finished`` is the two
+  halves in one call; the ``_halves`` slot is the one hook it has for this (``None`` but while
+  :meth:`~Checking._ask` runs).
+* :meth:`Checking._copy`: an independent copy of the aggregator, its records copied by the
+  checker's function (the checker keeps its own references to them), so that a state's
+  successors start from a copy instead of replaying the path to it
+  (:mod:`multiconnector.check.fork`).
+
+Nothing here runs outside a model check.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Final, NamedTuple, Self
+
+from ..machine import RequestTransferState
+from ..outcome import Outcome
+from ..registry import Entry
+from .saving import Failures, Saving
+
+__all__ = ["Asked", "Checking"]
+
+
+class Asked(NamedTuple):
+    """What request_finished's first half gathered, for its second half: the claimed record,
+    its lock stripe, the ready snapshot asked, the savers, the failures, the merged params and
+    the params error (see :meth:`Checking._ask`)."""
+
+    record: RequestTransferState
+    stripe: int
+    ready: tuple[Entry, ...]
+    savers: list[Entry]
+    failures: Failures
+    merged: dict[str, Any] | None
+    clash: Exception | None
+
+
+def _slots(cls: type) -> frozenset[str]:
+    """Every slot a class and its bases declare."""
+    return frozenset(s for c in cls.__mro__ for s in c.__dict__.get("__slots__", ()))
+
+
+#: The slots :meth:`Checking._copy` copies: a class with others (a subclass with state of its
+#: own) is not copied.
+_COPIED: Final = frozenset(
+    {
+        "__weakref__",
+        "_allow_equal",
+        "_applied",
+        "_asking",
+        "_closed",
+        "_counts",
+        "_done",
+        "_early",
+        "_finishes",
+        "_halves",
+        "_locks",
+        "_mask",
+        "_parked",
+        "_ready_names",
+        "_registry",
+        "_requests",
+        "_trace",
+        "_verdicts",
+    }
+)
+
+
+class Checking(Saving):
+    """The model checker's seam (see the module's doc)."""
+
+    __slots__ = ()
+
+    def _ask(self, request_id: str, blocks: Sequence[int]) -> Asked | tuple[Outcome, None]:
+        """request_finished's first half alone, for the model check (one thread): claim the
+        request and ask every ready connector. Returns ``(outcome, None)`` when refused (nobody
+        asked), else the :class:`Asked` answers for :meth:`_answer`, whose claim is held until
+        :meth:`_answer` drops it. ``request_finished`` is the two halves in sequence, in one
+        call."""
+        halves: list[Asked] = []
+        self._halves = halves
+        try:
+            refused = self.request_finished(request_id, blocks)
+        finally:
+            self._halves = None
+        return halves[0] if halves else (refused[0], None)
+
+    def _answer(self, asked: Asked | tuple[Any, ...]) -> tuple[Outcome, dict[str, Any] | None]:
+        """request_finished's second half, for the model check: apply what :meth:`_ask`
+        gathered (an :class:`Asked`)."""
+        return self._apply_answers(*asked)
+
+    def _copy(self, record: Callable[[RequestTransferState], RequestTransferState]) -> Self | None:
+        """A copy that behaves exactly as this aggregator would, each of its records
+        ``record(old)`` (a copy the caller keeps, called once per record); ``None`` when it
+        cannot be copied: a class with slots of its own, a registry with other listeners, or a
+        ``request_finished`` between its halves inside :meth:`_ask`.
+
+        What either side may change is copied (records, queues, counters, locks); what no side
+        changes is shared: the registry's published entries, the connectors, the caches of name
+        tuples and verdicts (each value a function of its key alone)."""
+        if _slots(type(self)) != _COPIED or self._halves is not None:
+            return None
+        new = object.__new__(type(self))
+        registry = self._registry._copy(new._connector_gone)
+        if registry is None:
+            return None
+        new._registry = registry
+        new._closed = self._closed
+        new._trace = self._trace
+        new._allow_equal = self._allow_equal
+        new._requests = {rid: record(r) for rid, r in self._requests.items()}
+        new._done = deque(record(r) for r in self._done)
+        new._asking = {record(r): claim for r, claim in self._asking.items()}
+        new._parked = {record(r) for r in self._parked}
+        new._early = {record(r): dict(kept) for r, kept in self._early.items()}
+        new._halves = None
+        new._locks = tuple(threading.Lock() for _ in self._locks)
+        new._mask = self._mask
+        new._counts = tuple(dict(counts) for counts in self._counts)
+        new._applied = tuple(dict(counts) for counts in self._applied)
+        new._finishes = list(self._finishes)
+        new._verdicts = self._verdicts
+        new._ready_names = self._ready_names
+        return new
