@@ -141,9 +141,7 @@ class Saving(Books):
                 self._log_ignored("request_finished", request_id, None, refused)
                 return refused, None
             assert record is not None
-            # The registry's private slot, not ready_entries(): the method call cost about 2 % of
-            # a lifecycle (bench.run's lifecycle, min of repeats: 5.11 -> 5.23 us with the three
-            # hot reads public), so the hot path reads what the method returns.
+            # ready_entries()'s value, read without the call (~2 % of a lifecycle: docs/bench.md).
             ready = self._registry._ready
             savers, failures, merged, clash = self._gather(ready, request_id, blocks)
             halves = self._halves
@@ -250,7 +248,7 @@ class Saving(Books):
             # A saver unregistered while we asked it can never report: abandoned at once.
             # While the registry publishes the snapshot we asked (every change publishes a
             # new one), every saver is still registered.
-            if registry._ready is not ready:  # the hot path's read (see request_finished)
+            if registry._ready is not ready:  # read without the call, as in request_finished
                 awaited = self._intern(
                     tuple([e.name for e in savers if registry.entry(e.name) is e])
                 )
