@@ -8,6 +8,9 @@ The checker drives the real aggregator through its public methods, and through t
   event can come between them, as it can between two threads. ``request_finished`` is the two
   halves in one call; the ``_halves`` slot is the one hook it has for this (``None`` but while
   :meth:`~Checking._ask` runs).
+* :meth:`Checking._held`, :meth:`Checking._queued` and :meth:`Checking._counted`: the books
+  the checker's properties read, read without taking them (``take()`` would be an event) and
+  without the stripes' locks (the checker runs one event at a time).
 * :meth:`Checking._copy`: an independent copy of the aggregator, its records copied by the
   checker's function (the checker keeps its own references to them), so that a state's
   successors start from a copy instead of replaying the path to it
@@ -20,12 +23,13 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, NamedTuple, Self
 
 from ..machine import RequestTransferState
 from ..outcome import Outcome
 from ..registry import Entry
+from ._books import _APPLIED
 from .saving import Failures, Saving
 
 __all__ = ["Asked", "Checking"]
@@ -99,6 +103,31 @@ class Checking(Saving):
         """request_finished's second half, for the model check: apply what :meth:`_ask`
         gathered (an :class:`Asked`)."""
         return self._apply_answers(*asked)
+
+    def _held(self) -> Mapping[str, RequestTransferState]:
+        """The records held, by request id (read, never written)."""
+        return self._requests
+
+    def _queued(self) -> Sequence[RequestTransferState]:
+        """What ``take()`` would hand back now, in order, without taking it."""
+        return self._done
+
+    def _counted(self) -> dict[tuple[Outcome, str | None], int]:
+        """What ``counts()`` and ``connector_counts()`` sum (by outcome; by name), in one read,
+        without the stripes' locks (the checker runs one event at a time): the same sums, in a
+        fifth of the time with the checker's one stripe."""
+        counted = self._counts[0].copy()
+        for index, stripe in enumerate(self._counts):
+            if index:
+                for key, n in stripe.items():
+                    counted[key] = counted.get(key, 0) + n
+            for name, n in self._applied[index].items():
+                key = (_APPLIED, name)
+                counted[key] = counted.get(key, 0) + n
+            if self._finishes[index]:
+                key = (_APPLIED, None)
+                counted[key] = counted.get(key, 0) + self._finishes[index]
+        return counted
 
     def _copy(self, record: Callable[[RequestTransferState], RequestTransferState]) -> Self | None:
         """A copy that behaves exactly as this aggregator would, each of its records

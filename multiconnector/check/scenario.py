@@ -415,12 +415,12 @@ class _World:
 
 def _entries(mc: MultiConnector) -> object:
     """The registry's current entries mapping (replaced, never changed, on every change)."""
-    return getattr(mc.registry, "_entries", None)
+    return getattr(mc.registry, "entries", None)
 
 
 def _held(mc: MultiConnector) -> Mapping[str, RequestTransferState]:
     """The records the aggregator holds, by request id (read, never written)."""
-    return mc._requests
+    return mc._held()
 
 
 def _take_queue(mc: MultiConnector) -> Sequence[RequestTransferState]:
@@ -429,7 +429,7 @@ def _take_queue(mc: MultiConnector) -> Sequence[RequestTransferState]:
     Read from the aggregator's queue of terminal records, which ``take()`` empties in order:
     taking would be an event, not an observation.
     """
-    return mc._done
+    return mc._queued()
 
 
 #: The second half of a request_finished: it applies the answers its first half gathered.
