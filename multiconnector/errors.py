@@ -23,9 +23,18 @@ A bad argument's error is a :class:`TypeError` when its type is wrong and also a
         ├── InvalidMachineError         (also ValueError)   a state machine that fails validation
         ├── NondeterminismError         (also RuntimeError) a model check's replay that diverged
         ├── ShutDownError               (also RuntimeError) work asked of a shut-down aggregator
-        └── ConnectorFailures           (also ExceptionGroup) connectors raised during a fan-out
+        ├── ConnectorFailures           (also ExceptionGroup) connectors raised during a fan-out
+        │   (below: the vLLM adapter's, in multiconnector.vllm.errors)
+        ├── ChildClassError             (also ValueError)   a child connector's class not found
+        ├── ChildStartError             (also RuntimeError) a child connector's constructor raised
+        ├── ChildrenConflictError       (also ValueError)   children's answers that do not combine
+        ├── HMAUnsupportedError         (also ValueError)   the HMA on, a child without support
+        ├── MetadataMismatchError       (also ValueError)   metadata not naming exactly the children
+        └── WrongRoleError              (also RuntimeError) a call the connector's role never gets
 
-(:class:`~multiconnector.check.UnknownPropertyError` is defined with the check's report.)
+Every class above ``ChildClassError`` is defined here;
+:class:`UnknownPropertyError` is also importable from :mod:`multiconnector.check`, with the
+check's report. ``tests/test_errors.py`` holds this tree to the classes that exist.
 
 Events that arrive late, twice, for unknown requests or from unknown connectors are *not*
 errors: they are ignored and reported as an :class:`~multiconnector.Outcome`. Errors are kept
@@ -57,6 +66,7 @@ __all__ = [
     "NondeterminismError",
     "ShutDownError",
     "UnknownConnectorError",
+    "UnknownPropertyError",
     "UnknownRequestError",
 ]
 
@@ -134,6 +144,14 @@ class UnknownConnectorError(MultiConnectorError, _PlainKeyError):
 
 class UnknownRequestError(MultiConnectorError, _PlainKeyError):
     """No request is held under this id."""
+
+
+class UnknownPropertyError(MultiConnectorError, _PlainKeyError):
+    """:meth:`~multiconnector.check.CheckReport.result` was asked for a property the report
+    does not have.
+
+    .. versionadded:: 0.1.0
+    """
 
 
 class DuplicateConnectorError(MultiConnectorError, ValueError):
@@ -259,4 +277,32 @@ class ConnectorFailures(MultiConnectorError, ExceptionGroup):
         super().__init__(message, exceptions)
 
     def derive(self, excs: Sequence[Exception]) -> ConnectorFailures:  # type: ignore[override]
-        return ConnectorFailures(self.message, excs, failed=self.failed, result=self.result)
+        """The group :meth:`split` and :meth:`subgroup` build from part of ``exceptions``:
+        ``failed`` names only the connectors whose exceptions it keeps."""
+        # split() hands over the exceptions kept, each the original or, for a nested group
+        # partly kept, a new group of some of its leaves: owned by the original holding them.
+        named = list(zip(self.exceptions, self.failed, strict=False))  # a clash has no name
+        failed = []
+        for exc in excs:
+            for original, name in named:
+                if exc is original or (
+                    isinstance(exc, BaseExceptionGroup)
+                    and isinstance(original, BaseExceptionGroup)
+                    and any(leaf is _first_leaf(exc) for leaf in _leaves(original))
+                ):
+                    failed.append(name)
+                    break
+        return ConnectorFailures(self.message, excs, failed=failed, result=self.result)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions in ``exc``, its nested groups opened (``exc`` alone if not a group)."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return [exc]
+    return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+
+
+def _first_leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

@@ -230,7 +230,31 @@ class ConnectorRegistry:
         with self._lock:
             self._listeners = (*self._listeners, ref)
 
+    def _copy(self, listener: Listener) -> ConnectorRegistry | None:
+        """A registry with this one's registrations and ``listener`` as its only listener, for
+        the model checker's copies of a world (:mod:`multiconnector.check.fork`); ``None`` when
+        this one has another listener than its aggregator's. The published entries are shared:
+        every change replaces them, none changes them."""
+        if len(self._listeners) != 1:
+            return None
+        new = object.__new__(ConnectorRegistry)
+        new._lock = threading.RLock()
+        new._entries, new._ready = self._entries, self._ready
+        # What subscribe() stores for a bound method, without its checks and lock round.
+        new._listeners = (weakref.WeakMethod(listener),)
+        return new
+
     # -- reading -------------------------------------------------------------------------------
+
+    @property
+    def entries(self) -> Mapping[str, Entry]:
+        """Every registration by name, in registration order: a snapshot, read without a lock.
+
+        Every change publishes a new mapping and none changes a published one, so a snapshot
+        read once stays what it was, and ``registry.entries is snapshot`` says whether the
+        registry changed since.
+        """
+        return self._entries
 
     def entry(self, name: str) -> Entry | None:
         """The current registration of ``name``, or ``None``. Never raises."""

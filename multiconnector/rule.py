@@ -192,7 +192,3 @@ class Verdicts:
             self.kept += 1
             by_awaiting.setdefault(awaiting, {})[name] = verdict
         return verdict
-
-    def without(self, awaiting: tuple[str, ...], name: str) -> tuple[str, ...]:
-        """``awaiting`` without ``name``, shared."""
-        return self.intern(tuple([n for n in awaiting if n != name]))

@@ -87,7 +87,7 @@ class BareTrueNoPromise(MultiConnector):  # type: ignore[misc]
     """Treats a bare ``True`` answer to request_finished as a raise: "made no promise"."""
 
     def _apply_answers(self, *asked: Any) -> tuple[Outcome, dict[str, Any] | None]:
-        record, claim, index, ready, savers, failures, merged, clash = asked
+        record, index, ready, savers, failures, merged, clash = asked
         bare = {
             name
             for name, exc in failures or ()
@@ -95,7 +95,7 @@ class BareTrueNoPromise(MultiConnector):  # type: ignore[misc]
         }
         savers = [e for e in savers if e.name not in bare]  # the bug: not awaited
         return super()._apply_answers(  # type: ignore[no-any-return]
-            record, claim, index, ready, savers, failures, merged, clash
+            record, index, ready, savers, failures, merged, clash
         )
 
 

@@ -494,14 +494,6 @@ def test_a_wrong_type_is_a_type_error_not_a_value_error(call: Callable[[], objec
     assert isinstance(caught.value, InvalidArgumentError)
 
 
-def test_the_errors_tree_lists_every_error_class() -> None:
-    from multiconnector import errors  # noqa: PLC0415
-
-    tree = errors.__doc__ or ""
-    for name in (*errors.__all__, "UnknownPropertyError"):
-        assert re.search(rf"[├└]── {name}\b", tree), name
-
-
 def test_records_compare_by_value_and_are_not_hashable() -> None:
     mc = MultiConnector(ConnectorRegistry({"a": Scripted()}))
     mc.begin("r1")

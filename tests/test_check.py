@@ -15,12 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from transitions import Machine
 
 from multiconnector import (
     InvalidArgumentError,
     InvalidNameError,
+    InvalidValueError,
     KeyClashError,
     MultiConnector,
     MultiConnectorError,
@@ -28,6 +30,7 @@ from multiconnector import (
     State,
 )
 from multiconnector import _explore as engine
+from multiconnector.aggregator import checking
 from multiconnector.check import (
     ALPHABET,
     CALLBACKS,
@@ -556,8 +559,7 @@ def test_the_trap_search_keeps_to_the_budget(monkeypatch: pytest.MonkeyPatch) ->
             apply,
             tuple,
             goal=lambda m: m == [1, 1],
-            independent=lambda a, b: a != b,
-            **kwargs,
+            config=engine.SearchConfig(independent=lambda a, b: a != b, **kwargs),
         )
 
     assert search().verdict == "PASS" and search().reexpanded == 1
@@ -801,13 +803,9 @@ def test_explore_detects_a_nondeterministic_model() -> None:
         ({"invariants": {"x": 3}}, "invariants="),
         ({"invariants": [lambda light: True]}, "invariants="),
         ({"goal": "green"}, "goal='green'"),
-        ({"max_states": 0}, "max_states=0"),
-        ({"progress": "yes"}, "progress='yes'"),
         ({"machine": LIGHT}, "must be given together"),
-        ({"max_seconds": 0}, "max_seconds=0"),
-        ({"max_seconds": "1"}, "max_seconds='1'"),
         ({"expected": True}, "expected=True"),
-        ({"independent": 1}, "independent=1"),
+        ({"config": {"max_states": 1}}, "config={'max_states': 1}"),
     ],
 )
 def test_explore_rejects_bad_arguments(kwargs: dict[str, Any], needle: str) -> None:
@@ -820,6 +818,47 @@ def test_explore_rejects_bad_arguments(kwargs: dict[str, Any], needle: str) -> N
     }
     with pytest.raises(InvalidArgumentError, match=re.escape(needle)):
         explore(**arguments)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle", "error"),
+    [
+        ({"max_states": 0}, "max_states=0", InvalidValueError),
+        ({"max_depth": "3"}, "max_depth='3'", InvalidArgumentError),
+        ({"keep_models": -1}, "keep_models=-1", InvalidValueError),
+        ({"progress": "yes"}, "progress='yes'", InvalidArgumentError),
+        ({"max_seconds": 0}, "max_seconds=0", InvalidValueError),
+        ({"max_seconds": float("inf")}, "max_seconds=inf", InvalidValueError),
+        ({"max_seconds": "1"}, "max_seconds='1'", InvalidArgumentError),
+        ({"independent": 1}, "independent=1", InvalidArgumentError),
+        ({"actor": len, "independent": max}, "not both", InvalidArgumentError),
+        ({"views": len}, "views needs actor", InvalidArgumentError),
+        ({"title": 3}, "title=3", InvalidArgumentError),
+        ({"bounds": [1]}, "bounds=[1]", InvalidArgumentError),
+    ],
+)
+def test_a_search_config_checks_every_field_once_made(
+    kwargs: dict[str, Any], needle: str, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match=re.escape(needle)) as caught:
+        engine.SearchConfig(**kwargs)
+    assert isinstance(caught.value, InvalidArgumentError)
+    config = engine.SearchConfig(max_states=5)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        config.max_states = 6  # type: ignore[misc]
+    with pytest.raises(error, match=re.escape(needle)):
+        attrs.evolve(config, **kwargs)  # an evolved config is checked too
+
+
+def test_check_aggregator_takes_a_search_config_or_its_keywords() -> None:
+    by_config = check_aggregator(SMALL, requests=1, config=engine.SearchConfig(max_depth=3))
+    by_keyword = check_aggregator(SMALL, requests=1, max_depth=3)
+    assert by_config.distinct_states == by_keyword.distinct_states
+    assert by_config.stopped_by == by_keyword.stopped_by == ("max depth",)
+    with pytest.raises(InvalidArgumentError, match="not both"):
+        check_aggregator(SMALL, requests=1, max_depth=3, config=engine.SearchConfig())
+    with pytest.raises(InvalidArgumentError, match="config=3"):
+        check_aggregator(SMALL, requests=1, config=3)  # type: ignore[arg-type]
 
 
 def test_an_invariant_returning_garbage_is_an_error() -> None:
@@ -974,11 +1013,21 @@ def test_copied_worlds_explore_exactly_what_replayed_ones_do(
 
 
 def test_the_copy_knows_every_slot_of_the_aggregator() -> None:
-    """A slot added to MultiConnector or ConnectorRegistry must be copied too: until fork.py
+    """A slot added to MultiConnector must be copied too: until the aggregator's checking seam
     lists it, the checker replays instead (slower, never wrong), and this test fails."""
     mc = MultiConnector()
     assert forkable(mc)
     assert not forkable(type("Sub", (MultiConnector,), {"__slots__": ()})())
+    assert checking._slots(MultiConnector) == checking._COPIED
+    mc.begin("r")
+    copy = mc._copy(lambda record: record)
+    assert copy is not None and copy.registry is not mc.registry
+    assert copy.registry.entries is mc.registry.entries  # published entries are shared
+    assert copy.peek("r") is mc.peek("r")  # the records the function gave
+    copy.begin("s")
+    assert mc.peek("s") is None  # the books are its own
+    mc.registry.subscribe(lambda entry: None)  # a second listener: not copied
+    assert mc._copy(lambda record: record) is None
 
 
 def test_early_reports_chooses_which_reports_between_the_halves_are_explored() -> None:

@@ -4,7 +4,7 @@ Each request's view (the registry and its own record) is explored once instead o
 combination of the requests' states. These tests hold it to the whole search: the same verdicts
 and the same shortest traces on every planted bug and on the real aggregator, the assumption it
 rests on checked (``actors apart``) and caught when a planted bug breaks it, and the generic
-``explore(views=...)`` equal to the whole search on a small model of its own.
+``explore(config=SearchConfig(views=...))`` equal to the whole search on a small model of its own.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from multiconnector import MultiConnector
-from multiconnector._explore import ACTORS_APART, NO_TRAP, explore
+from multiconnector._explore import ACTORS_APART, NO_TRAP, SearchConfig, explore
 from multiconnector.check import ALPHABET, LOAD_EVENTS, check_aggregator
 from multiconnector.check.cli import run_cli
 from multiconnector.errors import InvalidArgumentError
@@ -173,9 +173,9 @@ def _search(views: bool, **kw: Any) -> Any:
         _apply,
         tuple,
         goal=lambda m: m[0] == 3 and m[1] == 3,
-        actor=lambda e: e[1] if len(e) > 1 else None,
-        views=_views if views else None,
-        **kw,
+        config=SearchConfig(
+            actor=lambda e: e[1] if len(e) > 1 else None, views=_views if views else None, **kw
+        ),
     )
 
 
@@ -192,6 +192,6 @@ def test_explore_by_views_finds_the_whole_searchs_trap_as_early() -> None:
 
 def test_explore_views_need_an_actor() -> None:
     with pytest.raises(InvalidArgumentError, match="views needs actor"):
-        explore(lambda: [0, 0], _events, _apply, tuple, views=_views)
+        SearchConfig(views=_views)
     with pytest.raises(InvalidArgumentError, match="views="):
-        explore(lambda: [0, 0], _events, _apply, tuple, actor=lambda e: None, views=3)  # type: ignore[arg-type]
+        SearchConfig(actor=lambda e: None, views=3)  # type: ignore[arg-type]

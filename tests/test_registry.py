@@ -156,3 +156,15 @@ def test_errors_show_the_value_and_what_was_expected(make: Any, words: list[str]
         make()
     assert all(w in str(info.value) for w in words), str(info.value)
     assert str(info.value).endswith(words[-1])
+
+
+def test_entries_is_a_snapshot_replaced_on_every_change() -> None:
+    registry = ConnectorRegistry({"a": None})
+    before = registry.entries
+    assert list(before) == ["a"] and before["a"].connector is None
+    assert registry.entries is before  # unchanged registry: the same snapshot
+    registry.register("b", None)
+    assert registry.entries is not before and list(registry.entries) == ["a", "b"]
+    assert list(before) == ["a"]  # a snapshot read once stays what it was
+    registry.unregister("a")
+    assert list(registry.entries) == ["b"]

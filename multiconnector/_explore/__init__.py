@@ -16,6 +16,7 @@ Breadth-first order makes every counterexample a shortest one: states are number
 they are found, so a state's number never decreases with its depth.
 """
 
+from .config import SearchConfig
 from .explore import explore, remaining_seconds
 from .report import (
     ACTORS_APART,
@@ -61,6 +62,7 @@ __all__ = [
     "Counterexample",
     "NondeterminismError",
     "PropertyResult",
+    "SearchConfig",
     "TraceStep",
     "TransitionCoverage",
     "Triple",

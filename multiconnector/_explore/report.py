@@ -7,7 +7,7 @@ from typing import Any, Final, final
 
 import attrs
 
-from ..errors import MultiConnectorError
+from ..errors import UnknownPropertyError
 
 __all__ = [
     "CheckReport",
@@ -17,16 +17,6 @@ __all__ = [
     "TransitionCoverage",
     "UnknownPropertyError",
 ]
-
-
-class UnknownPropertyError(MultiConnectorError, KeyError):
-    """:meth:`CheckReport.result` was asked for a property the report does not have.
-
-    .. versionadded:: 0.1.0
-    """
-
-    def __str__(self) -> str:  # KeyError shows its argument's repr; this is a sentence
-        return str(self.args[0]) if self.args else ""
 
 
 #: Verdicts of a :class:`CheckReport` (:attr:`CheckReport.verdict`).

@@ -13,6 +13,7 @@ from typing import Any, Final, Generic, TypeVar
 
 from .._validate import shown
 from ..errors import InvalidArgumentError, NondeterminismError
+from .config import SearchConfig
 from .progress import _Progress
 from .report import (
     ACTORS_APART,
@@ -31,7 +32,7 @@ from .report import (
     Triple,
     _jsonable,
 )
-from .views import View, _Views
+from .views import _Views
 
 __all__ = ["NondeterminismError", "declared_transitions"]
 
@@ -104,36 +105,29 @@ class _Search(Generic[M, E]):
         machine: Any,
         fired: Callable[[M], Iterable[Triple]] | None,
         reached: Callable[[M], Iterable[str]] | None,
-        max_states: int | None,
-        max_depth: int | None,
-        max_seconds: float | None = None,
         expected: Callable[[Triple], bool] | None = None,
-        independent: Callable[[E, E], bool] | None = None,
-        alike: Callable[[M, E], Iterable[E]] | None = None,
-        fork: Callable[[M], M | None] | None = None,
-        actor: Callable[[E], Hashable | None] | None = None,
-        views: Callable[[M], Iterable[View]] | None = None,
-        events_of: Callable[[M, frozenset[Any]], Iterable[E]] | None = None,
-        keep_models: int | None = None,
+        config: SearchConfig,
     ) -> None:
         self.initial, self.events, self.apply, self.snapshot = initial, events, apply, snapshot
+        actor, independent = config.actor, config.independent
         #: With ``views``: the search by views (:mod:`.views`), which replaces the sleep sets.
+        views = config.views
         self.views = None if views is None or actor is None else _Views(views, actor, ways_out)
-        self.events_of = events_of if self.views is not None else None
+        self.events_of = config.events_of if self.views is not None else None
         self.checks = list(invariants.items())
         self.goal, self.ways_out = goal, ways_out
         self.fired, self.reached = fired, reached
-        self.max_states, self.max_depth = max_states, max_depth
-        self.max_seconds, self.expected = max_seconds, expected
+        self.max_states, self.max_depth = config.max_states, config.max_depth
+        self.max_seconds, self.expected = config.max_seconds, expected
         if actor is not None and independent is None and self.views is None:
             independent = functools.partial(_different_actors, actor)
         self.independent = independent
         self.actor = None if self.views is not None else actor
         #: With ``actor``: each sleep set's events with their actors (for :meth:`asleep`).
         self.acting: dict[frozenset[Any], tuple[tuple[Any, Hashable | None], ...]] = {}
-        self.alike = alike
-        self.fork = fork
-        self.keep_models = _KEEP_MODELS if keep_models is None else keep_models
+        self.alike = config.alike
+        self.fork = config.fork
+        self.keep_models = _KEEP_MODELS if config.keep_models is None else config.keep_models
         #: Events not applied because an event applied from the same state did the same.
         self.spared = 0
         #: Sleep sets (partial-order reduction), by state: the events not to apply there.
@@ -275,20 +269,17 @@ class _Search(Generic[M, E]):
         return sid
 
     def run(self, show: _Progress) -> None:
+        """The search: every state found expanded breadth-first, until done or a bound; then
+        the trap search."""
         start = time.perf_counter()
         root = self.initial()
         self.observe(root, -1, None)
         self.add(self.snapshot(root), root, -1, None, 0)
-        ids, via, depth, open_ = self.ids, self.via, self.depth, self.open
-        apply, snapshot, ways_out = self.apply, self.snapshot, self.ways_out
-        independent, alike, fork, actor = self.independent, self.alike, self.fork, self.actor
-        views = self.views
-        if views is not None:
-            views.arrive(root, 0)  # every view of the first state is new
+        if self.views is not None:
+            self.views.arrive(root, 0)  # every view of the first state is new
+        via, depth, open_ = self.via, self.depth, self.open
         # With fork: the model each new state was found with, until it is expanded.
         kept: dict[int, M] = {}
-        keep_models = self.keep_models
-        out_src, out_dst = self.out_src, self.out_dst
         index = 0
         deadline = self.deadline = None if self.max_seconds is None else start + self.max_seconds
         # The cyclic garbage collector is paused while searching: the search makes millions of
@@ -317,82 +308,8 @@ class _Search(Generic[M, E]):
                 model: M | None = kept.pop(sid, None)
                 if model is None:
                     model = self.revisit(sid)
-                # An untouched copy of this state's model, copied again for each event that
-                # leaves the state (instead of replaying its path again); None: replay.
-                pristine = fork(model) if fork is not None else None
-                here = snapshot(model) if views is not None else None
-                targets: set[int] = set()
-                asleep = self.sleep[sid]
-                done: list[Any] = []  # the events applied here so far (sleep sets)
-                acts: list[Hashable | None] = []  # with actor: those of done, read when needed
-                same: set[Any] = set()  # events that would do what one applied here did
-                listed, filtered = self.listed(model, sid)
-                for event in listed:
-                    if filtered and views is not None and not views.applies(sid, event):
-                        continue
-                    if asleep is not None and event in asleep:
-                        self.pruned += 1
-                        continue
-                    if event in same:
-                        self.spared += 1
-                        done.append(event)  # explored as far as sleep sets go: it did the same
-                        continue
-                    done.append(event)
-                    # A state of many events can take seconds: stop within it. It stays open
-                    # (not fully expanded); what it reached so far was checked.
-                    if (
-                        deadline is not None
-                        and len(done) & 15 == 0
-                        and time.perf_counter() > deadline
-                    ):
-                        open_[sid] = 1
-                        index -= 1  # the loop's next turn marks it and the rest open
-                        break
-                    if model is None:
-                        if pristine is not None and fork is not None:
-                            model = fork(pristine)
-                        if model is None:
-                            model = self.revisit(sid)
-                    self.generated += 1
-                    try:
-                        apply(model, event)
-                    except Exception as exc:
-                        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                        self.record(NO_EXCEPTION, sid, event, text)
-                        model = None
-                        continue
-                    self.observe(model, sid, event)
-                    if alike is not None:
-                        same.update(alike(model, event))
-                    if views is not None:
-                        keep, model = self.by_views(model, sid, event, here)
-                        if not keep:  # every view of it was found
-                            continue
-                        assert model is not None
-                    key = snapshot(model)
-                    target = ids.get(key)
-                    if target is None:
-                        room = self.max_states is None or len(via) < self.max_states
-                        if not room:
-                            open_[sid] = 1
-                            stopped.setdefault(MAX_STATES, None)
-                            model = None
-                            continue
-                        sleep = None
-                        if actor is not None:
-                            sleep = self.asleep_by_actor(asleep, done, acts)
-                        elif independent is not None:
-                            sleep = self.asleep(asleep, done[:-1], event)
-                        target = self.add(key, model, sid, event, depth[sid] + 1, sleep=sleep)
-                        if fork is not None and len(kept) < keep_models:
-                            kept[target] = model  # expanded from this model, not replayed
-                    targets.add(target)
-                    if views is None and target != sid and (ways_out is None or ways_out(event)):
-                        out_src.append(sid)
-                        out_dst.append(target)
-                    if target != sid:
-                        model = None  # it stands for another state now: replay for the next
-                self.edges += len(targets)
+                if self.expand(sid, model, kept, deadline):
+                    index -= 1  # cut short by the deadline: the next turn marks it open
                 if index & 31 == 0:
                     show.update(len(via), self.generated, depth[sid], len(via) - index)
                     if collecting and index & _COLLECT_EVERY == 0:
@@ -409,6 +326,106 @@ class _Search(Generic[M, E]):
         finally:
             if collecting:
                 gc.enable()
+
+    def expand(self, sid: int, model: M, kept: dict[int, M], deadline: float | None) -> bool:
+        """Apply each event of state ``sid`` (its model ``model``) not spared, recording what
+        each reached; a new state's model goes to ``kept`` (with fork). True when ``deadline``
+        passed within the state: it stays open, not fully expanded."""
+        ids, open_, out_src, out_dst = self.ids, self.open, self.out_src, self.out_dst
+        apply, snapshot, ways_out = self.apply, self.snapshot, self.ways_out
+        alike, fork, views = self.alike, self.fork, self.views
+        # An untouched copy of this state's model, copied again for each event that
+        # leaves the state (instead of replaying its path again); None: replay.
+        pristine = fork(model) if fork is not None else None
+        here = snapshot(model) if views is not None else None
+        targets: set[int] = set()
+        asleep = self.sleep[sid]
+        done: list[Any] = []  # the events applied here so far (sleep sets)
+        acts: list[Hashable | None] = []  # with actor: those of done, read when needed
+        same: set[Any] = set()  # events that would do what one applied here did
+        listed, filtered = self.listed(model, sid)
+        cut = False
+        current: M | None = model
+        for event in listed:
+            if filtered and views is not None and not views.applies(sid, event):
+                continue
+            if asleep is not None and event in asleep:
+                self.pruned += 1
+                continue
+            if event in same:
+                self.spared += 1
+                done.append(event)  # explored as far as sleep sets go: it did the same
+                continue
+            done.append(event)
+            # A state of many events can take seconds: stop within it. It stays open
+            # (not fully expanded); what it reached so far was checked.
+            if deadline is not None and len(done) & 15 == 0 and time.perf_counter() > deadline:
+                open_[sid] = 1
+                cut = True
+                break
+            if current is None:
+                if pristine is not None and fork is not None:
+                    current = fork(pristine)
+                if current is None:
+                    current = self.revisit(sid)
+            self.generated += 1
+            try:
+                apply(current, event)
+            except Exception as exc:
+                text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                self.record(NO_EXCEPTION, sid, event, text)
+                current = None
+                continue
+            self.observe(current, sid, event)
+            if alike is not None:
+                same.update(alike(current, event))
+            if views is not None:
+                keep, current = self.by_views(current, sid, event, here)
+                if not keep:  # every view of it was found
+                    continue
+                assert current is not None
+            key = snapshot(current)
+            target = ids.get(key)
+            if target is None:
+                target = self.found(key, current, sid, event, asleep, done, acts, kept)
+                if target is None:  # no room left: the state stays open
+                    current = None
+                    continue
+            targets.add(target)
+            if views is None and target != sid and (ways_out is None or ways_out(event)):
+                out_src.append(sid)
+                out_dst.append(target)
+            if target != sid:
+                current = None  # it stands for another state now: replay for the next
+        self.edges += len(targets)
+        return cut
+
+    def found(  # noqa: PLR0917
+        self,
+        key: Hashable,
+        model: M,
+        sid: int,
+        event: Any,
+        asleep: frozenset[Any] | None,
+        done: list[Any],
+        acts: list[Hashable | None],
+        kept: dict[int, M],
+    ) -> int | None:
+        """A new state ``key``, reached from ``sid`` by ``event`` (the last of ``done``): its
+        number, or ``None`` when ``max_states`` leaves no room (``sid`` then stays open)."""
+        if self.max_states is not None and len(self.via) >= self.max_states:
+            self.open[sid] = 1
+            self.stopped.setdefault(MAX_STATES, None)
+            return None
+        sleep = None
+        if self.actor is not None:
+            sleep = self.asleep_by_actor(asleep, done, acts)
+        elif self.independent is not None:
+            sleep = self.asleep(asleep, done[:-1], event)
+        target = self.add(key, model, sid, event, self.depth[sid] + 1, sleep=sleep)
+        if self.fork is not None and len(kept) < self.keep_models:
+            kept[target] = model  # expanded from this model, not replayed
+        return target
 
     def traps(self, start: float) -> None:
         """``no trap``, judged on the graph found (the collector still paused: its first full
@@ -575,19 +592,9 @@ class _Search(Generic[M, E]):
                     + (f" ({goal})" if _docstring(self.goal) else ""),
                 )
             )
-        table: tuple[TransitionCoverage, ...] = ()
-        reached: tuple[str, ...] = ()
         if self.machine is not None:
             results += self.coverage_results()
-            declared = set(self.declared)
-            table = tuple(
-                TransitionCoverage(
-                    source=t[0], event=t[1], dest=t[2], count=n, declared=t in declared
-                )
-                for t, n in self.coverage.items()
-            )
-            reached = tuple(s for s in self.declared_states if s in self.seen_states)
-            reached += tuple(sorted(self.seen_states - set(self.declared_states)))
+        table, reached = self.coverage_table()
         return CheckReport(
             title=title,
             bounds=bounds,
@@ -608,6 +615,20 @@ class _Search(Generic[M, E]):
             coverage=table,
             states_reached=reached,
         )
+
+    def coverage_table(self) -> tuple[tuple[TransitionCoverage, ...], tuple[str, ...]]:
+        """Each transition fired, with how often and whether declared, and the states reached:
+        declared ones in declaration order, then the others, sorted (none without a machine)."""
+        if self.machine is None:
+            return (), ()
+        declared = set(self.declared)
+        table = tuple(
+            TransitionCoverage(source=t[0], event=t[1], dest=t[2], count=n, declared=t in declared)
+            for t, n in self.coverage.items()
+        )
+        reached = tuple(s for s in self.declared_states if s in self.seen_states)
+        reached += tuple(sorted(self.seen_states - set(self.declared_states)))
+        return table, reached
 
     def complete_depth(self) -> int:
         """Every event sequence of up to this many events was explored and checked."""

@@ -85,10 +85,6 @@ class BlockPool:
         self.frees = 0
 
     @property
-    def available(self) -> int:
-        return len(self._free)
-
-    @property
     def in_use(self) -> int:
         return self.capacity - len(self._free)
 

@@ -111,7 +111,8 @@ class Books:
         self._early: dict[int, dict[str, Sequence[int]]] = {}
         # Cancelled records kept from take() while a request_finished still asks (see _settle).
         self._parked: set[int] = set()
-        # Set only by _ask (the model check): request_finished then stops after asking.
+        # Set only by checking.Checking._ask (the model check): request_finished then stops
+        # after asking.
         self._halves: list[Any] | None = None
         self._locks = tuple(threading.Lock() for _ in range(stripes))
         self._mask = stripes - 1
@@ -226,7 +227,7 @@ class Books:
         lock held, in the order they came; what they raised, ``(name, exception)``."""
         errors: list[tuple[str, Exception]] = []
         for name, blocks in applied:
-            entry = self._registry._entries.get(name)
+            entry = self._registry.entry(name)
             if entry is not None and entry.on_finished is not None:
                 try:
                     entry.on_finished(request_id, blocks)

@@ -1,7 +1,7 @@
 """The save side's decision: a request finished generating, and who saves it.
 
 :meth:`~MultiConnector.request_finished` asks every ready connector (in two halves, which the
-model check runs as events of their own: ``_ask`` and ``_answer``) and
+model check runs as events of their own: :mod:`.checking`'s ``_ask`` and ``_answer``) and
 :meth:`~MultiConnector.request_finished_by` takes the savers from the caller; both apply the one
 decision, ``_finish``, or the overtaken drain when a cancel came first. The claims that make a
 second, concurrent call a duplicate live here too.
@@ -10,7 +10,7 @@ second, concurrent call a duplicate live here too.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from .._validate import (
     check_block_ids,
@@ -55,21 +55,6 @@ _NOT_FINISHABLE: Final = frozenset(
 
 #: The connectors that failed while asked, each with its exception (``None``: none failed).
 Failures = list[tuple[str, Exception]] | None
-
-
-class Asked(NamedTuple):
-    """What request_finished's first half gathered, for its second half: the claimed record,
-    the claim, its lock stripe, the ready snapshot asked, the savers, the failures, the merged
-    params and the params error (see :meth:`Saving._ask`)."""
-
-    record: RequestTransferState
-    claim: object
-    stripe: int
-    ready: tuple[Entry, ...]
-    savers: list[Entry]
-    failures: Failures
-    merged: dict[str, Any] | None
-    clash: Exception | None
 
 
 def _garbage(name: str, answer: Any) -> InvalidAnswerError:
@@ -123,7 +108,7 @@ class Saving(Books):
         The params returned are a new dict, the caller's to change: the record keeps its own.
         """
         # Two halves: claim and ask every ready connector (_gather), no lock held; then
-        # _apply_answers, under the lock. The model check runs each as an event (see _ask).
+        # _apply_answers, under the lock. The model check runs each as an event (checking.py).
         if request_id.__class__ is not str or not request_id:
             request_id = check_request_id(request_id)
         if blocks.__class__ is not list and blocks.__class__ is not tuple:
@@ -156,14 +141,14 @@ class Saving(Books):
                 self._log_ignored("request_finished", request_id, None, refused)
                 return refused, None
             assert record is not None
-            ready = self._registry._ready  # what ready_entries() returns, without the call
+            # ready_entries()'s value, read without the call (~2 % of a lifecycle: docs/bench.md).
+            ready = self._registry._ready
             savers, failures, merged, clash = self._gather(ready, request_id, blocks)
             halves = self._halves
             if halves is None:
-                return self._apply_answers(
-                    record, claim, index, ready, savers, failures, merged, clash
-                )
-            halves.append(Asked(record, claim, index, ready, savers, failures, merged, clash))
+                return self._apply_answers(record, index, ready, savers, failures, merged, clash)
+            # The model check's first half (checking.Checking._ask): what it gathered.
+            halves.append((record, index, ready, savers, failures, merged, clash))
             return _UNKNOWN_REQUEST, None  # not read
         except BaseException:
             if record is not None:
@@ -239,31 +224,11 @@ class Saving(Books):
             return savers, failures, None, exc
         return savers, failures, merged, None
 
-    def _ask(self, request_id: str, blocks: Sequence[int]) -> Asked | tuple[Outcome, None]:
-        """request_finished's first half alone, for the model check (one thread): claim the
-        request and ask every ready connector. Returns ``(outcome, None)`` when refused (nobody
-        asked), else the :class:`Asked` answers for :meth:`_answer`, whose claim is held until
-        :meth:`_answer` drops it. ``request_finished`` is the two halves in sequence, in one
-        call."""
-        halves: list[Asked] = []
-        self._halves = halves
-        try:
-            refused = self.request_finished(request_id, blocks)
-        finally:
-            self._halves = None
-        return halves[0] if halves else (refused[0], None)
-
-    def _answer(self, asked: Asked | tuple[Any, ...]) -> tuple[Outcome, dict[str, Any] | None]:
-        """request_finished's second half, for the model check: apply what :meth:`_ask`
-        gathered (an :class:`Asked`)."""
-        return self._apply_answers(*asked)
-
-    # Positional: request_finished calls it with no Asked built (building the NamedTuple took
-    # about 5x the time of a plain tuple of its 8 fields: timeit, CPython 3.11, this machine).
+    # Positional: request_finished calls it with no checking.Asked built (building the
+    # NamedTuple took about 5x the time of a plain tuple of its 7 fields: timeit, CPython 3.11).
     def _apply_answers(  # noqa: PLR0917
         self,
         record: RequestTransferState,
-        claim: object,
         index: int,
         ready: tuple[Entry, ...],
         savers: list[Entry],
@@ -283,7 +248,7 @@ class Saving(Books):
             # A saver unregistered while we asked it can never report: abandoned at once.
             # While the registry publishes the snapshot we asked (every change publishes a
             # new one), every saver is still registered.
-            if registry._ready is not ready:
+            if registry._ready is not ready:  # read without the call, as in request_finished
                 awaited = self._intern(
                     tuple([e.name for e in savers if registry.entry(e.name) is e])
                 )
@@ -400,7 +365,7 @@ class Saving(Books):
                     f"savers={shown(names)} must be an iterable of connector names (str)"
                 )
             names = tuple(names)
-        entries = self._registry._entries
+        entries = self._registry.entries
         plain = True
         for given in names:
             if given.__class__ is not str or given not in entries:  # registered: a valid name
@@ -461,7 +426,7 @@ class Saving(Books):
                 outcome = _UNKNOWN_REQUEST
                 self._count(index, outcome, _NO_NAME)
             else:
-                ready = registry._ready
+                ready = registry.ready_entries()
                 cached = self._ready_names
                 if cached[0] is not ready:
                     cached = (ready, self._intern(tuple([e.name for e in ready])))

@@ -66,7 +66,7 @@ def _apply(world: _World, event: Event) -> None:
         )
         if kind == _APPLY_ANSWERS and request is not None:
             entry = world.mc.registry.entry
-            last.savers = tuple((e.name, entry(e.name) is e) for e in request.asking[0][4])
+            last.savers = tuple((e.name, entry(e.name) is e) for e in request.asking[0][3])
             if request.early:
                 last.settled = settled_early(last, request.early)
     world.dirty = True

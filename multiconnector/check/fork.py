@@ -8,23 +8,21 @@ checker's own observations, so that each successor starts from a copy of the sta
 from the start.
 
 A copy must behave exactly as the replayed model would. It is made only for the real
-:class:`~multiconnector.MultiConnector` (not a subclass, which may keep state of its own) whose
-slots, and its registry's, are the ones listed here: anything else is replayed, as before. What
-is shared between copies is immutable (the registry's entries, the connectors, a request
-handed back by ``take()``, the answers a ``request_finished`` gathered, the aggregator's caches
-of name tuples, whose values are functions of their keys); what either side may change is copied
-(records, queues, counters). ``tests/test_check.py``
-compares whole searches with and without copies: the same states, edges, verdicts and traces.
+:class:`~multiconnector.MultiConnector` (not a subclass, which may keep state of its own), by the
+aggregator itself (``_copy``, :mod:`multiconnector.aggregator.checking`), which says when it
+cannot copy (then the world is replayed, as before). What is shared between copies is immutable
+(the registry's entries, the connectors, a request handed back by ``take()``, the answers a
+``request_finished`` gathered, the aggregator's caches of name tuples, whose values are
+functions of their keys); what either side may change is copied (records, queues, counters).
+``tests/test_check.py`` compares whole searches with and without copies: the same states,
+edges, verdicts and traces.
 """
 
 from __future__ import annotations
 
 import functools
-import threading
-import weakref
-from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
 import attrs
 
@@ -33,52 +31,11 @@ from ..machine import RequestTransferState
 from ..registry import ConnectorRegistry
 from .scenario import _Request, _World
 
-#: The aggregator's slots this copy knows; an aggregator with others is replayed instead.
-_AGGREGATOR_SLOTS: Final = frozenset(
-    {
-        "__weakref__",
-        "_allow_equal",
-        "_applied",
-        "_asking",
-        "_closed",
-        "_counts",
-        "_done",
-        "_early",
-        "_finishes",
-        "_halves",
-        "_locks",
-        "_mask",
-        "_parked",
-        "_ready_names",
-        "_registry",
-        "_requests",
-        "_trace",
-        "_verdicts",
-    }
-)
-_REGISTRY_SLOTS: Final = frozenset({"__weakref__", "_entries", "_listeners", "_lock", "_ready"})
-
-
-def _slots(cls: type) -> frozenset[str]:
-    """Every slot a class and its bases declare."""
-    return frozenset(s for c in cls.__mro__ for s in c.__dict__.get("__slots__", ()))
-
-
-#: Whether the aggregator and registry classes have exactly the slots this copy knows.
-_KNOWN: Final = (
-    _slots(MultiConnector) == _AGGREGATOR_SLOTS and _slots(ConnectorRegistry) == _REGISTRY_SLOTS
-)
-
 
 def forkable(mc: object) -> bool:
-    """Whether :func:`_fork` can copy a world around ``mc`` (else it is replayed)."""
-    return (
-        _KNOWN
-        and type(mc) is MultiConnector
-        and type(mc.registry) is ConnectorRegistry
-        and len(mc.registry._listeners) == 1
-        and mc._halves is None
-    )
+    """Whether :func:`_fork` may copy a world around ``mc`` (else it is replayed): the real
+    aggregator on the real registry (a subclass may keep state of its own)."""
+    return type(mc) is MultiConnector and type(mc.registry) is ConnectorRegistry
 
 
 @functools.cache
@@ -115,39 +72,9 @@ def _fork(world: _World) -> _World | None:
                 new.params = dict(old.params)
         return new
 
-    new = object.__new__(MultiConnector)
-    new._closed = mc._closed
-    new._trace = mc._trace
-    new._allow_equal = mc._allow_equal
-    new._requests = {rid: record(r) for rid, r in mc._requests.items()}
-    new._done = deque(record(r) for r in mc._done)
-    # The claim tables key records by id: the copy's by its records' ids. A claimed record is
-    # held (a cancel parks it until the claim is dropped), so it is one of _requests'.
-    held = {id(r): r for r in mc._requests.values()}
-    if not held.keys() >= mc._asking.keys():
-        return None  # pragma: no cover - a claim on a record no longer held: replay
-    new._asking = {id(record(held[key])): claim for key, claim in mc._asking.items()}
-    new._parked = {id(record(held[key])) for key in mc._parked}
-    new._early = {id(record(held[key])): dict(kept) for key, kept in mc._early.items()}
-    new._halves = None
-    new._locks = tuple(threading.Lock() for _ in mc._locks)
-    new._mask = mc._mask
-    new._counts = tuple(dict(counts) for counts in mc._counts)
-    new._applied = tuple(dict(counts) for counts in mc._applied)
-    new._finishes = list(mc._finishes)
-    # Shared: the caches map each key to a value that is a function of the key alone (the
-    # interned tuple of names, the report rule's verdict), so sharing them changes no value read.
-    new._verdicts = mc._verdicts
-    new._ready_names = mc._ready_names
-    old_registry = mc._registry
-    registry = object.__new__(ConnectorRegistry)
-    registry._lock = threading.RLock()
-    registry._entries = old_registry._entries  # replaced, never changed, on every change
-    registry._ready = old_registry._ready
-    # What subscribe() stores for a bound method, without its checks and lock round.
-    registry._listeners = (weakref.WeakMethod(new._connector_gone),)
-    new._registry = registry
-
+    new = mc._copy(record)  # the aggregator's own copy: its books, its registry's entries
+    if new is None:
+        return None
     twin = object.__new__(_World)
     for name in _World.__slots__:  # the checker's own books: immutable, or copied one level
         value = getattr(world, name)

@@ -252,22 +252,9 @@ def _counters(world: _World) -> str | None:
     last = world.last
     if last is None:
         return None
-    mc = world.mc
-    # What counts() and connector_counts() sum (by outcome; by name): one read, not two. The
-    # checker's aggregator has one lock stripe and runs one event at a time, so its books are
-    # read without the stripe's lock: the same sums, in a fifth of the time (the property is
-    # judged on every transition).
-    stripes, applied, finishes = mc._counts, mc._applied, mc._finishes
-    if len(stripes) == 1:
-        counted = stripes[0].copy()
-        for name, n in applied[0].items():
-            key = (_APPLIED, name)
-            counted[key] = counted.get(key, 0) + n
-        if finishes[0]:
-            key = (_APPLIED, None)
-            counted[key] = counted.get(key, 0) + finishes[0]
-    else:
-        counted = mc._merged_counts()
+    # What counts() and connector_counts() sum, in one read (the property is judged on every
+    # transition: see the seam's _counted).
+    counted = world.mc._counted()
     if counted == world.tally:
         return None
     label = _event_text(world, last.event)

@@ -11,6 +11,7 @@ import attrs
 
 from .._explore import (
     CheckReport,
+    SearchConfig,
     explore,
     remaining_seconds,
 )
@@ -89,6 +90,7 @@ def check_aggregator(
     params: bool = False,
     per_request: bool = False,
     early_reports: str = "savers",
+    config: SearchConfig | None = None,
 ) -> CheckReport:
     """Model-check the real aggregator on a bounded scenario: every reachable state, every event.
 
@@ -102,110 +104,130 @@ def check_aggregator(
     (0, 1 or ``None`` each, every combination tried) and the report adds :data:`LOAD_ONCE`.
     ``factory(registry, trace=True, stripes=1)`` builds the aggregator: pass a subclass, or a
     ``functools.partial`` with your options. ``max_states``/``max_depth``/``max_seconds`` bound
-    the search (default: none, so it finishes); see :func:`explore` for the rest.
+    the search (default: none, so it finishes) and ``progress`` shows it, or ``config`` (a
+    :class:`SearchConfig`: the checker sets its reductions, title and bounds shown) holds them.
 
     Coverage (``states reached``, ``transitions fired``) fails only for what the configuration
-    can reach (:func:`reachable_in`: e.g. a request waits for a second report only with two
-    savers); ``strict_coverage=True`` requires every declared state and transition.
-    ``reduction`` (default on) is partial-order reduction: events of different requests
-    commute (:func:`independent`), so their interleavings are not all applied; the verdicts,
-    the states found and the counterexamples' lengths are the same without it.
+    can reach (:func:`reachable_in`); ``strict_coverage=True`` requires every declared state and
+    transition. ``reduction`` (default on) is partial-order reduction: events of different
+    requests commute (:func:`independent`), so their interleavings are not all applied; the
+    verdicts, states found and counterexamples' lengths are the same without it.
 
     ``params=True`` makes scripted savers answer transfer params: each ``request_finished``
-    event also picks, for every ready saver, one of :data:`PARAM_CHOICES` (nothing, a key of
-    its own, or that key plus a shared one with an equal or a different value), and the report
-    adds :data:`PARAMS_MERGED`: the merged params equal the checker's reference merge (which
-    follows the aggregator's ``allow_equal_params``), a ``KeyClashError`` is raised exactly when
-    it says so, once the answers were applied, and no saver's dict is changed. Off by default:
-    it multiplies the ``request_finished`` events by 4 per ready saver.
-
-    ``per_request=True`` checks each request's *view* (the registry and its own record) once,
-    instead of every combination of the requests' states: a state is expanded only when a
-    request's view of it is new, with that request's events and the registry's, ``take`` and
-    the batches. Two requests then cost about what one costs, with the same verdicts and
-    counterexample lengths, as long as the aggregator lets requests interact only through the
-    registry, ``take()`` and batches (the assumption ``reduction`` rests on); a bug that lets
-    one request's events change another's record is found only in the combinations the search
-    keeps. It replaces the sleep sets. See docs/check.md, "Requests apart".
-
-    ``early_reports`` chooses which reports that come while a ``request_finished`` still asks
-    (kept as :attr:`~multiconnector.Outcome.early`, decided when its answers are recorded) are
-    explored, one of :data:`EARLY_REPORTS`: ``"savers"`` (the default: from each connector
-    that call asked and that answered it saves, the report of the very save it promises),
-    ``"all"`` (from every ready connector the request does not await) or ``"off"``. See
-    docs/check.md, "Early reports", for what each costs.
+    event also picks, for every ready saver, one of :data:`PARAM_CHOICES`, and the report adds
+    :data:`PARAMS_MERGED`: the merged params equal the checker's reference merge (which follows
+    ``allow_equal_params``), a ``KeyClashError`` is raised exactly when it says so, once the
+    answers were applied, and no saver's dict is changed (4 times the ``request_finished``
+    events per ready saver). ``per_request=True`` checks each request's *view* (the registry
+    and its own record) once, instead of every combination of the requests' states: two
+    requests then cost about what one costs, with the same verdicts and counterexample lengths
+    as long as requests interact only through the registry, ``take()`` and batches; it replaces
+    the sleep sets (docs/check.md, "Requests apart"). ``early_reports`` chooses which reports
+    that come while a ``request_finished`` still asks (:attr:`~multiconnector.Outcome.early`)
+    are explored, one of :data:`EARLY_REPORTS`: ``"savers"`` (the default: the report of the
+    very save each saver asked promises), ``"all"`` (from every ready connector the request
+    does not await) or ``"off"`` (docs/check.md, "Early reports").
 
     Returns a :class:`CheckReport` with one result per name in :data:`PROPERTIES` (and
     :data:`LOAD_ONCE` after ``no leak`` when the alphabet has a load event, and
     :data:`PARAMS_MERGED` after ``callbacks`` with ``params``).
 
     .. versionadded:: 0.1.0
-    .. versionchanged:: 0.1.0
-       ``events`` may include the load side, :data:`LOAD_EVENTS`; ``max_seconds`` and
-       ``strict_coverage``; ``params``; ``transfer_finished_many`` in :data:`ALPHABET`;
-       ``per_request``; ``early_reports``.
     """
     started = time.perf_counter()  # max_seconds counts the set-up too
+    search = _search_config(config, max_states, max_depth, max_seconds, progress)
     kinds = _kinds(connectors, unknown)
+    alphabet = _alphabet(events)
+    switches = (symmetry, strict_coverage, reduction, params, per_request)
+    _check_switches(requests, factory, *switches, early_reports=early_reports)
+    scenario, probe = _scenario(
+        kinds, unknown, requests, alphabet, factory, symmetry=symmetry, params=params
+    )
+    left = remaining_seconds(search.max_seconds, started)
+    return _explore_scenario(
+        attrs.evolve(scenario, early=early_reports),
+        probe,
+        search=attrs.evolve(search, max_seconds=left),
+        strict_coverage=strict_coverage,
+        reduction=reduction,
+        per_request=per_request,
+        max_seconds=search.max_seconds,
+    )
+
+
+def _search_config(
+    config: object,
+    max_states: int | None,
+    max_depth: int | None,
+    max_seconds: float | None,
+    progress: bool,
+) -> SearchConfig:
+    """The search's bounds: ``config``, or a :class:`SearchConfig` of the keywords (checked)."""
+    if config is None:
+        return SearchConfig(
+            max_states=max_states, max_depth=max_depth, max_seconds=max_seconds, progress=progress
+        )
+    if not isinstance(config, SearchConfig):
+        raise InvalidArgumentError(f"config={shown(config)} must be a SearchConfig or None")
+    if (max_states, max_depth, max_seconds, progress) != (None, None, None, False):
+        raise InvalidArgumentError(
+            "give config or max_states, max_depth, max_seconds and progress, not both"
+        )
+    return config
+
+
+def _check_switches(
+    requests: object, factory: object, *switches: object, early_reports: object
+) -> None:
+    """check_aggregator's count, factory and switches checked (in its signature's order)."""
     if type(requests) is not int or not 1 <= requests <= MAX_REQUESTS:
         raise bad_argument(type(requests) is int)(
             f"requests={shown(requests)} must be an int from 1 to {MAX_REQUESTS}"
         )
-    alphabet = _alphabet(events)
     if not callable(factory):
         raise InvalidArgumentError(f"factory={shown(factory)} must be callable")
-    check_bool(symmetry, "symmetry")
-    check_bool(strict_coverage, "strict_coverage")
-    check_bool(reduction, "reduction")
-    check_bool(params, "params")
-    check_bool(per_request, "per_request")
+    names = ("symmetry", "strict_coverage", "reduction", "params", "per_request")
+    for name, switch in zip(names, switches, strict=True):
+        check_bool(switch, name)
     check_choice(early_reports, "early_reports", EARLY_REPORTS)
-    scenario, probe = _scenario(
-        kinds, unknown, requests, alphabet, factory, symmetry=symmetry, params=params
-    )
-    scenario = attrs.evolve(scenario, early=early_reports)
-    return _explore_scenario(
-        scenario,
-        probe,
-        started=started,
-        max_states=max_states,
-        max_depth=max_depth,
-        max_seconds=max_seconds,
-        strict_coverage=strict_coverage,
-        reduction=reduction,
-        progress=progress,
-        per_request=per_request,
-    )
 
 
 def _explore_scenario(
     scenario: _Scenario,
     probe: _World,
     *,
-    started: float,
-    max_states: int | None,
-    max_depth: int | None,
-    max_seconds: float | None,
+    search: SearchConfig,
     strict_coverage: bool,
     reduction: bool,
-    progress: bool,
     per_request: bool = False,
+    max_seconds: float | None = None,
 ) -> CheckReport:
     """:func:`explore` on the scenario, with the checker's properties, reductions and report
-    (``started``: when the call began, as ``max_seconds`` counts the set-up too)."""
+    (``search``: its bounds, ``max_seconds`` what is left of the budget the report shows as
+    ``max_seconds``, the set-up having spent some)."""
     kinds, alphabet, params = scenario.kinds, scenario.alphabet, scenario.params
-    requests = len(scenario.ids)
-    factory = scenario.factory
     bounds = _bounds(
         scenario,
-        requests=requests,
-        max_states=max_states,
-        max_depth=max_depth,
+        requests=len(scenario.ids),
+        max_states=search.max_states,
+        max_depth=search.max_depth,
         max_seconds=max_seconds,
         reduction=reduction,
         per_request=per_request,
     )
-    factory_name = getattr(factory, "__qualname__", type(probe).__qualname__)
+    factory_name = getattr(scenario.factory, "__qualname__", type(probe).__qualname__)
+    search = attrs.evolve(
+        search,
+        actor=_actor if reduction or per_request else None,
+        alike=_alike if reduction else None,
+        views=_views if per_request else None,
+        # (alike as the reduction says: with it off, every request_finished is listed)
+        events_of=functools.partial(_events_of, alike=reduction) if per_request else None,
+        fork=_fork,
+        independent=None,
+        bounds=bounds,
+        title=f"multiconnector check: the transfer machine, on the real {factory_name}",
+    )
     return explore(
         scenario.fresh,
         _events,
@@ -220,19 +242,8 @@ def _explore_scenario(
         label=_label(probe),
         data=_data(scenario.ids),
         annotate=_annotate,
-        max_states=max_states,
-        max_depth=max_depth,
-        max_seconds=remaining_seconds(max_seconds, started),
         expected=None if strict_coverage else reachable_in(kinds, alphabet),
-        actor=_actor if reduction or per_request else None,
-        alike=_alike if reduction else None,
-        views=_views if per_request else None,
-        # (alike as the reduction says: with it off, every request_finished is listed)
-        events_of=functools.partial(_events_of, alike=reduction) if per_request else None,
-        fork=_fork,
-        progress=progress,
-        bounds=bounds,
-        title=f"multiconnector check: the transfer machine, on the real {factory_name}",
+        config=search,
     )
 
 

@@ -417,12 +417,12 @@ class _World:
 
 def _entries(mc: MultiConnector) -> object:
     """The registry's current entries mapping (replaced, never changed, on every change)."""
-    return getattr(mc.registry, "_entries", None)
+    return getattr(mc.registry, "entries", None)
 
 
 def _held(mc: MultiConnector) -> Mapping[str, RequestTransferState]:
     """The records the aggregator holds, by request id (read, never written)."""
-    return mc._requests
+    return mc._held()
 
 
 def _take_queue(mc: MultiConnector) -> Sequence[RequestTransferState]:
@@ -431,7 +431,7 @@ def _take_queue(mc: MultiConnector) -> Sequence[RequestTransferState]:
     Read from the aggregator's queue of terminal records, which ``take()`` empties in order:
     taking would be an event, not an observation.
     """
-    return mc._done
+    return mc._queued()
 
 
 #: The second half of a request_finished: it applies the answers its first half gathered.
@@ -533,7 +533,7 @@ def _reporters(world: _World, i: int, names: tuple[str, ...]) -> tuple[str, ...]
     entry = world.mc.registry.entry
     savers: set[str] = set()
     for asked in r.asking:
-        savers.update(n for s in asked[4] if entry(n := s.name) is s)
+        savers.update(n for s in asked[3] if entry(n := s.name) is s)
     return tuple(n for n in names if n not in ready or n in awaiting or n in savers)
 
 

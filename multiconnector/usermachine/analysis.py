@@ -20,6 +20,7 @@ from .._explore import (
     TRANSITIONS_FIRED,
     CheckReport,
     Counterexample,
+    SearchConfig,
     explore,
     remaining_seconds,
 )
@@ -253,16 +254,12 @@ def check_machine(
     declared = read(built)
     factory = None if free_guards else (model if model is not None else own_factory)
     label_name = label_name or declared.name or getattr(machine, "__qualname__", "") or "a machine"
-    if factory is not None:
-        scenario: _Scenario = _ModelScenario(declared, factory, snapshot, built)
-        guards = "your code: explored on fresh models from " + getattr(
-            factory, "__qualname__", repr(factory)
-        )
-        if max_states is None:
-            max_states = DEFAULT_MODEL_STATES
-    else:
-        scenario = _FreeScenario(declared)
-        guards = "free choices (no model factory): each named guard may be true or false"
+    scenario, guards = _scenario(declared, factory, snapshot, built)
+    if factory is not None and max_states is None:
+        max_states = DEFAULT_MODEL_STATES
+    bounds = SearchConfig(
+        max_states=max_states, max_depth=max_depth, max_seconds=max_seconds, progress=progress
+    )
     return explore(
         scenario.initial,
         scenario.events,
@@ -276,22 +273,54 @@ def check_machine(
         label=scenario.label,
         data=scenario.data,
         annotate=scenario.annotate,
+        config=_search(
+            bounds, scenario, declared, label_name=label_name, guards=guards, started=started
+        ),
+    )
+
+
+def _search(
+    bounds: SearchConfig,
+    scenario: _Scenario,
+    declared: Declared,
+    *,
+    label_name: str,
+    guards: str,
+    started: float,
+) -> SearchConfig:
+    """The search :func:`check_machine` runs: ``bounds``, what is left of its ``max_seconds``
+    since ``started``, the copies of ``scenario``'s models, and the report's heading."""
+    return attrs.evolve(
+        bounds,
         fork=scenario.fork,
         keep_models=_KEEP_MODELS,
-        max_states=max_states,
-        max_depth=max_depth,
-        max_seconds=remaining_seconds(max_seconds, started),
-        progress=progress,
+        max_seconds=remaining_seconds(bounds.max_seconds, started),
         bounds=_bounds(
             declared,
             label_name,
             guards,
-            max_states=max_states,
-            max_depth=max_depth,
-            max_seconds=max_seconds,
+            max_states=bounds.max_states,
+            max_depth=bounds.max_depth,
+            max_seconds=bounds.max_seconds,
         ),
         title=f"multiconnector check: the machine {label_name}",
     )
+
+
+def _scenario(
+    declared: Declared,
+    factory: Callable[[], Any] | None,
+    snapshot: Callable[[Any], Hashable] | None,
+    built: Machine,
+) -> tuple[_Scenario, str]:
+    """What :func:`check_machine` explores: real models from ``factory``, or free guards
+    (``factory`` ``None``); and how the report shows the guards."""
+    if factory is None:
+        guards = "free choices (no model factory): each named guard may be true or false"
+        return _FreeScenario(declared), guards
+    shown_factory = getattr(factory, "__qualname__", repr(factory))
+    guards = f"your code: explored on fresh models from {shown_factory}"
+    return _ModelScenario(declared, factory, snapshot, built), guards
 
 
 def _check_options(free_guards: Any, model: Any, snapshot: Any) -> None:
@@ -514,7 +543,6 @@ class _ModelScenario(_Scenario):
         # Plain models are attached to the given machine (callbacks included), one at a time.
         self.shared = machine
         self.previous: Any = None
-        self.autos = frozenset(f"to_{s}" for s in declared.states)
         #: Whether models are copied (:meth:`fork`); off after the first copy that failed.
         self.forking = True
         self.copies = 0

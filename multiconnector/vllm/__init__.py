@@ -53,11 +53,11 @@ the saves each finished request awaits (the core's report rule for a finishing r
 
 The subpackage is layered: :mod:`~multiconnector.vllm.config` (the children),
 :mod:`~multiconnector.vllm.wire` (what crosses processes), :mod:`~multiconnector.vllm.sides`
-(each child as the core sees it), :mod:`~multiconnector.vllm.ledger` (re-exports the core's ledger),
-:mod:`~multiconnector.vllm._base` (the state and fan-out helpers both roles share),
-:mod:`~multiconnector.vllm.worker` and :mod:`~multiconnector.vllm.scheduler` (each role's
-calls) and :mod:`~multiconnector.vllm.connector` (the class, assembled from the roles), on top of
-the core, which never imports it.
+(each child as the core sees it), :mod:`~multiconnector.vllm._base` (the state and fan-out
+helpers both roles share), :mod:`~multiconnector.vllm.worker` and
+:mod:`~multiconnector.vllm.scheduler` (each role's calls) and
+:mod:`~multiconnector.vllm.connector` (the class, assembled from the roles), on top of the core,
+which never imports it.
 
 .. versionadded:: 0.1.0
 """
@@ -74,6 +74,7 @@ except ModuleNotFoundError as _missing:
         name=_missing.name,
     ) from None
 
+from ..ledger import SaveLedger
 from .config import CHILDREN_KEY, NAME_KEY, ChildSpec, child_specs, default_name
 from .connector import MultiConnector
 from .errors import (
@@ -84,7 +85,6 @@ from .errors import (
     MetadataMismatchError,
     WrongRoleError,
 )
-from .ledger import SaveLedger
 from .trouble import adopt_vllm_logging
 from .wire import (
     NamedEvents,

@@ -18,10 +18,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from .._validate import shown
 from ..aggregator import MultiConnector as Aggregator
 from ..errors import ConnectorFailures, InvalidArgumentError, InvalidValueError
+from ..ledger import SaveLedger
 from ..registry import ConnectorRegistry
 from .config import ChildSpec, overdue_seconds, specs_of, without_hma
 from .errors import ChildStartError, HMAUnsupportedError, MetadataMismatchError
-from .ledger import SaveLedger
 from .sides import Call, SchedulerSide, WorkerSide
 from .trouble import Trouble
 from .wire import NamedMultiConnectorMetadata

@@ -22,11 +22,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 from .._validate import shown
 from ..aggregator import MultiConnector as Aggregator
 from ..errors import InvalidArgumentError
+from ..ledger import SaveLedger
 from ..outcome import Outcome
 from ._base import ConnectorBase, _failed
 from .config import child_specs, connector_class, specs_of, without_hma
 from .errors import ChildrenConflictError
-from .ledger import SaveLedger
 from .scheduler import SchedulerRole
 from .wire import (
     FAILED,

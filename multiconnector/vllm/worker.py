@@ -317,14 +317,14 @@ class WorkerRole(ConnectorBase):
         for request_id in check_request_ids(request_ids):
             owing = expected.get(request_id)
             if owing is None or name not in owing:
-                self._counted_ignored(name, request_id, owing)
+                self._counted_ignored(name, owing)
                 continue
             owing.discard(name)
             if not owing:
                 del expected[request_id]
             self._forward.setdefault(name, {})[request_id] = 1
 
-    def _counted_ignored(self, name: str, request_id: str, owing: set[str] | None) -> None:
+    def _counted_ignored(self, name: str, owing: set[str] | None) -> None:
         outcome = Outcome.unknown_request if owing is None else Outcome.phantom
         key = (outcome, name)
         self._counted_outcomes[key] = self._counted_outcomes.get(key, 0) + 1

@@ -30,8 +30,8 @@ from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 
 from multiconnector import Outcome  # noqa: E402
+from multiconnector.ledger import SaveLedger  # noqa: E402
 from multiconnector.vllm import MultiConnector  # noqa: E402
-from multiconnector.vllm.ledger import SaveLedger  # noqa: E402
 
 # vLLM logs every connector it builds, and our adapter every ignored report: thousands.
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800), pytest.mark.usefixtures("quiet")]
