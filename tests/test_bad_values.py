@@ -29,9 +29,8 @@ from multiconnector import (
     MultiConnector,
     SaveLedger,
 )
-from multiconnector._explore.explore import explore
 from multiconnector._workload.config import SimulationConfig
-from multiconnector.check import check_aggregator
+from multiconnector.check import SearchConfig, check_aggregator
 from multiconnector.diagram import find_path, render, steps
 from multiconnector.usermachine import check_machine, draw
 from multiconnector.usermachine.declaration import load
@@ -44,10 +43,6 @@ MACHINE = {
     "transitions": [{"trigger": "go", "source": "a", "dest": "z"}],
 }
 GOOD_STEP = ["request_finished", "pending", "finished", None]
-
-
-def _explore(**bad: Any) -> object:
-    return explore(lambda: 0, lambda m: (), lambda m, e: None, lambda m: m, **bad)
 
 
 class Tokens(Scripted):
@@ -130,10 +125,10 @@ CASES: list[Row] = [
     ("check_aggregator()", "early_reports='some'", lambda m, b: check_aggregator(early_reports="some"), InvalidValueError, "early_reports='some'"),
     ("check_aggregator()", "early_reports=None", lambda m, b: check_aggregator(early_reports=None), InvalidArgumentError, "early_reports=None"),
     # explore
-    ("explore()", "max_states=0", lambda m, b: _explore(max_states=0), InvalidValueError, "max_states=0"),
-    ("explore()", "keep_models=0", lambda m, b: _explore(keep_models=0), InvalidValueError, "keep_models=0"),
-    ("explore()", "max_seconds=-1.0", lambda m, b: _explore(max_seconds=-1.0), InvalidValueError, "max_seconds=-1.0"),
-    ("explore()", "max_depth=1.5", lambda m, b: _explore(max_depth=1.5), InvalidArgumentError, "max_depth=1.5"),
+    ("SearchConfig()", "max_states=0", lambda m, b: SearchConfig(max_states=0), InvalidValueError, "max_states=0"),
+    ("SearchConfig()", "keep_models=0", lambda m, b: SearchConfig(keep_models=0), InvalidValueError, "keep_models=0"),
+    ("SearchConfig()", "max_seconds=-1.0", lambda m, b: SearchConfig(max_seconds=-1.0), InvalidValueError, "max_seconds=-1.0"),
+    ("SearchConfig()", "max_depth=1.5", lambda m, b: SearchConfig(max_depth=1.5), InvalidArgumentError, "max_depth=1.5"),
     # check_machine, load, draw
     ("check_machine()", "max_states=0", lambda m, b: check_machine(MACHINE, max_states=0), InvalidValueError, "max_states=0"),
     ("check_machine()", "max_depth=0", lambda m, b: check_machine(MACHINE, max_depth=0), InvalidValueError, "max_depth=0"),
