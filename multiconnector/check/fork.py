@@ -44,10 +44,12 @@ _AGGREGATOR_SLOTS: Final = frozenset(
         "_counts",
         "_done",
         "_early",
+        "_early_loads",
         "_finishes",
         "_halves",
         "_locks",
         "_mask",
+        "_matching",
         "_parked",
         "_ready_names",
         "_registry",
@@ -124,6 +126,8 @@ def _fork(world: _World) -> _World | None:
     new._asking = {record(r): claim for r, claim in mc._asking.items()}
     new._parked = {record(r) for r in mc._parked}
     new._early = {record(r): dict(kept) for r, kept in mc._early.items()}
+    new._matching = {record(r): n for r, n in mc._matching.items()}
+    new._early_loads = {record(r): list(kept) for r, kept in mc._early_loads.items()}
     new._halves = None
     new._locks = tuple(threading.Lock() for _ in mc._locks)
     new._mask = mc._mask
