@@ -49,12 +49,12 @@ KNOWN: dict[str, tuple[str, int]] = {
     "terminal state left again": ("terminal absorbing", 4),  # begin, finish, cancel
     "phantom report accepted": ("no early free", 4),  # begin, finish saving a, b reports
     "last report does not finish": ("no trap", 4),  # begin, finish saving a, a reports
-    # begin, match_tokens choosing a, a reports its load twice
-    "duplicate load completion accepted": ("load once", 4),
-    # begin, match_tokens choosing a, b reports a load
-    "load completion from an unchosen connector accepted": ("load once", 3),
-    # begin, match_tokens choosing a, unregister a, a reports its load
-    "load completion from an unregistered loader accepted": ("load once", 4),
+    # begin, match_tokens choosing a (asks, records), a reports its load twice
+    "duplicate load completion accepted": ("load once", 5),
+    # begin, match_tokens choosing a (asks, records), b reports a load
+    "load completion from an unchosen connector accepted": ("load once", 4),
+    # begin, match_tokens choosing a (asks, records), unregister a, a reports its load
+    "load completion from an unregistered loader accepted": ("load once", 5),
     # params (checked with params=True and savers a and b only): begin, request_finished asks
     # (a and b answer the shared key), applies it: no clash raised
     "params clash merged by overwriting": ("params merged", 3),
@@ -74,6 +74,8 @@ KNOWN: dict[str, tuple[str, int]] = {
     "batch applies a duplicate twice": ("right outcome", 4),
     # begin, request_finished asks (a saves), a reports before the answers are recorded
     "early report dropped as a phantom": ("right outcome", 3),
+    # begin, match_tokens asks (a answers 1), a reports its load before the loader is recorded
+    "early load report dropped as a phantom": ("right outcome", 3),
 }
 
 #: The planted bugs of the checker's later properties: each fails the property meant and
