@@ -567,6 +567,10 @@ CATALOG: tuple[Broken, ...] = (
         why="begin, match_tokens with a answering 1 (asks, records: a is chosen), load_finished b",
         factory=UnchosenLoaderAccepted,
         events=ALPHABET + LOAD_EVENTS,
+        also={
+            "no leak": "a completion from another connector while the match asks, applied, "
+            "then the match records the one that delivered it: its load awaited for ever",
+        },
     ),
     Broken(
         name="load completion from an unregistered loader accepted",
@@ -580,6 +584,8 @@ CATALOG: tuple[Broken, ...] = (
             "no early free": "its unregistering forgotten, a cancelled request whose loader went"
             " is settled again when the name is unregistered again: queued twice",
             "no exception": "take() raises on the record queued twice",
+            "no leak": "sooner, 4 events: the loader's unregistering forgotten, its request "
+            "awaits the load of a connector that is gone (stranded)",
         },
     ),
     # -- params (checked with params=True; two savers, no None slot, to stay small) ----------

@@ -168,10 +168,10 @@ def _no_leak(world: _World) -> str | None:
         loader, loaded, gone = r.load_view
         if loader is not None and not (loaded or gone) and r.load_owed != loader:
             # A connector reports a load once: a load awaited that is owed no more (delivered,
-            # even early) is awaited for ever.
+            # even early, or its loader unregistered) is awaited for ever.
             return (
                 f"{r.request_id} is {view[0].value} awaiting the load of {loader}, which owes "
-                "none (already delivered): it is stranded"
+                "none (delivered already, or unregistered): it is stranded"
             )
         if view[0] not in TERMINAL or i in world.queue:
             continue
