@@ -249,8 +249,9 @@ def test_a_load_counterexample_names_the_chosen_loader() -> None:
     report = checked_bug(bug)
     data = json.loads(json.dumps(report.to_dict()))
     (prop,) = [p for p in data["properties"] if p["name"] == "load once"]
-    begin, match, load = [s["data"] for s in prop["counterexample"]["steps"]]
+    begin, match, recorded, load = [s["data"] for s in prop["counterexample"]["steps"]]
     assert begin == ["begin", "r1"] and match[:2] == ["match_tokens", "r1"]
+    assert recorded == ["match_tokens_apply", "r1"]  # its second half records the loader
     # The savers are asked in registration order (a, then b): the first answering more than 0
     # is chosen, and every answer must be known (None would leave the loader unchosen).
     tokens = match[2]
@@ -451,7 +452,7 @@ def test_the_cli_load_check_names_an_unregistered_loader(
         for n in "ab"
     }
     assert [s.data[0] for s in failure.counterexample.steps] == [  # type: ignore[union-attr]
-        "begin", "match_tokens", "unregister", "load_finished"
+        "begin", "match_tokens", "match_tokens_apply", "unregister", "load_finished"
     ]  # fmt: skip
     argv = ["--connectors", "a,b,none=none", "--requests", "1", "--load", "--no-progress"]
     assert check_module.run_cli(argv) == 0  # the real aggregator passes it
