@@ -60,7 +60,9 @@ class Outcome(enum.StrEnum):
     ignored under the rule it then falls under (``phantom``, most often). It is counted once,
     then, under that outcome; an applied one's ``on_finished`` is called by the thread that
     recorded the answers. A second report from the same connector while the first is kept is
-    a ``duplicate``.
+    a ``duplicate``. The same for a load report from a ready connector while a
+    ``match_tokens`` for the request still asks: decided once the loader is recorded (applied
+    when it is the chosen loader, its ``on_load_finished`` called by that call).
 
     .. versionadded:: 0.1.0
     """

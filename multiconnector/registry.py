@@ -41,6 +41,12 @@ class Connector(Protocol):
     * ``get_stats() -> Any``: anything; reported under the connector's registration name;
     * ``shutdown() -> None``: called by :meth:`MultiConnector.shutdown`.
 
+    A connector may report (``transfer_finished``, ``load_finished``) from any thread at any
+    time, even from inside its own ``request_finished`` or ``get_num_new_matched_tokens``, or
+    from a thread it starts there, before the aggregator recorded its answer: such a report is
+    :attr:`~multiconnector.Outcome.early`, kept and decided once the answer is recorded.
+    Connectors are never called under an aggregator lock, so they may call back into it.
+
     .. versionadded:: 0.1.0
     """
 

@@ -1,4 +1,5 @@
-"""The transfer report rule, written once: what "connector ``name`` finished saving" does.
+"""The report rules, written once: what "connector ``name`` finished saving" does, and what
+"connector ``name`` finished loading" does.
 
 :func:`transfer_report` is the one decision. From a request's state (``None``: not held), the
 names it still awaits, expects and abandoned, and the reporting name, it gives a
@@ -10,9 +11,11 @@ the model checker explores.
 Every side that applies a transfer report reads its verdict here: the aggregator's
 :meth:`~multiconnector.MultiConnector.transfer_finished` and
 :meth:`~multiconnector.MultiConnector.transfer_finished_many`, and
-:class:`~multiconnector.SaveLedger` (a vLLM worker's saves). ``multiconnector.check.reference``
-is the exception on purpose: the checker's oracle restates the rule independently, to catch
-this one.
+:class:`~multiconnector.SaveLedger` (a vLLM worker's saves). :func:`load_report` is the load
+side's one decision, read by :meth:`~multiconnector.MultiConnector.load_finished` and by the
+decision of the load reports that came while ``match_tokens`` asked.
+``multiconnector.check.reference`` is the exception on purpose: the checker's oracle restates
+the rules independently, to catch these.
 
 Verdicts for a report the request awaits are many and alike (every request of a deployment
 awaits one of a few name tuples), so :class:`Verdicts` remembers them, keyed by what they depend
@@ -32,9 +35,11 @@ __all__ = [
     "COUNTER_LIMIT",
     "OTHER_NAMES",
     "SHARED_LIMIT",
+    "LoadVerdict",
     "Verdict",
     "Verdicts",
     "count",
+    "load_report",
     "transfer_report",
 ]
 
@@ -42,6 +47,10 @@ __all__ = [
 #: report is ignored (then ``awaited after`` is the awaited tuple given); ``completes`` is true
 #: when the report moved the request into a terminal state.
 Verdict = tuple[Outcome, State | None, tuple[str, ...], bool]
+
+#: ``(outcome, loaded)``: the outcome of a load report, and whether the record's ``loaded`` is
+#: true after it (an applied load, or the drain of a terminal request's load).
+LoadVerdict = tuple[Outcome, bool]
 
 #: Distinct name tuples (and verdicts) kept for sharing: awaited sets are few, requests many, and
 #: made-up names cannot grow the tables past this.
@@ -131,6 +140,59 @@ def transfer_report(
     else:
         outcome = Outcome.phantom
     return (outcome, None, awaiting, False)
+
+
+def load_report(
+    state: State | None,
+    loader: str | None,
+    name: str,
+    *,
+    loaded: bool = False,
+    loader_gone: bool = False,
+    abandoned: Collection[str] = (),
+    early: Collection[str] | None = None,
+) -> LoadVerdict:
+    """The verdict on connector ``name``'s load report for a request in ``state`` whose chosen
+    loader is ``loader`` (``loaded``: its report was applied or drained already;
+    ``loader_gone``: it was unregistered since it was chosen), ``abandoned`` its record's.
+
+    An early report is one the request cannot decide yet: ``early`` is not ``None`` when a
+    ``match_tokens`` for the request is still asking the connectors (the loader it chooses is
+    not recorded: ``name`` may be starting that very load), ``name`` is a ready connector, and
+    ``early`` holds the names whose early load reports are kept already. The report is then
+    ``early``: kept, and decided (by this rule, with ``early`` ``None``) once the loader is
+    recorded, as if it arrived right after; or a ``duplicate`` when ``name`` is kept already.
+
+    Otherwise, in this order: ``unknown_request`` (``state`` is ``None``); on a terminal
+    request, the drain of its load (``drained``) from a loader that neither reported nor was
+    unregistered, else ``terminal``; from the chosen loader, ``unregistered`` when it was
+    unregistered since it was chosen, ``applied`` when it has not reported, ``unregistered``
+    when its name was abandoned (its load ended when it was unregistered), else
+    ``duplicate``; from any other name ``phantom``, which a caller that knows the name's
+    connector refines into ``unknown_connector`` or ``not_ready``.
+    """
+    if state is None:
+        return _UNKNOWN_LOAD
+    if early is not None:
+        return (Outcome.duplicate if name in early else _EARLY, loaded)
+    if state in TERMINAL:
+        if loader == name and not (loaded or loader_gone):
+            return _DRAINED_LOAD
+        return (Outcome.terminal, loaded)
+    if loader == name:
+        if loader_gone:
+            return (Outcome.unregistered, loaded)
+        if not loaded:
+            return _APPLIED_LOAD
+        if name in abandoned:
+            return (Outcome.unregistered, loaded)
+        return (Outcome.duplicate, loaded)
+    return (Outcome.phantom, loaded)
+
+
+_UNKNOWN_LOAD: Final[LoadVerdict] = (Outcome.unknown_request, False)
+_DRAINED_LOAD: Final[LoadVerdict] = (Outcome.drained, True)
+_APPLIED_LOAD: Final[LoadVerdict] = (Outcome.applied, True)
 
 
 class Verdicts:

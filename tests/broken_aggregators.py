@@ -362,6 +362,22 @@ class EarlyReportDropped(MultiConnector):  # type: ignore[misc]
         return None  # the bug: never kept, so the usual rules call it a phantom
 
 
+class EarlyLoadReportDropped(MultiConnector):  # type: ignore[misc]
+    """Decides a load report that comes while match_tokens still asks (the connector starts
+    its load inside get_num_new_matched_tokens, or on a thread it starts there, and reports
+    it) at once, from the record as it is: a phantom, though the connector is starting that
+    very load. The loader, recorded next, then owes a load report it already delivered."""
+
+    def load_finished(self, request_id: str, name: str) -> Outcome:
+        record = self._requests.get(request_id)
+        if record is not None and record in self._matching:
+            entry = self.registry.entry(name)
+            if entry is not None and entry.connector is not None:
+                self._count(hash(request_id) & self._mask, Outcome.phantom, name)  # the bug
+                return Outcome.phantom
+        return super().load_finished(request_id, name)
+
+
 class CallbackForIgnoredReport(MultiConnector):  # type: ignore[misc]
     """Calls the reporting connector's ``on_finished`` for every report, ignored ones too."""
 
@@ -539,30 +555,37 @@ CATALOG: tuple[Broken, ...] = (
     Broken(
         name="duplicate load completion accepted",
         prop="load once",
-        shortest=4,
-        why="begin, match_tokens with a answering 1, load_finished a twice",
+        shortest=5,
+        why="begin, match_tokens with a answering 1 (asks, records), load_finished a twice",
         factory=DuplicateLoadAccepted,
         events=ALPHABET + LOAD_EVENTS,
     ),
     Broken(
         name="load completion from an unchosen connector accepted",
         prop="load once",
-        shortest=3,
-        why="begin, match_tokens with a answering 1 (a is chosen), load_finished b",
+        shortest=4,
+        why="begin, match_tokens with a answering 1 (asks, records: a is chosen), load_finished b",
         factory=UnchosenLoaderAccepted,
         events=ALPHABET + LOAD_EVENTS,
+        also={
+            "no leak": "a completion from another connector while the match asks, applied, "
+            "then the match records the one that delivered it: its load awaited for ever",
+        },
     ),
     Broken(
         name="load completion from an unregistered loader accepted",
         prop="load once",
-        shortest=4,
-        why="begin, match_tokens with a answering 1 (a is chosen), unregister a, load_finished a",
+        shortest=5,
+        why="begin, match_tokens with a answering 1 (asks, records: a is chosen), unregister a, "
+        "load_finished a",
         factory=UnregisteredLoaderAccepted,
         events=ALPHABET + LOAD_EVENTS,
         also={
             "no early free": "its unregistering forgotten, a cancelled request whose loader went"
             " is settled again when the name is unregistered again: queued twice",
             "no exception": "take() raises on the record queued twice",
+            "no leak": "sooner, 4 events: the loader's unregistering forgotten, its request "
+            "awaits the load of a connector that is gone (stranded)",
         },
     ),
     # -- params (checked with params=True; two savers, no None slot, to stay small) ----------
@@ -661,6 +684,19 @@ CATALOG: tuple[Broken, ...] = (
         also={
             "no leak": "request_finished then applies its answers: finishing, awaiting a, "
             "which already reported (stranded)",
+        },
+    ),
+    Broken(
+        name="early load report dropped as a phantom",
+        prop="right outcome",
+        shortest=3,
+        why="begin, match_tokens asks (a answers 1), load_finished a before the loader is "
+        "recorded: phantom, not early",
+        factory=EarlyLoadReportDropped,
+        events=ALPHABET + LOAD_EVENTS,
+        also={
+            "no leak": "match_tokens then records a as the loader: pending, awaiting the load "
+            "of a, which already reported it (stranded)",
         },
     ),
 )

@@ -120,11 +120,11 @@ def test_load_side_bound_in_make_test_passes() -> None:
     # The same search as test_check_broken's: run once (tests/checked.py).
     report = checked(connectors=SMALL, requests=1, events=ALPHABET + LOAD_EVENTS)
     assert_all_pass(report, LOAD_PROPERTIES)
-    assert (report.distinct_states, report.max_depth) == (8609, 18)
+    assert (report.distinct_states, report.max_depth) == (26461, 21)
     assert report.bounds["events"] == [*ALPHABET, *LOAD_EVENTS]
 
 
-@pytest.mark.slow  # 22,578 states: 20 s alone (--durations, -p no:xdist)
+@pytest.mark.slow  # 55,278 states (match_tokens in its two halves)
 def test_load_side_with_two_requests_keeps_the_behavioural_properties() -> None:
     """Two requests' loads interleaved; without (un)registering, to stay within seconds.
 
@@ -138,7 +138,7 @@ def test_load_side_with_two_requests_keeps_the_behavioural_properties() -> None:
         report.result("transitions fired").message
     )
     assert report.result(LOAD_ONCE).passed
-    assert (report.distinct_states, report.max_depth) == (12246, 13)
+    assert (report.distinct_states, report.max_depth) == (55278, 15)
 
 
 # -- params, outcomes, counters, callbacks, batches ---------------------------------------------
@@ -278,7 +278,15 @@ class _LoadAppliedUnchosen(MultiConnector):  # type: ignore[misc]
     [
         # Returns an outcome it never counted: the counters see that too; and "duplicate" for
         # a request not begun (1 event), which right outcome sees.
-        (_LoadNeverApplied, "not applied: the load never completes", 3, ["counters"], 1),
+        # match_tokens is two events: it asks, then records the loader. Its loader awaited
+        # after it delivered: stranded (no leak).
+        (
+            _LoadNeverApplied,
+            "not applied: the load never completes",
+            4,
+            ["counters", "no leak"],
+            1,
+        ),
         # Returns applied for a report it counted as ignored, and calls nobody back.
         (
             _LoadAppliedUnchosen,
@@ -299,7 +307,7 @@ def test_load_once_is_checked_against_what_the_checker_saw(
     result = report.result(LOAD_ONCE)
     assert not result.passed and message in result.message, report.to_text()
     assert result.counterexample is not None and len(result.counterexample) == shortest
-    assert [p.name for p in report.failures] == [LOAD_ONCE, "right outcome", *also]
+    assert {p.name for p in report.failures} == {LOAD_ONCE, "right outcome", *also}
     assert len(report.result("right outcome").counterexample or ()) == wrong
 
 

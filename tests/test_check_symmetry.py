@@ -114,7 +114,12 @@ def _random_part(rng: random.Random, names: list[str]) -> tuple[Any, ...]:
     load = ("live", rng.choice([None, *names]), rng.random() < 0.5, False, None, False, False, None)
     asking = (tuple(sorted((n, rng.random() < 0.5) for n in some())),) if rng.random() < 0.3 else ()
     early = some() if asking else ()  # the early reports kept while a call asks (a key)
-    return ("request", 1, view, frozenset(some()), False, load, asking, early)
+    matching = None  # a match between its halves: what it chose, asked, kept and delivered
+    if rng.random() < 0.3:
+        chose = rng.choice([None, *names])
+        asked = tuple(sorted((n, rng.random() < 0.5) for n in some()))
+        matching = (True, chose, asked, chose, rng.random() < 0.5, False, some(), some())
+    return ("request", 1, view, frozenset(some()), False, load, asking, early, matching)
 
 
 def test_the_key_is_a_renaming_of_the_state_and_the_same_for_every_renaming() -> None:

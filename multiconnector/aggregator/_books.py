@@ -61,10 +61,12 @@ class Books:
         "_counts",
         "_done",
         "_early",
+        "_early_loads",
         "_finishes",
         "_halves",
         "_locks",
         "_mask",
+        "_matching",
         "_parked",
         "_ready_names",
         "_registry",
@@ -109,10 +111,17 @@ class Books:
         # reported while it asked, each with its report's blocks, in the order they came; kept
         # until the claim is dropped, then decided (_drop_claim). Written under the record's lock.
         self._early: dict[int, dict[str, Sequence[int]]] = {}
-        # Cancelled records kept from take() while a request_finished still asks (see _settle).
+        # Records a match_tokens is asking about (by id), each with how many calls are asking;
+        # and, for each, the names whose load reports came meanwhile (early), in the order they
+        # came: decided when the last of those calls recorded its loader (Loading._drop_match).
+        # Written under the record's lock.
+        self._matching: dict[int, int] = {}
+        self._early_loads: dict[int, list[str]] = {}
+        # Cancelled records (by id) kept from take() while a request_finished or a match_tokens
+        # still asks (see _settle).
         self._parked: set[int] = set()
-        # Set only by checking.Checking._ask (the model check): request_finished then stops
-        # after asking.
+        # Set only by checking.Checking._ask and _match_ask (the model check): request_finished
+        # and match_tokens then stop after asking.
         self._halves: list[Any] | None = None
         self._locks = tuple(threading.Lock() for _ in range(stripes))
         self._mask = stripes - 1
@@ -173,12 +182,14 @@ class Books:
     def _settle(self, record: RequestTransferState) -> None:
         """Queue terminal ``record`` for take() once it is safe to free; the caller holds its
         lock. It is not while a connector may still touch its blocks (``in_flight``: a drain
-        event settles it again), nor while a request_finished that a cancel overtook is still
-        asking (its connectors may be promising saves): then it is parked, and the call's
-        release settles it."""
+        event settles it again), nor while a request_finished or a match_tokens that a cancel
+        overtook is still asking (its connectors may be promising saves, or reporting loads
+        early): then it is parked, and the call's release settles it."""
         if record.in_flight:
             return
-        if record.state is _CANCELLED and id(record) in self._asking:
+        if record.state is _CANCELLED and (
+            id(record) in self._asking or (self._matching and id(record) in self._matching)
+        ):
             self._parked.add(id(record))
             return
         self._done.append(record)

@@ -1,29 +1,49 @@
 """The load side: which connector loads a pending request's KV, and its report.
 
-:meth:`~MultiConnector.match_tokens` chooses the loader by name;
+:meth:`~MultiConnector.match_tokens` chooses the loader by name (in two halves, which the model
+check runs as events of their own: ``_match_ask`` and ``_match_answer``);
 :meth:`~MultiConnector.load_finished` applies its report, or the drain of a terminal request's
-load.
+load, as the load report rule says (:func:`multiconnector.rule.load_report`, the one
+definition). A load report that comes while ``match_tokens`` still asks is early: kept, and
+decided once the loader is recorded.
 """
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any, NamedTuple
+
 from .._validate import bad_argument, check_int, check_name, check_request_id, shown
 from ..errors import ConnectorFailures, UnknownRequestError
-from ..machine import TERMINAL
+from ..machine import RequestTransferState
 from ..outcome import Outcome
 from ..registry import Entry
+from ..rule import load_report
 from ._books import (
     _APPLIED,
     _DRAINED,
-    _DUPLICATE,
+    _EARLY,
     _PENDING,
-    _TERMINAL,
+    _PHANTOM,
     _UNKNOWN_REQUEST,
-    _UNREGISTERED,
     Books,
 )
 
 __all__ = ["Loading"]
+
+
+class Matched(NamedTuple):
+    """What match_tokens' first half gathered, for its second half: the marked record, its
+    lock stripe, the chosen loader's entry and count (``None``: nobody has tokens), whether
+    a connector answered ``None``, and the failures (see :meth:`Loading._match_ask`)."""
+
+    record: RequestTransferState
+    stripe: int
+    chooser: Entry | None
+    tokens: int
+    unknown: bool
+    errors: list[Exception]
+    failed: list[str]
 
 
 class Loading(Books):
@@ -41,6 +61,16 @@ class Loading(Books):
         count returned; 0 means nothing to load. A connector that raises counts as 0 and
         :class:`ConnectorFailures` is raised after the others were asked.
 
+        A connector may start its load while it is asked and report it (``load_finished``)
+        before this call returns: from inside ``get_num_new_matched_tokens`` or from a thread
+        it starts there. Such a report is :attr:`Outcome.early`: kept, and decided once the
+        loader is recorded, as if it arrived right after (applied, with its
+        ``on_load_finished`` called by this call, when it is the loader chosen). After a
+        ``None`` answer, which records nothing, it is decided against the loader recorded
+        before (most often none: a ``phantom``). A ``cancel`` that overtakes the call leaves
+        the request cancelled and records no loader; the cancelled request is not handed
+        back by :meth:`take` until the call returns.
+
         Raises :class:`UnknownRequestError` for a request that is not held; returns 0 for one
         that is no longer pending.
         """
@@ -55,9 +85,36 @@ class Loading(Books):
             raise UnknownRequestError(f"request_id={request_id!r} is not held")
         if record.state is not _PENDING:
             return 0
-        unknown = False
-        chosen: tuple[str, int] | None = None
+        index = hash(request_id) & self._mask
+        lock = self._locks[index]
+        with lock:  # marked: a load report from now on is early (see load_finished)
+            matching = self._matching
+            key = id(record)
+            matching[key] = matching.get(key, 0) + 1
+        try:
+            chooser, tokens, unknown, errors, failed = self._ask_tokens(
+                request_id, num_computed_tokens
+            )
+        except BaseException:
+            with lock:
+                applied = self._drop_match(record, index)
+            # A kept report, decided; what interrupted the asking is raised, not a callback's.
+            with contextlib.suppress(ConnectorFailures):
+                self._call_back_load(record.request_id, applied)
+            raise
+        halves = self._halves
+        if halves is not None:
+            halves.append(Matched(record, index, chooser, tokens, unknown, errors, failed))
+            return None  # not read
+        return self._record_match(record, index, chooser, tokens, unknown, errors, failed)
+
+    def _ask_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[Entry | None, int, bool, list[Exception], list[str]]:
+        """Ask each ready connector ``get_num_new_matched_tokens``, with no lock held: the
+        chosen loader's entry and count, whether one answered ``None``, the failures."""
         chooser: Entry | None = None
+        chosen = 0
         errors: list[Exception] = []
         failed: list[str] = []
         for entry in self._registry._ready:  # what ready_entries() returns, without the call
@@ -75,32 +132,89 @@ class Loading(Books):
                 failed.append(entry.name)
                 continue
             if tokens is None:
-                unknown = True
-                break  # "not known yet": vLLM asks no further
-            if tokens > 0 and chosen is None:
-                chosen, chooser = (entry.name, tokens), entry
-        result: int | None
-        if unknown:
-            result = None
-        else:
-            index = hash(request_id) & self._mask
-            with self._locks[index]:
-                if record.state is _PENDING:
-                    record.loader = chosen[0] if chosen else None
-                    record.loaded = False
-                    # Unregistered while we asked: its load report can never be applied.
-                    record.loader_gone = (
-                        chosen is not None and self._registry.entry(chosen[0]) is not chooser
-                    )
-            result = chosen[1] if chosen else 0
+                return chooser, chosen, True, errors, failed  # "not known yet": ask no further
+            if tokens > 0 and chooser is None:
+                chooser, chosen = entry, tokens
+        return chooser, chosen, False, errors, failed
+
+    def _match_ask(self, request_id: str) -> Matched | tuple[int | None]:
+        """match_tokens' first half alone, for the model check (one thread): mark the request
+        and ask every ready connector. Returns ``(result,)`` when nobody was asked (the request
+        is not pending), else the :class:`Matched` answers for :meth:`_match_answer`, whose mark
+        is held until :meth:`_match_answer` drops it."""
+        halves: list[Matched] = []
+        self._halves = halves
+        try:
+            result = self.match_tokens(request_id)
+        finally:
+            self._halves = None
+        return halves[0] if halves else (result,)
+
+    def _match_answer(self, matched: Matched | tuple[Any, ...]) -> int | None:
+        """match_tokens' second half, for the model check: record what :meth:`_match_ask`
+        gathered (a :class:`Matched`)."""
+        return self._record_match(*matched)
+
+    def _record_match(  # noqa: PLR0917
+        self,
+        record: RequestTransferState,
+        index: int,
+        chooser: Entry | None,
+        tokens: int,
+        unknown: bool,
+        errors: list[Exception],
+        failed: list[str],
+    ) -> int | None:
+        """match_tokens' second half: record the loader under the request's lock, drop the
+        mark, decide the load reports that came early, and return (or raise) the result."""
+        with self._locks[index]:
+            if not unknown and record.state is _PENDING:
+                record.loader = chooser.name if chooser is not None else None
+                record.loaded = False
+                # Unregistered while we asked: its load report can never be applied.
+                record.loader_gone = (
+                    chooser is not None and self._registry.entry(chooser.name) is not chooser
+                )
+            applied = self._drop_match(record, index)
+        result = None if unknown else tokens
+        if applied is not None:
+            try:
+                self._call_back_load(record.request_id, applied)
+            except ConnectorFailures as exc:
+                errors += exc.exceptions
+                failed += exc.failed
         if errors:
             raise ConnectorFailures(
-                f"{len(errors)} connector(s) failed to answer for request {request_id!r}",
+                f"{len(errors)} connector(s) failed to answer for request {record.request_id!r}",
                 errors,
                 failed=failed,
                 result=result,
             )
         return result
+
+    def _drop_match(self, record: RequestTransferState, index: int) -> str | None:
+        """Drop one match_tokens' mark on ``record`` under lock ``index``; when it was the
+        last, hand a record a cancel kept back to take() and decide the load reports that came
+        early, each as if it arrived now. Returns the name of the one applied (whose
+        ``on_load_finished`` the caller calls once the lock is released), if any."""
+        matching = self._matching
+        key = id(record)
+        left = matching[key] - 1
+        if left:
+            matching[key] = left
+            return None
+        del matching[key]
+        if self._parked:
+            self._unpark(record)  # first: a drain below settles it once, not twice
+        kept = self._early_loads.pop(key, None) if self._early_loads else None
+        if kept is None:
+            return None
+        held = self._requests.get(record.request_id) is record  # else: taken meanwhile
+        applied = None
+        for name in kept:
+            if self._load_report(record if held else None, name, index) is _APPLIED:
+                applied = name
+        return applied
 
     def load_finished(self, request_id: str, name: str) -> Outcome:
         """Connector ``name`` reports that it finished loading ``request_id``'s KV.
@@ -113,6 +227,11 @@ class Loading(Books):
         chosen (even when a new connector took its name) it is ``unregistered``, from a
         connector never chosen ``phantom``. When ``on_load_finished`` raises,
         :class:`ConnectorFailures` carries the outcome applied as its ``result``.
+
+        A report from a ready connector while a :meth:`match_tokens` for the request is still
+        asking is :attr:`Outcome.early` (a second one from the same name, ``duplicate``): kept,
+        not counted yet, and decided by that call once it recorded the loader, as if it
+        arrived right after (see :meth:`match_tokens`).
         """
         name = check_name(name)
         if request_id.__class__ is not str or not request_id:
@@ -123,30 +242,7 @@ class Loading(Books):
         lock = self._locks[index]
         lock.acquire()
         try:
-            record = self._requests.get(request_id)
-            if record is None:
-                outcome = _UNKNOWN_REQUEST
-            elif record.state in TERMINAL:
-                if record.loader == name and not (record.loaded or record.loader_gone):
-                    # the drain of its load
-                    record.loaded = True
-                    outcome = _DRAINED
-                    self._settle(record)
-                else:
-                    outcome = _TERMINAL
-            elif record.loader == name:
-                if record.loader_gone:  # unregistered while the match asked it
-                    outcome = _UNREGISTERED
-                elif not record.loaded:
-                    outcome = _APPLIED
-                    record.loaded = True
-                elif name in record.abandoned:  # its load ended when it was unregistered
-                    outcome = _UNREGISTERED
-                else:
-                    outcome = _DUPLICATE
-            else:
-                outcome = self._stranger(name)
-            self._count(index, outcome, name)
+            outcome = self._load_report(self._requests.get(request_id), name, index)
         finally:
             lock.release()
         if outcome is not _APPLIED:
@@ -156,3 +252,44 @@ class Loading(Books):
         if entry is not None and entry.on_load_finished is not None:
             self._call_back(outcome, entry, entry.on_load_finished, request_id)
         return outcome
+
+    def _load_report(self, record: RequestTransferState | None, name: str, index: int) -> Outcome:
+        """Apply ``name``'s load report to ``record`` (``None``: not held) as the rule's verdict
+        says (:func:`multiconnector.rule.load_report`), and count it; the caller holds lock
+        ``index``. While a match_tokens asks about ``record``, a report from a ready connector
+        is kept (early, not counted) for :meth:`_drop_match` to decide."""
+        if record is None:
+            self._count(index, _UNKNOWN_REQUEST, name)
+            return _UNKNOWN_REQUEST
+        early = None
+        if self._matching and id(record) in self._matching and self._stranger(name) is _PHANTOM:
+            early = self._early_loads.get(id(record), ())
+        outcome, loaded = load_report(
+            record.state,
+            record.loader,
+            name,
+            loaded=record.loaded,
+            loader_gone=record.loader_gone,
+            abandoned=record.abandoned,
+            early=early,
+        )
+        if outcome is _EARLY:
+            self._early_loads.setdefault(id(record), []).append(name)
+            return outcome
+        if loaded and not record.loaded:  # applied, or the drain of its load
+            record.loaded = True
+            if outcome is _DRAINED:
+                self._settle(record)
+        elif outcome is _PHANTOM:
+            outcome = self._stranger(name)
+        self._count(index, outcome, name)
+        return outcome
+
+    def _call_back_load(self, request_id: str, name: str | None) -> None:
+        """The ``on_load_finished`` call of the early load report :meth:`_drop_match` applied
+        (``name``; ``None``: none was), with no lock held."""
+        if name is None:
+            return
+        entry = self._registry.entry(name)
+        if entry is not None and entry.on_load_finished is not None:
+            self._call_back(_APPLIED, entry, entry.on_load_finished, request_id)

@@ -7,27 +7,31 @@ on its own (:func:`_observe`) and, while exploring (not replaying), what the eve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from ..aggregator import MultiConnector
 from ..errors import (
     ConnectorFailures,
     InvalidAnswerError,
     KeyClashError,
     UnknownRequestError,
 )
-from ..machine import TERMINAL, RequestTransferState
+from ..machine import TERMINAL, RequestTransferState, State
 from ..outcome import Outcome
-from .reference import settled_early
+from .reference import settle_loads, settled_early
 from .scenario import (
     _ABANDONED,
     _APPLY_ANSWERS,
     _HELD,
     _LOADING,
+    _MATCH_ANSWER,
     _PENDING,
     _PER_REQUEST,
     _TAKEN,
     GARBAGE,
     RAISES,
+    SAVER,
     ConnectorCrash,
     Event,
     _held,
@@ -47,7 +51,9 @@ def _apply(world: _World, event: Event) -> None:
     world.applied += 1
     requests = world.requests
     request = requests[event[1]] if kind in _PER_REQUEST else None
-    if kind == _APPLY_ANSWERS and request is not None and request.early:
+    if (kind == _APPLY_ANSWERS and request is not None and request.early) or (
+        kind == _MATCH_ANSWER and request is not None and request.load_early
+    ):
         world.sync()  # the reference decides the early reports from the state before
     if world.dirty:  # replaying a path: nothing reads what happened in between
         last = world.last = None
@@ -69,6 +75,8 @@ def _apply(world: _World, event: Event) -> None:
             last.savers = tuple((e.name, entry(e.name) is e) for e in request.asking[0][3])
             if request.early:
                 last.settled = settled_early(last, request.early)
+        if kind == _MATCH_ANSWER and request is not None and request.load_early:
+            last.settled_loads = settle_loads(world, request)
     world.dirty = True
     world.raw = None
     pad = world.scenario.pad
@@ -289,36 +297,19 @@ def _observe(world: _World, request: _Request | None, event: Event, called: _Cal
 
 def _apply_load(world: _World, request: _Request, event: Event) -> None:
     """A load event; the checker's own record of the chosen loader follows what it saw."""
-    scenario = world.scenario
     mc = world.mc
-    pad = scenario.pad
     # Only the machine state is read from the aggregator (never its loader bookkeeping): it
     # decides whether the request is pending (a match counts) or live (a load is due).
     before = mc.peek(request.request_id)
     state = before.state if before is not None else None
     if event[0] == "match_tokens":
-        pad.tokens = dict(event[2])
-        pad.matched = []
-        try:
-            mc.match_tokens(request.request_id)
-        except UnknownRequestError:
-            if before is not None:
-                raise
-        except ConnectorFailures as exc:  # documented: a raising connector counts as 0
-            if not all(scenario.kinds.get(n) == RAISES for n in exc.failed) or not all(
-                isinstance(e, ConnectorCrash) for e in exc.exceptions
-            ):
-                raise
-        finally:
-            pad.tokens = {}
-        answers = pad.matched
-        if state is _PENDING and all(tokens is not None for _, tokens in answers):
-            request.loader = next((n for n, tokens in answers if tokens), None)
-            request.loaded = False
-            request.loader_gone = False
-            request.load_owed = request.loader
+        _match(world, request, event, state)
+        return
+    if event[0] == _MATCH_ANSWER:
+        _match_answer(world, request, state)
         return
     name = event[2]
+    pad = world.scenario.pad
     pad.loads = []
     live = state is not None and state not in TERMINAL
     loader, loaded, gone, owed = (
@@ -327,13 +318,17 @@ def _apply_load(world: _World, request: _Request, event: Event) -> None:
         request.loader_gone,
         request.load_owed,
     )
+    early = request.load_early if request.matching else None
     outcome = mc.load_finished(request.request_id, name)
-    tally = world.tally
-    tally[outcome, name] = tally.get((outcome, name), 0) + 1
-    if live and name == loader and not gone:
-        request.loaded = True
-    if request.load_owed == name:  # delivered: that connector is done with the blocks
-        request.load_owed = None
+    if request.matching and world.scenario.kinds.get(name) == SAVER:
+        request.window_loads |= {name}
+    if outcome is _EARLY:  # kept: decided (and counted) when its match records the loader
+        request.load_early = (*request.load_early, name)
+    else:
+        tally = world.tally
+        tally[outcome, name] = tally.get((outcome, name), 0) + 1
+        if not request.matching:  # while asked, the kept report is what the ledger decides
+            _delivered(request, name, live)
     last = world.last
     if last is not None:
         last.outcomes = (outcome,)
@@ -347,5 +342,98 @@ def _apply_load(world: _World, request: _Request, event: Event) -> None:
             outcome,
             tuple(pad.loads),
             owed,
+            early,
         )
         last.called = tuple(pad.finished)
+
+
+def _delivered(request: _Request, name: str, live: bool) -> None:
+    """The checker's ledger after ``name`` delivered a load report (decided now)."""
+    if live and name == request.loader and not request.loader_gone:
+        request.loaded = True
+    if request.load_owed == name:  # delivered: that connector is done with the blocks
+        request.load_owed = None
+
+
+def _match(world: _World, request: _Request, event: Event, state: State | None) -> None:
+    """match_tokens with the answers ``event`` scripts: its first half (mark and ask; a later
+    event records the loader), or the call whole when the factory's class has its own."""
+    scenario = world.scenario
+    mc = world.mc
+    pad = scenario.pad
+    pad.tokens = dict(event[2])
+    pad.matched = []
+    pad.loads = []
+    whole = scenario.atomic or type(mc).match_tokens is not MultiConnector.match_tokens
+    try:
+        if whole:
+            _documented_match(scenario, lambda: mc.match_tokens(request.request_id), state)
+        else:
+            asked = mc._match_ask(request.request_id)
+            if len(asked) != 1:
+                request.matching = asked
+    finally:
+        pad.tokens = {}
+    answers = pad.matched
+    decisive = all(tokens is not None for _, tokens in answers)
+    chose = next((n for n, tokens in answers if tokens), None) if decisive else None
+    entry = mc.registry.entry
+    seen = (decisive, chose, tuple((n, entry(n)) for n, _ in answers))
+    if request.matching:
+        request.match_seen = seen
+    elif state is _PENDING and decisive:
+        _chosen(request, chose, True)
+
+
+def _chosen(request: _Request, chose: str | None, current: bool) -> None:
+    """The checker's ledger after a decisive match of a pending request chose ``chose``
+    (``current``: still the connector it asked)."""
+    request.loader = chose
+    request.loaded = False
+    request.loader_gone = chose is not None and not current
+    request.load_owed = chose if current and chose not in request.window_loads else None
+
+
+def _match_answer(world: _World, request: _Request, state: State | None) -> None:
+    """match_tokens' second half: the aggregator records the loader and decides the load
+    reports that came early; the checker's ledger follows what it saw (the state now, the
+    answers its first half scripted) and the reference's outcomes for those reports."""
+    scenario = world.scenario
+    mc = world.mc
+    pad = scenario.pad
+    pad.loads = []
+    asked, request.matching = request.matching, ()
+    decisive, chose, entries = request.match_seen
+    _documented_match(scenario, lambda: mc._match_answer(asked), state)
+    if state is _PENDING and decisive:
+        current = chose is not None and mc.registry.entry(chose) is dict(entries)[chose]
+        _chosen(request, chose, current)
+    last = world.last
+    assert last is not None or not request.load_early  # made with the state read (see _apply)
+    settled = last.settled_loads if last is not None else ()
+    tally = world.tally
+    live = state is not None and state not in TERMINAL
+    for name, outcome in settled:
+        tally[outcome, name] = tally.get((outcome, name), 0) + 1
+        _delivered(request, name, live)
+    request.load_early = ()
+    request.match_seen = ()
+    request.window_loads = frozenset()
+    if last is not None:
+        last.called = tuple(pad.finished)
+        last.load_called = tuple(pad.loads)
+
+
+def _documented_match(scenario: _Scenario, call: Callable[[], Any], state: State | None) -> None:
+    """Call a match half; the errors the scenario documents (a raising connector counts as 0;
+    a request not held) are caught."""
+    try:
+        call()
+    except UnknownRequestError:
+        if state is not None:
+            raise
+    except ConnectorFailures as exc:  # documented: a raising connector counts as 0
+        if not all(scenario.kinds.get(n) == RAISES for n in exc.failed) or not all(
+            isinstance(e, ConnectorCrash) for e in exc.exceptions
+        ):
+            raise

@@ -121,9 +121,21 @@ def _names_key(names: Iterable[str]) -> tuple[str, ...]:
 
 def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
     """A request's part (``snapshot._part``) with its names renamed (the rest unchanged)."""
-    kind, phase, view, owed, cancelled, load, asking, early, *params = part
+    kind, phase, view, owed, cancelled, load, asking, early, matching, *params = part
     if early:
         early = _names_key(rename.get(n, n) for n in early)
+    if matching is not None:
+        decisive, chose, asked, chooser, current, unknown, kept, delivered = matching
+        matching = (
+            decisive,
+            rename.get(chose, chose) if chose is not None else None,
+            tuple(sorted((rename.get(n, n), on) for n, on in asked)),
+            rename.get(chooser, chooser) if chooser is not None else None,
+            current,
+            unknown,
+            _names_key(rename.get(n, n) for n in kept),
+            _names_key(rename.get(n, n) for n in delivered),
+        )
     if load is not None:  # (tag, names and flags): rename the names, keep the tag and flags
         load = (load[0], *(rename.get(x, x) if isinstance(x, str) else x for x in load[1:]))
     if asking:
@@ -148,6 +160,7 @@ def _rename_part(part: Any, rename: Mapping[str, str]) -> Any:
         load,
         asking,
         early,
+        matching,
         *params,
     )
 
@@ -166,10 +179,22 @@ def _roles(part: Any) -> dict[str, tuple[Any, ...]]:
     kind with the same roles in every part, and the same place in the registry, can be swapped
     without changing the state.
     """
-    _, _, view, owed, _, load, asking, early, *params = part
+    _, _, view, owed, _, load, asking, early, matching, *params = part
     roles: dict[str, list[Any]] = {}
     for n in early:
         roles.setdefault(n, []).append(("early",))
+    if matching is not None:
+        _, chose, asked, chooser, _, _, kept, delivered = matching
+        if chose is not None:
+            roles.setdefault(chose, []).append(("match chose",))
+        if chooser is not None:
+            roles.setdefault(chooser, []).append(("match chooser",))
+        for n, on in asked:
+            roles.setdefault(n, []).append(("match asked", on))
+        for n in kept:
+            roles.setdefault(n, []).append(("early load",))
+        for n in delivered:
+            roles.setdefault(n, []).append(("match delivered",))
     if view is not None:
         for tag, names in zip(("awaiting", "expected", "abandoned"), view[1:], strict=True):
             for n in names:

@@ -93,4 +93,6 @@ def _copy_request(r: _Request, records: dict[int, RequestTransferState], record:
         new.record = record(r.record) if id(r.record) in records else r.record
     if r.asking:
         new.asking = tuple((record(asked[0]), *asked[1:]) for asked in r.asking)
+    if r.matching:
+        new.matching = (record(r.matching[0]), *r.matching[1:])
     return new

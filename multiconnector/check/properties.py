@@ -22,6 +22,7 @@ from .scenario import (
     _GONE,
     _HELD,
     _KINDS,
+    _MATCH_ANSWER,
     _TAKEN,
     _UNBORN,
     SAVER,
@@ -154,7 +155,7 @@ def _no_leak(world: _World) -> str | None:
         if r.phase == _HELD and r.view is None:
             return f"{r.request_id} is no longer held but take() never handed it back"
         view = r.view
-        if view is None or r.asking:
+        if view is None or r.asking or r.matching:
             continue
         # A connector reports a save once: a name awaited that owes nothing (it reported, even
         # early, or never promised) is awaited for ever.
@@ -164,9 +165,16 @@ def _no_leak(world: _World) -> str | None:
                 f"{r.request_id} is {view[0].value} awaiting {_names(stale)}, which owe no "
                 "report (already delivered): it is stranded"
             )
+        loader, loaded, gone = r.load_view
+        if loader is not None and not (loaded or gone) and r.load_owed != loader:
+            # A connector reports a load once: a load awaited that is owed no more (delivered,
+            # even early, or its loader unregistered) is awaited for ever.
+            return (
+                f"{r.request_id} is {view[0].value} awaiting the load of {loader}, which owes "
+                "none (delivered already, or unregistered): it is stranded"
+            )
         if view[0] not in TERMINAL or i in world.queue:
             continue
-        loader, loaded, _ = r.load_view
         if not view[1] and (loader is None or loaded):  # terminal, nothing in flight
             return f"{r.request_id} is {view[0].value} but take() will never hand it back"
     if -1 in world.order:
@@ -188,7 +196,14 @@ def _load_once(world: _World) -> str | None:
         return None
     rid, name = load.request_id, load.name
     applied = load.outcome is _APPLIED
-    due = load.live and name == load.loader and not load.loaded and not load.loader_gone
+    # While a match asks, no load is due: a report is kept, and decided when it records.
+    due = (
+        load.early is None
+        and load.live
+        and name == load.loader
+        and not load.loaded
+        and not load.loader_gone
+    )
     if applied and not due:
         if not load.live:
             why = "after it was terminal or handed back"
@@ -205,7 +220,13 @@ def _load_once(world: _World) -> str | None:
         return f"load_finished({rid}, {name}) was {load.outcome.value}, yet on_load_finished ran"
     if len(load.callbacks) > 1 or set(load.callbacks) - {name}:
         return f"load_finished({rid}, {name}) called on_load_finished of {list(load.callbacks)}"
-    if load.live and name == load.loader and load.loader_gone and load.outcome is not _GONE:
+    if (
+        load.early is None
+        and load.live
+        and name == load.loader
+        and load.loader_gone
+        and load.outcome is not _GONE
+    ):
         return (
             f"load_finished({rid}, {name}) from its chosen loader, unregistered since, was "
             f"{load.outcome.value}, not unregistered"
@@ -242,6 +263,8 @@ def _event_text(world: _World, event: Event) -> str:
         return f"{kind}({ids[event[1]]}, {event[2]})"
     if kind == _APPLY_ANSWERS:
         return f"request_finished({ids[event[1]]}) applying its answers"
+    if kind == _MATCH_ANSWER:
+        return f"match_tokens({ids[event[1]]}) recording its loader"
     if kind in ("begin", "cancel", "request_finished", "match_tokens"):
         return f"{kind}({ids[event[1]]})"
     return f"{kind}({', '.join(str(x) for x in event[1:])})"
@@ -309,9 +332,20 @@ def _callbacks(world: _World) -> str | None:
         ]
     elif kind == _APPLY_ANSWERS:  # the early reports it applied
         called = [(n, ids[event[1]]) for n, o in last.settled if o is _APPLIED]
+    registry = dict(last.registry)
+    if kind == _MATCH_ANSWER:  # the early load reports it applied
+        loads = [n for n, o in last.settled_loads if o is _APPLIED]
+        loads = [n for n in loads if kinds.get(n) == SAVER and registry.get(n)]
+        if tuple(loads) != last.load_called:
+            label = _event_text(world, event)
+            rid = ids[event[1]]
+            calls = [(n, rid) for n in last.load_called]
+            return (
+                f"{label} called on_load_finished {_calls(calls)}; "
+                f"{_expected_calls([(n, rid) for n in loads])}"
+            )
     if not called and not last.called and last.load is None:
         return None  # nothing applied, nothing called: the common case
-    registry = dict(last.registry)
     # Only a scripted saver registered under the name has the callbacks.
     called = [(n, r) for n, r in called if kinds.get(n) == SAVER and registry.get(n)]
     if tuple(called) != last.called:

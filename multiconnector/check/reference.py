@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from ..machine import TABLE, TERMINAL, RequestTransferState, State, step
 from ..outcome import Outcome
-from .scenario import _APPLY_ANSWERS, View, _Last
+from .scenario import _APPLY_ANSWERS, View, _Last, _Request, _World
 
 _APPLIED: Final = Outcome.applied
 _DRAINED: Final = Outcome.drained
@@ -154,16 +154,65 @@ def expected_outcomes(last: _Last, atomic: bool) -> tuple[Outcome, ...] | None:
         load = last.load
         assert load is not None
         name = event[2]
-        if state in TERMINAL:  # the drain of the load the ledger says is owed
-            return (_DRAINED if load.load_owed == name else _TERMINAL,)
-        if name == load.loader:
-            if load.loader_gone:
-                return (Outcome.unregistered,)
-            if not load.loaded:
-                return (_APPLIED,)
-            return (Outcome.unregistered if name in before[3] else _DUPLICATE,)
-        return (_by_registry(name, registry),)
+        if load.early is not None and _by_registry(name, registry) is Outcome.phantom:
+            return (_DUPLICATE if name in load.early else Outcome.early,)
+        ledger = (load.loader, load.loaded, load.loader_gone, load.load_owed)
+        return (_load_outcome(state, before[3], name, ledger, registry),)
     raise AssertionError(kind)  # pragma: no cover - _REQUEST_KINDS has no other kind
+
+
+#: The checker's ledger of a request's load: (loader, loaded, loader gone, load owed).
+Ledger = tuple[str | None, bool, bool, str | None]
+
+
+def _load_outcome(
+    state: State,
+    abandoned: Collection[str],
+    name: str,
+    ledger: Ledger,
+    registry: Sequence[tuple[str, bool]],
+) -> Outcome:
+    """The documented outcome of a load report from ``name`` for a held request in ``state``,
+    from the checker's ledger: on a terminal request the drain of the load the ledger says is
+    owed; from the chosen loader, unregistered when it went since it was chosen, applied when
+    not delivered yet, unregistered when its name was abandoned, else a duplicate; from any
+    other name what the registry says (phantom, not ready, unknown connector)."""
+    loader, loaded, gone, owed = ledger
+    if state in TERMINAL:
+        return _DRAINED if owed == name else _TERMINAL
+    if name == loader:
+        if gone:
+            return Outcome.unregistered
+        if not loaded:
+            return _APPLIED
+        return Outcome.unregistered if name in abandoned else _DUPLICATE
+    return _by_registry(name, registry)
+
+
+def settle_loads(world: _World, request: _Request) -> tuple[tuple[str, Outcome], ...]:
+    """What the early load reports of ``request`` (in the order they came) turn out to be when
+    its match_tokens records the loader: each is decided as if it arrived right after, from
+    the checker's ledger as that match's answers leave it (a pending request's loader is the
+    first connector its scripted answers gave tokens, unless one answered ``None``; any other
+    request's ledger is unchanged), the state read before the event."""
+    view = request.view
+    if view is None:  # taken meanwhile (finished: nothing parks it)
+        return tuple((name, _UNKNOWN_REQUEST) for name in request.load_early)
+    state = view[0]
+    decisive, chose, entries = request.match_seen
+    ledger: Ledger = (request.loader, request.loaded, request.loader_gone, request.load_owed)
+    if state is State.pending and decisive:
+        current = chose is not None and world.mc.registry.entry(chose) is dict(entries)[chose]
+        owed = chose if current and chose not in request.window_loads else None
+        ledger = (chose, False, chose is not None and not current, owed)
+    out = []
+    for name in request.load_early:
+        outcome = _load_outcome(state, view[3], name, ledger, world.registry)
+        out.append((name, outcome))
+        if outcome in _TAKEN_IN:  # its load delivered: the ledger owes it no more
+            loader, _, gone, owed = ledger
+            ledger = (loader, True, gone, None if owed == name else owed)
+    return tuple(out)
 
 
 _REQUEST_KINDS: Final = frozenset({"cancel", "request_finished", _APPLY_ANSWERS, "load_finished"})

@@ -67,7 +67,9 @@ SHARED_KEY: Final = "=shared"
 #: Which reports that come while a ``request_finished`` asks (early reports, kept until its
 #: answers are recorded) the check explores: ``"all"`` (from every ready connector it does not
 #: await), ``"savers"`` (only from the connectors that call asked and that answered it saves:
-#: a connector reporting the very save it promises) or ``"off"`` (none).
+#: a connector reporting the very save it promises) or ``"off"`` (none). The same for load
+#: reports while a ``match_tokens`` asks, with the load side: ``"savers"`` then means the
+#: connectors that match asked.
 EARLY_REPORTS: Final[tuple[str, ...]] = ("all", "savers", "off")
 
 
@@ -220,6 +222,19 @@ class _Request:
     #: The names whose reports came early (returned ``early``) while ``asking``, in the order
     #: they came: what the second half decides.
     early: tuple[str, ...] = ()
+    #: A match_tokens that asked and has not recorded its loader yet (the first half's result,
+    #: see MultiConnector._match_ask), or ``()``: at most one per request is explored.
+    matching: tuple[Any, ...] = ()
+    #: For that match, as the checker saw its answers: whether it is decisive (no ``None``
+    #: answer), the loader its answers chose, and each connector asked with the entry
+    #: registered under its name when it was asked (in the order asked).
+    match_seen: tuple[Any, ...] = ()
+    #: The names whose load reports came early (returned ``early``) while ``matching``, in the
+    #: order they came: what the second half decides.
+    load_early: tuple[str, ...] = ()
+    #: The scripted savers that delivered a load report while ``matching`` (whatever it
+    #: returned): a loader the match then chooses owes no load (it delivered it already).
+    window_loads: frozenset[str] = frozenset()
 
 
 @attrs.define(slots=True, eq=False)
@@ -263,6 +278,11 @@ class _Last:
     #: For a second half: the early reports it decides, with the outcome the reference gives
     #: each, in the order they came.
     settled: tuple[tuple[str, Outcome], ...] = ()
+    #: For match_tokens' second half: the early load reports it decides, with the outcome the
+    #: reference gives each, in the order they came.
+    settled_loads: tuple[tuple[str, Outcome], ...] = ()
+    #: For match_tokens' second half: whose ``on_load_finished`` it called, in order.
+    load_called: tuple[str, ...] = ()
 
 
 @attrs.frozen(slots=True)
@@ -283,6 +303,9 @@ class _Load:
     callbacks: tuple[str, ...]
     #: The loader whose load the checker's ledger said was owed, before.
     load_owed: str | None = None
+    #: The request's early load reports before, or ``None`` when no match_tokens was between
+    #: its halves for it.
+    early: tuple[str, ...] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -436,6 +459,8 @@ def _take_queue(mc: MultiConnector) -> Sequence[RequestTransferState]:
 
 #: The second half of a request_finished: it applies the answers its first half gathered.
 _APPLY_ANSWERS: Final = "request_finished_apply"
+#: The second half of a match_tokens: it records the loader its first half's answers chose.
+_MATCH_ANSWER: Final = "match_tokens_apply"
 _PER_REQUEST: Final = frozenset(
     {
         "begin",
@@ -444,10 +469,11 @@ _PER_REQUEST: Final = frozenset(
         "transfer_finished",
         "cancel",
         "match_tokens",
+        _MATCH_ANSWER,
         "load_finished",
     }
 )
-_LOADING: Final = frozenset(LOAD_EVENTS)
+_LOADING: Final = frozenset({*LOAD_EVENTS, _MATCH_ANSWER})
 #: The batches ``transfer_finished_many`` reports, by number of requests: the same request
 #: twice with one request, else every pair of two requests (as a set: two reports for different
 #: requests touch different records, so their order in the batch decides nothing but the
@@ -503,10 +529,16 @@ def _events_of(world: _World, ids: Iterable[int], *, alike: bool = True) -> list
             for choice in itertools.product((0, 1, None), repeat=len(savers))
         ]
         held = [i for i in ids if world.requests[i].phase == _HELD]
-        out += [("match_tokens", i, a) for i in held for a in answers]
+        out += [
+            ("match_tokens", i, a)
+            for i in held
+            if not (world.requests[i].matching or world.requests[i].asking)
+            for a in answers
+        ]
+        out += [(_MATCH_ANSWER, i) for i in ids if world.requests[i].matching]
     if "load_finished" in alphabet:
         names = scenario.names + scenario.unknown
-        out += [("load_finished", i, n) for i in ids for n in names]
+        out += [("load_finished", i, n) for i in ids for n in _loaders(world, i, names)]
     registered = {n for n, _ in world.registry}
     if "unregister" in alphabet:
         out += [("unregister", n) for n in scenario.names if n in registered]
@@ -514,7 +546,33 @@ def _events_of(world: _World, ids: Iterable[int], *, alike: bool = True) -> list
         out += [("register", n) for n in scenario.names if n not in registered]
     if "take" in alphabet:
         out.append(("take",))
+    if any(world.requests[i].matching for i in ids):
+        return [e for e in out if not _outside_match_window(world, e)]
     return out
+
+
+#: The events of a request not explored while a match_tokens asks about it (see
+#: :func:`_outside_match_window`).
+_SAVE_SIDE: Final = frozenset({"request_finished", _APPLY_ANSWERS, "transfer_finished"})
+
+
+def _outside_match_window(world: _World, event: Event) -> bool:
+    """Whether ``event`` is one the check leaves out while a match_tokens asks about its
+    request: that request's save side (``request_finished``'s halves, its transfer reports,
+    batches with it). The load race is what the match's window is explored for: its load
+    reports, a cancel overtaking it, an unregistering or registering, ``take``; the save side
+    touches none of the match's books (``match_tokens`` records its loader only on a pending
+    request, and a request_finished that asks or applies around it is explored before and
+    after the window)."""
+    kind = event[0]
+    requests = world.requests
+    if kind in _SAVE_SIDE:
+        return bool(requests[event[1]].matching)
+    if kind == "transfer_finished_many":
+        return any(requests[i].matching for i in event[2])
+    if kind in ("register", "take"):
+        return any(r.matching for r in requests)
+    return False
 
 
 def _reporters(world: _World, i: int, names: tuple[str, ...]) -> tuple[str, ...]:
@@ -535,6 +593,24 @@ def _reporters(world: _World, i: int, names: tuple[str, ...]) -> tuple[str, ...]
     for asked in r.asking:
         savers.update(n for s in asked[3] if entry(n := s.name) is s)
     return tuple(n for n in names if n not in ready or n in awaiting or n in savers)
+
+
+def _loaders(world: _World, i: int, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The names whose ``load_finished`` for request ``i`` is explored: all of them, but while
+    a ``match_tokens`` asks about it, with ``scenario.early`` ``"savers"``, only the names that
+    are no ready connector and the connectors that match asked (while each is still the one
+    registered under its name), and with ``"off"``, no ready connector (see
+    :data:`EARLY_REPORTS`)."""
+    r = world.requests[i]
+    early = world.scenario.early
+    if not r.matching or early == "all":
+        return names
+    ready = {n for n, on in world.registry if on}
+    if early == "off":
+        return tuple(n for n in names if n not in ready)
+    entry = world.mc.registry.entry
+    asked = {n for n, e in r.match_seen[2] if entry(n) is e}
+    return tuple(n for n in names if n not in ready or n in asked)
 
 
 def _subsets(savers: list[str], classes: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:

@@ -56,12 +56,13 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
       set of (name, choice)): what its second half merges and returns, which ``params merged``
       judges. The params a record keeps once applied are judged on that transition and read
       by nothing later, so they are not part of the state.
+    * A match_tokens between its halves keeps what :func:`_matching` lists.
     * Counters, outcomes and callbacks are not part of the state: each is judged on the
       transition that made it (``counters`` compares the counts with a tally of what the
       events returned, kept outside the state), and nothing the aggregator does reads them.
 
-    Every field read here but ``asking`` and ``answers`` is in :data:`_raw`, the key parts are
-    cached under.
+    Every field read here but ``asking``, ``answers`` and the match's is in :data:`_raw`, the
+    key parts are cached under.
     """
     view = r.view
     load: tuple[Any, ...] | None = None
@@ -83,12 +84,37 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
     # The early reports kept while asking, as a set: the second half decides each on the
     # answers alone, so their order orders nothing but its on_finished calls (judged on it).
     early = _names_key(r.early)
+    matching = _matching(r, entry) if r.matching else None
     if r.phase == _TAKEN:
-        return ("request", r.phase, view, _NOTHING, r.cancelled, None, asking, early)
+        return ("request", r.phase, view, _NOTHING, r.cancelled, None, asking, early, matching)
+    parts = (r.phase, view, r.owed, r.cancelled, load, asking, early, matching)
     if r.answers:  # params checked: what each call asking will merge (its savers' choices)
         choices = tuple(tuple(sorted(choice)) for choice, _ in r.answers)
-        return ("request", r.phase, view, r.owed, r.cancelled, load, asking, early, choices)
-    return ("request", r.phase, view, r.owed, r.cancelled, load, asking, early)
+        return ("request", *parts, choices)
+    return ("request", *parts)
+
+
+def _matching(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
+    """A match_tokens between its halves: what its second half reads (the loader the
+    aggregator's first half chose, whether it is still the connector registered under its
+    name, whether the asking stopped at a ``None``), what the checker saw of its answers (the
+    loader they chose, whether decisive, each connector asked and whether it is still the one
+    registered: which early reports are explored), and the load reports that came meanwhile:
+    the early ones kept (a set: each is decided on the answer alone, and only the loader's
+    changes the record) and the savers that delivered one (a set)."""
+    asked = r.matching
+    chooser = asked[2]
+    decisive, chose, entries = r.match_seen
+    return (
+        decisive,
+        chose,
+        tuple(sorted((n, entry(n) is e) for n, e in entries)),
+        None if chooser is None else chooser.name,
+        chooser is not None and entry(chooser.name) is chooser,
+        asked[4],
+        _names_key(r.load_early),
+        _names_key(r.window_loads),
+    )
 
 
 def _snapshot(world: _World) -> Hashable:
@@ -120,7 +146,7 @@ def _numbered(world: _World) -> Raw:
     entry = world.mc.registry.entry
     known_parts = numbers.parts
     for r in requests:
-        if r.asking or r.answers:  # reads the registry: numbered from the part itself
+        if r.asking or r.answers or r.matching:  # reads the registry: numbered from the part
             part_ids.append(numbers.number(_part(r, entry)))
             continue
         raw_part = _raw(r)

@@ -9,6 +9,7 @@ from .properties import _owes
 from .scenario import (
     _APPLY_ANSWERS,
     _HELD,
+    _MATCH_ANSWER,
     _PER_REQUEST,
     _TAKEN,
     _UNBORN,
@@ -32,6 +33,10 @@ def _describe(world: _World) -> str:
             text += ", request_finished asking"
             if r.early:
                 text += f" (early reports kept: {', '.join(r.early)})"
+        if r.matching:
+            text += ", match_tokens asking"
+            if r.load_early:
+                text += f" (early load reports kept: {', '.join(r.load_early)})"
         owing = _owes(r)
         if owing and (r.view is None or set(r.view[1]) != r.owed or r.load_owed is not None):
             text += f" [owed: {', '.join(owing)}]"
@@ -56,6 +61,8 @@ def _label(world: _World) -> Callable[[Event], str]:
             return f"transfer_finished_many({event[1]}, [{', '.join(ids[i] for i in event[2])}])"
         if kind == _APPLY_ANSWERS:
             return f"request_finished({ids[event[1]]}) applies its answers"
+        if kind == _MATCH_ANSWER:
+            return f"match_tokens({ids[event[1]]}) records its loader"
         if kind in ("transfer_finished", "load_finished"):
             return f"{kind}({ids[event[1]]}, {event[2]})"
         if kind == "match_tokens":
