@@ -370,7 +370,7 @@ class EarlyLoadReportDropped(MultiConnector):  # type: ignore[misc]
 
     def load_finished(self, request_id: str, name: str) -> Outcome:
         record = self._requests.get(request_id)
-        if record is not None and record in self._matching:
+        if record is not None and id(record) in self._matching:
             entry = self.registry.entry(name)
             if entry is not None and entry.connector is not None:
                 self._count(hash(request_id) & self._mask, Outcome.phantom, name)  # the bug
