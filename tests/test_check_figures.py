@@ -22,6 +22,7 @@ def _number(text: str) -> int:
     return int(text.replace(",", ""))
 
 
+@pytest.mark.timeout(120)  # 26,461 states: about 20 s, more on a busy machine
 def test_the_load_sides_figure_is_its_search() -> None:
     found = re.search(
         r"--load --requests 1 --connectors\s+a,b,none=none`\) it explores ([\d,]+) distinct "
