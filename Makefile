@@ -237,13 +237,16 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 ## bench: the benchmarks; prints a table and writes build/bench.json; then the engine row
-#         (bench/engine_row.py, in .venv-engine), the engine under failing children against
-#         the same engine without (--faults) and the served row (bench/serve_row.py:
-#         `vllm bench serve` against fresh `vllm serve` servers), merged into it
+#         (bench/engine_row.py, in .venv-engine), the same row on a model of 32 layers of the
+#         same width (--layers 32: the adapter's per-layer calls weigh most), the engine under
+#         failing children against the same engine without (--faults) and the served row
+#         (bench/serve_row.py: `vllm bench serve` against fresh `vllm serve` servers), merged
+#         into it
 bench: setup $(ENGINE)
 	mkdir -p $(BUILD)
 	$(PY) -m bench.run --json $(BUILD)/bench.json
 	$(ENGINE_PY) -m bench.engine_row --json $(BUILD)/bench.json
+	$(ENGINE_PY) -m bench.engine_row --layers 32 --json $(BUILD)/bench.json
 	$(ENGINE_PY) -m bench.engine_row --faults --repeats 8 --json $(BUILD)/bench.json
 	$(ENGINE_PY) -m bench.serve_row --json $(BUILD)/bench.json
 

@@ -2,8 +2,11 @@
 
 The model is a 2-layer Llama with random weights (hidden size 256, 4 heads, 2 KV heads, a
 vocabulary of 1,024: about 1.7 M parameters), written locally with ``transformers``: nothing is
-downloaded. Prompts are token ids (``skip_tokenizer_init=True``), decoding is greedy with
-``ignore_eos``, in float32, with ``enforce_eager=True``.
+downloaded. ``write_tiny_llama(folder, layers=32)`` writes the same width with 32 layers (about
+19 M parameters), for the engine row where the per-layer calls weigh most; ``model_folder``
+names a folder per layer count, so two models never share one. Prompts are token ids
+(``skip_tokenizer_init=True``), decoding is greedy with ``ignore_eos``, in float32, with
+``enforce_eager=True``.
 
 Every ``import vllm`` is inside a function: the main environment imports this module too (the
 engine tests are collected there, then deselected by their marker ``engine``).
@@ -29,6 +32,8 @@ BLOCK_SIZE = 32
 #: chunk under the whole prompt, and its load then fails with a shape mismatch.
 MAX_BATCHED_TOKENS = 4096
 MAX_MODEL_LEN = 512
+#: The tiny model's layer count (``write_tiny_llama``'s default).
+LAYERS = 2
 
 #: What every engine process needs in its environment (set before vLLM is imported).
 ENGINE_ENV = {
@@ -55,8 +60,15 @@ def engine_environment(in_process: bool = True, workers: int = 1) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, paths)])
 
 
-def write_tiny_llama(folder: Path) -> Path:
-    """Write the tiny random Llama (config and float32 weights) to ``folder``; return it."""
+def model_folder(parent: Path, layers: int = LAYERS) -> Path:
+    """Where under ``parent`` the model of ``layers`` layers is written: the tiny model's own
+    name for the default, one of its own for any other count."""
+    return parent / ("model" if layers == LAYERS else f"model-{layers}-layers")
+
+
+def write_tiny_llama(folder: Path, layers: int = LAYERS) -> Path:
+    """Write the tiny random Llama (config and float32 weights) to ``folder``; return it.
+    ``layers``: its ``num_hidden_layers``, every layer of the same width."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -65,7 +77,7 @@ def write_tiny_llama(folder: Path) -> Path:
         intermediate_size=512,
         num_attention_heads=4,
         num_key_value_heads=2,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         vocab_size=1024,
         max_position_embeddings=MAX_MODEL_LEN,
         bos_token_id=1,
