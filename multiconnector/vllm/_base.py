@@ -22,6 +22,7 @@ from ..ledger import SaveLedger
 from ..registry import ConnectorRegistry
 from .config import ChildSpec, overdue_seconds, specs_of, without_hma
 from .errors import ChildStartError, HMAUnsupportedError, MetadataMismatchError
+from .fanout import Fanout
 from .sides import Call, SchedulerSide, WorkerSide
 from .trouble import Trouble
 from .wire import NamedMultiConnectorMetadata
@@ -59,6 +60,9 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._children: dict[str, Any] = _start_children(specs, vllm_config, role, kv_cache_config)
         #: ``(name, child)`` pairs in configuration order, for the per-step fan-outs.
         self._items: tuple[tuple[str, Any], ...] = tuple(self._children.items())
+        #: Per per-step or per-layer hook, the children it calls (not those whose class leaves
+        #: it a no-op): :mod:`~multiconnector.vllm.fanout`.
+        self._fan = Fanout(self._items)
         #: The children's names in configuration order (vLLM's positions).
         self._names: tuple[str, ...] = tuple(self._children)
         #: Scheduler: what the sides tell this connector about the call in progress.
@@ -182,6 +186,7 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
             )
         self._children = dict(zip(self._names, connectors, strict=True))
         self._items = tuple(self._children.items())
+        self._fan = Fanout(self._items)
         for name, child in self._items:
             self._sides[name].child = child
             self._worker_sides[name].child = child
@@ -197,12 +202,18 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _gather(self, what: str, call: Callable[[str, Any], _T]) -> dict[str, _T]:
-        """``call(name, child)`` for every child; every failure raised together afterwards."""
+    def _gather(
+        self,
+        what: str,
+        call: Callable[[str, Any], _T],
+        pairs: Sequence[tuple[str, Any]] | None = None,
+    ) -> dict[str, _T]:
+        """``call(name, child)`` for every child (of ``pairs``, when given); every failure
+        raised together afterwards."""
         results: dict[str, _T] = {}
         errors: list[Exception] = []
         failed: list[str] = []
-        for name, child in self._children.items():
+        for name, child in self._items if pairs is None else pairs:
             try:
                 results[name] = call(name, child)
             except Exception as exc:
@@ -219,9 +230,10 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
 
     def _each(self, method: str, *args: Any) -> None:
         """``child.<method>(*args)`` for every child, a per-step call whose answers are not
-        used: a child that raises is that child's failure (:meth:`_absorb`), not the call's."""
+        used: a child that raises is that child's failure (:meth:`_absorb`), not the call's.
+        Only the children the hook calls (:class:`~multiconnector.vllm.fanout.Fanout`)."""
         failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:
+        for name, child in getattr(self._fan, method, self._items):
             try:
                 getattr(child, method)(*args)
             except Exception as exc:
@@ -241,12 +253,16 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._trouble.record_all(what, failures, degraded)
 
     def _gather_soft(
-        self, what: str, call: Callable[[str, Any], _T], degraded: str
+        self,
+        what: str,
+        call: Callable[[str, Any], _T],
+        degraded: str,
+        pairs: Sequence[tuple[str, Any]] | None = None,
     ) -> dict[str, _T]:
         """:meth:`_gather` for a per-request or per-step hook: the answers of the children
         that did not fail; the failures absorbed (:meth:`_absorb`)."""
         try:
-            return self._gather(what, call)
+            return self._gather(what, call, pairs)
         except ConnectorFailures as failures:
             pairs = list(zip(failures.failed, failures.exceptions, strict=True))
             self._absorb(what, pairs, degraded)
@@ -278,7 +294,12 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         """Each child's no-argument ``method()``, keeping only answers that are not ``None``
         (``soft``: a per-step hook, whose failures are absorbed (:meth:`_absorb`))."""
         answers = (
-            self._gather_soft(method, lambda _, c: getattr(c, method)(), "its answer dropped")
+            self._gather_soft(
+                method,
+                lambda _, c: getattr(c, method)(),
+                "its answer dropped",
+                getattr(self._fan, method, None),
+            )
             if soft
             else self._gather(method, lambda _, c: getattr(c, method)())
         )

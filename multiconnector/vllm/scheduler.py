@@ -293,7 +293,7 @@ class SchedulerRole(ConnectorBase):
         failures: list[tuple[str, Exception]] | None = None
         self._recving = connector_output.finished_recving or ()
         try:
-            for name, child in self._items:
+            for name, child in self._fan.update_connector_output:
                 try:
                     if worker_meta is not None:
                         connector_output.kv_connector_worker_meta = worker_meta.children.get(name)
@@ -647,7 +647,7 @@ class SchedulerRole(ConnectorBase):
         events: list[Any] = []
         failures: list[tuple[str, Exception]] | None = None
         answers: dict[str, Any] = {}
-        for name, child in self._items:  # every step: no helper
+        for name, child in self._fan.take_events:  # every step: no helper
             try:
                 answers[name] = found = list(child.take_events())
             except Exception as exc:

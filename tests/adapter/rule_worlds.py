@@ -276,6 +276,7 @@ STATIC = frozenset(
         "_specs",
         "_children",
         "_items",
+        "_fan",
         "_sides",
         "_worker_sides",
         "_names",
