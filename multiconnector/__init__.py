@@ -28,6 +28,7 @@ from .errors import (
     UnknownRequestError,
 )
 from .ledger import SaveLedger
+from .lookup import Lookup
 from .machine import RequestTransferState, State, Step
 from .outcome import Outcome
 from .params import merge_transfer_params
@@ -48,6 +49,7 @@ __all__ = [
     "InvalidParamsError",
     "InvalidValueError",
     "KeyClashError",
+    "Lookup",
     "MultiConnector",
     "MultiConnectorError",
     "NondeterminismError",

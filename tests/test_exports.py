@@ -23,6 +23,7 @@ PUBLIC = [
     "InvalidParamsError",
     "InvalidValueError",
     "KeyClashError",
+    "Lookup",
     "MultiConnector",
     "MultiConnectorError",
     "NondeterminismError",
