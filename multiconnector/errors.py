@@ -29,6 +29,7 @@ A bad argument's error is a :class:`TypeError` when its type is wrong and also a
         ├── ChildStartError             (also RuntimeError) a child connector's constructor raised
         ├── ChildrenConflictError       (also ValueError)   children's answers that do not combine
         ├── HMAUnsupportedError         (also ValueError)   the HMA on, a child without support
+        ├── LookupPatienceError         (also TimeoutError) a child looking up past its patience
         ├── MetadataMismatchError       (also ValueError)   metadata not naming exactly the children
         └── WrongRoleError              (also RuntimeError) a call the connector's role never gets
 

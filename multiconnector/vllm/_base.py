@@ -19,8 +19,16 @@ from .._validate import shown
 from ..aggregator import MultiConnector as Aggregator
 from ..errors import ConnectorFailures, InvalidArgumentError, InvalidValueError
 from ..ledger import SaveLedger
+from ..lookup import Lookup
 from ..registry import ConnectorRegistry
-from .config import ChildSpec, overdue_seconds, specs_of, without_hma
+from .config import (
+    ChildSpec,
+    lookup_policy,
+    overdue_seconds,
+    patience_steps,
+    specs_of,
+    without_hma,
+)
 from .errors import ChildStartError, HMAUnsupportedError, MetadataMismatchError
 from .fanout import Fanout
 from .sides import Call, SchedulerSide, WorkerSide
@@ -43,7 +51,11 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         specs = specs_of(self._kv_transfer_config)
         #: Both roles: how long a child may owe a save's or a load's report before it is
         #: counted and warned about (:meth:`Trouble.overdue`); checked before a child starts.
-        self._overdue = overdue_seconds(self._kv_transfer_config.kv_connector_extra_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config
+        self._overdue = overdue_seconds(extra)
+        #: Scheduler: which child's hit loads a request (checked before a child starts).
+        self._lookup = lookup_policy(extra)
+        patience = patience_steps(extra)
         lacking = without_hma(specs)
         if not vllm_config.scheduler_config.disable_hybrid_kv_cache_manager and lacking:
             raise HMAUnsupportedError(
@@ -66,7 +78,7 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         #: The children's names in configuration order (vLLM's positions).
         self._names: tuple[str, ...] = tuple(self._children)
         #: Scheduler: what the sides tell this connector about the call in progress.
-        self._call = Call()
+        self._call = Call(asks_all=self._lookup is Lookup.longest, patience=patience)
         # Every role asks the children as the scheduler does (vLLM's class has one behaviour
         # for both roles, and its tests call scheduler methods on a worker's connector); the
         # worker's load books answer from the plan in the connector metadata instead.
@@ -80,7 +92,7 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         # Scheduler: every request, from arrival to request_finished (and its load, if one is in
         # flight then); the saves it hands off are the workers' to await (see saving).
         # (Both roles: shutdown goes through it.)
-        self._tracker = Aggregator(ConnectorRegistry(self._sides))
+        self._tracker = Aggregator(ConnectorRegistry(self._sides), lookup=self._lookup)
         # Worker: the saves each finished request awaits; unused on the scheduler.
         self._ledger = SaveLedger(self._children)
         # Worker: the load each request awaits; unused on the scheduler.

@@ -25,19 +25,25 @@ from typing import Any, Final, final
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
-from .._validate import bad_argument, check_name, check_seconds, shown
+from .._validate import bad_argument, check_int, check_name, check_seconds, shown
 from ..errors import DuplicateConnectorError, InvalidArgumentError, InvalidValueError
+from ..lookup import Lookup, lookup_of
 from .errors import ChildClassError
 
 __all__ = [
     "CHILDREN_KEY",
+    "LOOKUP_KEY",
     "NAME_KEY",
     "OVERDUE_KEY",
     "OVERDUE_SECONDS",
+    "PATIENCE_KEY",
+    "PATIENCE_STEPS",
     "ChildSpec",
     "child_specs",
     "default_name",
+    "lookup_policy",
     "overdue_seconds",
+    "patience_steps",
 ]
 
 #: The ``kv_connector_extra_config`` key listing the children (the key vLLM's own uses too).
@@ -53,6 +59,15 @@ OVERDUE_KEY: Final = "report_overdue_seconds"
 #: (MooncakeConnector's abort timeout, 480 s; NixlConnector's lease is 30 s, renewed while the
 #: decode side lives), so a healthy prefill waiting for its decode is not warned about.
 OVERDUE_SECONDS: Final = 600.0
+
+#: The ``kv_connector_extra_config`` key of the lookup policy: ``"first"`` (vLLM's rule, the
+#: default) or ``"longest"`` (:class:`multiconnector.Lookup`).
+LOOKUP_KEY: Final = "lookup"
+#: The key of how many times in a row, under ``"longest"``, a child may answer a request's
+#: lookup ``None`` ("ask me again") before the lookup goes on without it (counted and logged).
+PATIENCE_KEY: Final = "lookup_patience_steps"
+#: Its default: vLLM asks again each scheduler step.
+PATIENCE_STEPS: Final = 64
 
 
 @final
@@ -191,6 +206,20 @@ def overdue_seconds(extra_config: Mapping[str, Any]) -> float:
     :data:`OVERDUE_SECONDS`."""
     value = extra_config.get(OVERDUE_KEY, OVERDUE_SECONDS)
     return check_seconds(value, f"kv_connector_extra_config[{OVERDUE_KEY!r}]", positive=True)
+
+
+def lookup_policy(extra_config: Mapping[str, Any]) -> Lookup:
+    """``kv_connector_extra_config[LOOKUP_KEY]``, checked, or :attr:`Lookup.first`."""
+    return lookup_of(
+        extra_config.get(LOOKUP_KEY, "first"), f"kv_connector_extra_config[{LOOKUP_KEY!r}]"
+    )
+
+
+def patience_steps(extra_config: Mapping[str, Any]) -> int:
+    """``kv_connector_extra_config[PATIENCE_KEY]``, checked (an int >= 1), or
+    :data:`PATIENCE_STEPS`."""
+    value = extra_config.get(PATIENCE_KEY, PATIENCE_STEPS)
+    return check_int(value, f"kv_connector_extra_config[{PATIENCE_KEY!r}]", minimum=1)
 
 
 def specs_of(kv_transfer_config: Any) -> tuple[ChildSpec, ...]:

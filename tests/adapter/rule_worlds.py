@@ -277,6 +277,7 @@ STATIC = frozenset(
         "_children",
         "_items",
         "_fan",
+        "_lookup",
         "_sides",
         "_worker_sides",
         "_names",
