@@ -28,6 +28,8 @@ PUBLIC = [
     "NondeterminismError",
     "Outcome",
     "RequestTransferState",
+    "Role",
+    "RoleError",
     "SaveLedger",
     "ShutDownError",
     "State",
