@@ -23,6 +23,7 @@ from .errors import (
     KeyClashError,
     MultiConnectorError,
     NondeterminismError,
+    RoleError,
     ShutDownError,
     UnknownConnectorError,
     UnknownRequestError,
@@ -32,7 +33,7 @@ from .lookup import Lookup
 from .machine import RequestTransferState, State, Step
 from .outcome import Outcome
 from .params import merge_transfer_params
-from .registry import Connector, ConnectorRegistry
+from .registry import Connector, ConnectorRegistry, Role
 
 __version__ = "0.1.0"
 
@@ -55,6 +56,8 @@ __all__ = [
     "NondeterminismError",
     "Outcome",
     "RequestTransferState",
+    "Role",
+    "RoleError",
     "SaveLedger",
     "ShutDownError",
     "State",

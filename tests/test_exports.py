@@ -29,6 +29,8 @@ PUBLIC = [
     "NondeterminismError",
     "Outcome",
     "RequestTransferState",
+    "Role",
+    "RoleError",
     "SaveLedger",
     "ShutDownError",
     "State",

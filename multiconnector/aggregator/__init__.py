@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, final
 
 from ..machine import RequestTransferState
 from ..outcome import Outcome
-from ..registry import Connector, ConnectorRegistry
+from ..registry import Connector, ConnectorRegistry, Role
 from ._books import OTHER_NAMES, Books
 from .checking import Checking
 from .lifecycle import Lifecycle
@@ -90,7 +90,9 @@ class MultiConnector(Queries, Loading, Reports, Checking, Saving, Lifecycle, Boo
         # tests/test_public_names.py checks it matches the bases.
         @property
         def registry(self) -> ConnectorRegistry: ...
-        def register(self, name: str, connector: Connector | None) -> None: ...
+        def register(
+            self, name: str, connector: Connector | None, role: Role = Role.both
+        ) -> None: ...
         def unregister(self, name: str) -> Connector | None: ...
         def begin(self, request_id: str) -> None: ...
         def cancel(self, request_id: str) -> Outcome: ...

@@ -60,11 +60,12 @@ class Loading(Books):
         """How many tokens can be loaded for a pending request, choosing the loader by name.
 
         Ready connectors that have ``get_num_new_matched_tokens`` are asked in registration
-        order. The first that answers ``None`` ("not known yet") ends the asking, as in vLLM:
-        the answer is ``None``, the rest are not asked, and nothing is remembered. Otherwise the
-        first connector with more than 0 tokens is remembered as the request's ``loader`` and its
-        count returned; 0 means nothing to load. A connector that raises counts as 0 and
-        :class:`ConnectorFailures` is raised after the others were asked.
+        order, except those registered with ``role=Role.save``: they are never asked, so never
+        chosen to load. The first that answers ``None`` ("not known yet") ends the asking, as
+        in vLLM: the answer is ``None``, the rest are not asked, and nothing is remembered.
+        Otherwise the first connector with more than 0 tokens is remembered as the request's
+        ``loader`` and its count returned; 0 means nothing to load. A connector that raises
+        counts as 0 and :class:`ConnectorFailures` is raised after the others were asked.
 
         A connector may start its load while it is asked and report it (``load_finished``)
         before this call returns: from inside ``get_num_new_matched_tokens`` or from a thread
@@ -133,7 +134,7 @@ class Loading(Books):
         errors: list[Exception] = []
         failed: list[str] = []
         for entry in self._registry._ready:  # what ready_entries() returns, without the call
-            if entry.get_num_new_matched_tokens is None:
+            if entry.get_num_new_matched_tokens is None:  # none, or its role is Role.save
                 continue
             try:
                 tokens = entry.get_num_new_matched_tokens(request_id, num_computed_tokens)
