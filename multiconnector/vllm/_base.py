@@ -20,7 +20,7 @@ from ..aggregator import MultiConnector as Aggregator
 from ..errors import ConnectorFailures, InvalidArgumentError, InvalidValueError
 from ..ledger import SaveLedger
 from ..lookup import Lookup
-from ..registry import ConnectorRegistry
+from ..registry import ConnectorRegistry, Role
 from .config import (
     ChildSpec,
     lookup_policy,
@@ -66,6 +66,8 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         #: for every group's blocks (vLLM's rule), otherwise the one group's.
         self._all_support_hma = not lacking
         self._specs: dict[str, ChildSpec] = {spec.name: spec for spec in specs}
+        #: Each child's role (``multiconnector_role``): the core's books hold each to it.
+        self._roles: dict[str, Role] = {spec.name: spec.role for spec in specs}
         #: Both roles: the children's failures in per-request and per-step hooks, counted and
         #: logged; never raised into vLLM (:mod:`~multiconnector.vllm.trouble`).
         self._trouble = Trouble()
@@ -74,7 +76,9 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._items: tuple[tuple[str, Any], ...] = tuple(self._children.items())
         #: Per per-step or per-layer hook, the children it calls (not those whose class leaves
         #: it a no-op): :mod:`~multiconnector.vllm.fanout`.
-        self._fan = Fanout(self._items)
+        self._fan = Fanout(self._items, self._roles)
+        #: The children that may save (every role but load-only), for the save offers.
+        self._savers = self._may_save()
         #: The children's names in configuration order (vLLM's positions).
         self._names: tuple[str, ...] = tuple(self._children)
         #: Scheduler: what the sides tell this connector about the call in progress.
@@ -83,7 +87,7 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         # for both roles, and its tests call scheduler methods on a worker's connector); the
         # worker's load books answer from the plan in the connector metadata instead.
         self._sides: dict[str, SchedulerSide] = {
-            name: SchedulerSide(self, name, child, self._call)
+            name: SchedulerSide(self, name, child, self._call, self._roles[name])
             for name, child in self._children.items()
         }
         self._worker_sides: dict[str, WorkerSide] = {
@@ -92,11 +96,13 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         # Scheduler: every request, from arrival to request_finished (and its load, if one is in
         # flight then); the saves it hands off are the workers' to await (see saving).
         # (Both roles: shutdown goes through it.)
-        self._tracker = Aggregator(ConnectorRegistry(self._sides), lookup=self._lookup)
+        self._tracker = Aggregator(
+            ConnectorRegistry(self._sides, roles=self._roles), lookup=self._lookup
+        )
         # Worker: the saves each finished request awaits; unused on the scheduler.
         self._ledger = SaveLedger(self._children)
         # Worker: the load each request awaits; unused on the scheduler.
-        self._loads = Aggregator(ConnectorRegistry(self._worker_sides))
+        self._loads = Aggregator(ConnectorRegistry(self._worker_sides, roles=self._roles))
         # Scheduler state.
         self._live: dict[str, Any] = {}
         self._tail_savers: dict[str, tuple[str, ...]] = {}
@@ -198,11 +204,15 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
             )
         self._children = dict(zip(self._names, connectors, strict=True))
         self._items = tuple(self._children.items())
-        self._fan = Fanout(self._items)
+        self._fan = Fanout(self._items, self._roles)
+        self._savers = self._may_save()
         for name, child in self._items:
             self._sides[name].child = child
             self._worker_sides[name].child = child
         self._counts_known = False
+
+    def _may_save(self) -> tuple[tuple[str, Any], ...]:
+        return tuple((name, c) for name, c in self._items if self._roles[name] is not Role.load)
 
     def _known_counts(self) -> dict[str, int]:
         """The children that report on fewer workers than all, with how many: every child's

@@ -28,6 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from .._validate import bad_argument, check_int, check_name, check_seconds, shown
 from ..errors import DuplicateConnectorError, InvalidArgumentError, InvalidValueError
 from ..lookup import Lookup, lookup_of
+from ..registry import Role
 from .errors import ChildClassError
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "OVERDUE_SECONDS",
     "PATIENCE_KEY",
     "PATIENCE_STEPS",
+    "ROLE_KEY",
     "ChildSpec",
     "child_specs",
     "default_name",
@@ -51,6 +53,14 @@ CHILDREN_KEY: Final = "connectors"
 
 #: The key, in a child's own ``kv_connector_extra_config``, of its explicit name.
 NAME_KEY: Final = "multiconnector_name"
+
+#: The key, in a child's own ``kv_connector_extra_config``, of its role: ``"save"`` (never
+#: looked up, never told to load), ``"load"`` (never awaited for a save) or ``"both"``, the
+#: default (:class:`multiconnector.Role`).
+ROLE_KEY: Final = "multiconnector_role"
+
+#: The keys of a child's own extra config that are ours, removed before the child is built.
+OUR_KEYS: Final = frozenset({NAME_KEY, ROLE_KEY})
 
 #: The ``kv_connector_extra_config`` key (beside ``connectors``) of how long a child may owe a
 #: save's or a load's report before it is counted and warned about as overdue.
@@ -80,6 +90,7 @@ class ChildSpec:
 
     name: str
     config: Any  # vllm.config.KVTransferConfig
+    role: Role = Role.both
 
     @property
     def kv_connector(self) -> str:
@@ -174,12 +185,14 @@ def child_specs(
             raise InvalidArgumentError(
                 f"{where}['kv_connector_extra_config']={shown(own_extra)} must be a mapping"
             )
+        role = _role(own_extra, f"{where}['kv_connector_extra_config'][{ROLE_KEY!r}]")
+        if own_extra is not None and OUR_KEYS.intersection(own_extra):
+            fields["kv_connector_extra_config"] = {
+                key: value for key, value in own_extra.items() if key not in OUR_KEYS
+            }
         if own_extra is not None and NAME_KEY in own_extra:
             name_where = f"{where}['kv_connector_extra_config'][{NAME_KEY!r}]"
             name = check_name(own_extra[NAME_KEY], name_where)
-            fields["kv_connector_extra_config"] = {
-                key: value for key, value in own_extra.items() if key != NAME_KEY
-            }
         else:
             name_where = f"{where} (named after its kv_connector)"
             name = default_name(connector, occurrences[connector])
@@ -197,8 +210,22 @@ def child_specs(
             raise bad_argument(isinstance(exc, ValueError))(
                 f"{where} (name={name!r}) is not a valid KVTransferConfig: {exc}"
             ) from exc
-        specs.append(ChildSpec(name, config))
+        specs.append(ChildSpec(name, config, role))
     return tuple(specs)
+
+
+def _role(own_extra: Mapping[str, Any] | None, where: str) -> Role:
+    """The role a child's own extra config gives it (:data:`ROLE_KEY`), checked."""
+    if own_extra is None or ROLE_KEY not in own_extra:
+        return Role.both
+    value = own_extra[ROLE_KEY]
+    names = ", ".join(repr(role.value) for role in Role)
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{where}={shown(value)} must be one of {names}")
+    try:
+        return Role(value)
+    except ValueError:
+        raise InvalidValueError(f"{where}={value!r} must be one of {names}") from None
 
 
 def overdue_seconds(extra_config: Mapping[str, Any]) -> float:

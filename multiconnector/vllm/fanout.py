@@ -23,10 +23,12 @@ from __future__ import annotations
 import dis
 import inspect
 import types
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+from ..registry import Role
 
 __all__ = ["HOOKS", "Fanout", "calls", "does_nothing"]
 
@@ -48,6 +50,16 @@ HOOKS: Final[dict[str, tuple[Any, ...]]] = {
     "handle_preemptions": (None,),
     "on_new_request": (None,),
     "take_events": ((),),
+}
+
+_BOTH: Final = Role.both
+#: The hooks a child of a role is not called for: a save-only child never loads, so it does not
+#: wait per layer for a load; a load-only child never saves, so it saves no layer and awaits no
+#: save. (``start_load_kv`` stays for every role: a P/D sender starts its side of a transfer
+#: there.)
+_NOT_FOR: Final[dict[Role, frozenset[str]]] = {
+    Role.save: frozenset({"wait_for_layer_load"}),
+    Role.load: frozenset({"save_kv_layer", "wait_for_save"}),
 }
 
 #: Instructions that do nothing at run time (the interpreter's bookkeeping).
@@ -119,9 +131,20 @@ class Fanout:
     on_new_request: tuple[tuple[str, Any], ...]
     take_events: tuple[tuple[str, Any], ...]
 
-    def __init__(self, items: Sequence[tuple[str, Any]]) -> None:
+    def __init__(
+        self, items: Sequence[tuple[str, Any]], roles: Mapping[str, Role] | None = None
+    ) -> None:
+        roles = roles or {}
         for hook in HOOKS:
-            setattr(self, hook, tuple((name, c) for name, c in items if calls(c, hook)))
+            setattr(
+                self,
+                hook,
+                tuple(
+                    (name, c)
+                    for name, c in items
+                    if calls(c, hook) and hook not in _NOT_FOR.get(roles.get(name, _BOTH), ())
+                ),
+            )
 
     def of(self, hook: str) -> tuple[str, ...]:
         """The names of the children ``hook`` calls."""

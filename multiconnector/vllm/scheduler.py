@@ -495,6 +495,7 @@ class SchedulerRole(ConnectorBase):
                 request, block_ids, partial_tail_offloads
             ),
             "counted as not taking the tail",
+            self._savers,  # a load-only child takes no save
         )
         names = tuple(name for name, took in accepted.items() if took)
         if names:

@@ -14,6 +14,7 @@ from typing import Any, Final, Protocol, final
 
 from .._validate import shown
 from ..errors import InvalidArgumentError, InvalidValueError
+from ..registry import Role
 from .config import PATIENCE_KEY
 from .errors import LookupPatienceError, WrongRoleError
 
@@ -81,12 +82,18 @@ class Side:
 class SchedulerSide(Side):
     """Scheduler role: asks the vLLM child, passing the live ``Request`` object."""
 
-    __slots__ = ("call", "failed_loads", "load_async", "owner", "waits")
+    __slots__ = ("call", "failed_loads", "hands_off", "load_async", "owner", "waits")
 
-    def __init__(self, owner: SchedulerOwner, name: str, child: Any, call: Call) -> None:
+    def __init__(
+        self, owner: SchedulerOwner, name: str, child: Any, call: Call, role: Role = Role.both
+    ) -> None:
         super().__init__(name, child)
         self.owner = owner
         self.call = call
+        #: Whether a save this child commits to is handed off to the workers: not for a
+        #: load-only child, whose answer goes to the core as it is (a promised save is then
+        #: the core's RoleError, that child's failure, and nobody awaits it).
+        self.hands_off = role is not Role.load
         #: The requests this child's last match would load asynchronously (only those: the
         #: common case, no asynchronous load, writes nothing).
         self.load_async: dict[str, bool] = {}
@@ -178,6 +185,8 @@ class SchedulerSide(Side):
         else:
             saves, params = self.child.request_finished(request, blocks)
         # A child that took the partial tail at finish also owes a "finished sending" report.
+        if not self.hands_off:
+            return saves, params
         if saves is True or (saves is False and owner.took_tail(request_id, self.name)):
             # The workers await this save (the metadata names it), not the scheduler's books:
             # to the core it is no save here.

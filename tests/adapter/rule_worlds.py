@@ -278,6 +278,8 @@ STATIC = frozenset(
         "_items",
         "_fan",
         "_lookup",
+        "_roles",
+        "_savers",
         "_sides",
         "_worker_sides",
         "_names",
