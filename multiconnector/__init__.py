@@ -23,15 +23,17 @@ from .errors import (
     KeyClashError,
     MultiConnectorError,
     NondeterminismError,
+    RoleError,
     ShutDownError,
     UnknownConnectorError,
     UnknownRequestError,
 )
 from .ledger import SaveLedger
+from .lookup import Lookup
 from .machine import RequestTransferState, State, Step
 from .outcome import Outcome
 from .params import merge_transfer_params
-from .registry import Connector, ConnectorRegistry
+from .registry import Connector, ConnectorRegistry, Role
 
 __version__ = "0.1.0"
 
@@ -48,11 +50,14 @@ __all__ = [
     "InvalidParamsError",
     "InvalidValueError",
     "KeyClashError",
+    "Lookup",
     "MultiConnector",
     "MultiConnectorError",
     "NondeterminismError",
     "Outcome",
     "RequestTransferState",
+    "Role",
+    "RoleError",
     "SaveLedger",
     "ShutDownError",
     "State",

@@ -20,6 +20,7 @@ A bad argument's error is a :class:`TypeError` when its type is wrong and also a
         ├── DuplicateConnectorError     (also ValueError)   a name registered twice
         ├── DuplicateRequestError       (also ValueError)   a request id begun while still held
         ├── KeyClashError               (also ValueError)   a params key from two connectors
+        ├── RoleError                   (also ValueError)   an answer its connector's role forbids
         ├── InvalidMachineError         (also ValueError)   a state machine that fails validation
         ├── NondeterminismError         (also RuntimeError) a model check's replay that diverged
         ├── ShutDownError               (also RuntimeError) work asked of a shut-down aggregator
@@ -29,6 +30,7 @@ A bad argument's error is a :class:`TypeError` when its type is wrong and also a
         ├── ChildStartError             (also RuntimeError) a child connector's constructor raised
         ├── ChildrenConflictError       (also ValueError)   children's answers that do not combine
         ├── HMAUnsupportedError         (also ValueError)   the HMA on, a child without support
+        ├── LookupPatienceError         (also TimeoutError) a child looking up past its patience
         ├── MetadataMismatchError       (also ValueError)   metadata not naming exactly the children
         └── WrongRoleError              (also RuntimeError) a call the connector's role never gets
 
@@ -64,6 +66,7 @@ __all__ = [
     "KeyClashError",
     "MultiConnectorError",
     "NondeterminismError",
+    "RoleError",
     "ShutDownError",
     "UnknownConnectorError",
     "UnknownPropertyError",
@@ -193,6 +196,36 @@ class KeyClashError(MultiConnectorError, ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.clashes,), {"result": self.result})
+
+
+class RoleError(MultiConnectorError, ValueError):
+    """A connector answered what its registered role rules out: one registered with
+    ``role=Role.load`` answered ``request_finished`` with anything but ``(False, params)``,
+    promising (or maybe promising) an asynchronous save.
+
+    A load-only connector is never a saver, so it is not awaited: it counts as not saving, as a
+    connector that raised would, and its params are dropped. The other connectors are still
+    asked and the request updated from their answers; this error is raised afterwards inside
+    :class:`ConnectorFailures`, whose ``result`` is the outcome applied. ``connector`` is its
+    name, ``answer`` what it answered.
+
+    Not to be confused with the vLLM adapter's ``WrongRoleError``, which is about vLLM's
+    scheduler and worker roles.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(self, message: str, *, connector: str, answer: Any) -> None:
+        super().__init__(message)
+        self.connector = connector
+        self.answer = answer
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_role_error, (str(self), self.connector, self.answer))
+
+
+def _role_error(message: str, connector: str, answer: Any) -> RoleError:
+    return RoleError(message, connector=connector, answer=answer)
 
 
 class ShutDownError(MultiConnectorError, RuntimeError):

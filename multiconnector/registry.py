@@ -4,10 +4,15 @@ vLLM's ``MultiConnector`` keeps its connectors in a list and refers to them by p
 completion for index 3 of a two-element list, or for a slot that holds ``None`` because that
 connector failed to start, crashes the server. Here every connector has a unique name, and a name
 may be registered with ``None``: known, but not ready. Nothing is ever looked up by position.
+
+Each registration has a :class:`Role`: a connector that only saves is never asked to load, and
+one that only loads is never awaited for a save.
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import functools
 import inspect
 import threading
@@ -22,10 +27,36 @@ from .errors import (
     ConnectorFailures,
     DuplicateConnectorError,
     InvalidArgumentError,
+    InvalidValueError,
+    RoleError,
     UnknownConnectorError,
 )
 
-__all__ = ["Connector", "ConnectorRegistry"]
+__all__ = ["Connector", "ConnectorRegistry", "Role"]
+
+
+class Role(enum.StrEnum):
+    """What a registered connector does for a request: save its KV, load it, or both.
+
+    The aggregator holds a connector to its role instead of trusting each answer: a ``save``
+    connector is never asked ``get_num_new_matched_tokens`` (so it is never chosen to load, and
+    its ``on_load_finished`` is never called), and a ``load`` connector is never awaited for a
+    save (its ``on_finished`` is never called; a ``request_finished`` answer promising a save is
+    a :class:`~multiconnector.RoleError`). A store that cannot serve a hit, or a loader that
+    cannot take a save, then cannot make a request wait on it by mistake.
+
+    >>> Role("save") is Role.save
+    True
+
+    .. versionadded:: 0.1.0
+    """
+
+    save = "save"
+    """Only saves: never asked for matched tokens, never a loader."""
+    load = "load"
+    """Only loads: never a saver, never awaited by a finishing request."""
+    both = "both"
+    """Saves and loads, as its answers say: the default."""
 
 
 @runtime_checkable
@@ -63,12 +94,58 @@ class Connector(Protocol):
 
 
 _Optional = Callable[..., Any] | None
+_ROLE_VALUES = frozenset(role.value for role in Role)
+
+
+def check_role(value: Any, argument: str = "role") -> Role:
+    """``value`` if it is a :class:`Role`; :class:`InvalidArgumentError` if not (a ``str`` too:
+    ``Role("save")`` spells it)."""
+    if value.__class__ is Role:
+        return value
+    hint = f" (Role({value!r}))" if isinstance(value, str) and value in _ROLE_VALUES else ""
+    raise InvalidArgumentError(
+        f"{argument}={shown(value)} must be a multiconnector.Role: Role.save, Role.load or "
+        f"Role.both{hint}"
+    )
+
+
+def _never_saves(name: str, request_finished: Callable[..., Any]) -> Callable[..., Any]:
+    """``request_finished`` of the load-only connector ``name``: its answer when it is
+    ``(False, params)``, else a :class:`RoleError`, so that it counts as not saving, as a
+    connector that raised does (it is never awaited, its params are dropped)."""
+
+    def load_only_request_finished(request_id: str, blocks: Sequence[int]) -> Any:
+        answer = request_finished(request_id, blocks)
+        if answer.__class__ is tuple and len(answer) == 2 and answer[0] is False:
+            params = answer[1]
+            if params is None or isinstance(params, Mapping):
+                return answer
+        promised = (
+            "promised an asynchronous save"
+            if answer.__class__ is tuple and len(answer) == 2 and answer[0] is True
+            else "did not answer a (False, params) pair"
+        )
+        raise RoleError(
+            f"connector {name!r} is registered with role=Role.load, yet answered "
+            f"request_finished({request_id!r}) with {shown(answer)}: it {promised}. A load-only "
+            "connector is never awaited: it counts as not saving and its params are dropped",
+            connector=name,
+            answer=answer,
+        )
+
+    return load_only_request_finished
 
 
 @final
 @attrs.frozen(slots=True, eq=False, weakref_slot=False)
 class Entry:
-    """One registration: a name, the connector (``None``: not ready), its resolved methods.
+    """One registration: a name, the connector (``None``: not ready), its resolved methods, its
+    role.
+
+    The methods are those the role allows: a ``save`` connector's load methods are ``None`` (it
+    is never asked to load) and so is a ``load`` connector's ``on_finished``, whose
+    ``request_finished`` is wrapped to refuse a promised save (see :class:`Role`). The
+    aggregator reads these, never the connector, so the role is decided here alone.
 
     A new object for every registration, so that ``entry is registry.entry(name)`` tells whether
     a name still refers to the same registration (unregistering and registering a name again
@@ -81,23 +158,30 @@ class Entry:
     get_num_new_matched_tokens: _Optional = None
     on_finished: _Optional = None
     on_load_finished: _Optional = None
+    role: Role = Role.both
 
     @classmethod
-    def of(cls, name: str, connector: Connector | None) -> Entry:
+    def of(cls, name: str, connector: Connector | None, role: Role = Role.both) -> Entry:
         if connector is None:
-            return cls(name, None)
+            return cls(name, None, role=role)
 
         def method(attr: str) -> _Optional:
             found = getattr(connector, attr, None)
             return found if callable(found) else None
 
+        request_finished = method("request_finished")
+        loads = role is not Role.save
+        saves = role is not Role.load
+        if not saves and request_finished is not None:
+            request_finished = _never_saves(name, request_finished)
         return cls(
             name,
             connector,
-            method("request_finished"),
-            method("get_num_new_matched_tokens"),
-            method("on_finished"),
-            method("on_load_finished"),
+            request_finished,
+            method("get_num_new_matched_tokens") if loads else None,
+            method("on_finished") if saves else None,
+            method("on_load_finished") if loads else None,
+            role,
         )
 
 
@@ -121,9 +205,13 @@ class ConnectorRegistry:
     Several workers or ranks of one connector are simply several names (``"pd@0"``, ``"pd@1"``):
     each is awaited and reports on its own.
 
-    >>> registry = ConnectorRegistry({"cache": None})
+    ``roles`` gives some names a :class:`Role` other than :attr:`Role.both`.
+
+    >>> registry = ConnectorRegistry({"cache": None, "disk": None}, roles={"disk": Role.save})
     >>> registry.names()
-    ('cache',)
+    ('cache', 'disk')
+    >>> registry.role("disk"), registry.role("cache")
+    (<Role.save: 'save'>, <Role.both: 'both'>)
 
     .. versionadded:: 0.1.0
     """
@@ -133,15 +221,17 @@ class ConnectorRegistry:
     def __init__(
         self,
         connectors: Mapping[str, Connector | None] | Iterable[tuple[str, Connector | None]] = (),
+        *,
+        roles: Mapping[str, Role] | None = None,
     ) -> None:
         self._lock = threading.RLock()
         self._entries: dict[str, Entry] = {}
         self._ready: tuple[Entry, ...] = ()
         self._listeners: tuple[Callable[[], Listener | None], ...] = ()
         if isinstance(connectors, Mapping):
-            items: Iterable[Any] = connectors.items()
+            items: list[Any] = list(connectors.items())
         elif isinstance(connectors, Iterable) and not isinstance(connectors, str | bytes):
-            items = connectors
+            items = list(connectors)
         else:
             raise InvalidArgumentError(
                 f"connectors={shown(connectors)} must be a Mapping or an iterable of "
@@ -152,22 +242,50 @@ class ConnectorRegistry:
                 raise InvalidArgumentError(
                     f"connectors[{index}]={shown(item)} must be a (name, connector) pair"
                 )
-            self.register(*item)
+        given = self._check_roles(roles, [name for name, _ in items])
+        for name, connector in items:
+            self.register(name, connector, given.get(name, Role.both))
+
+    @staticmethod
+    def _check_roles(roles: Any, names: list[Any]) -> Mapping[Any, Role]:
+        """``roles`` checked against the connectors' ``names``, before anything is registered."""
+        if roles is None:
+            return {}
+        if not isinstance(roles, Mapping):
+            raise InvalidArgumentError(
+                f"roles={shown(roles)} must be a Mapping of connector names to Role, or None"
+            )
+        known = set()
+        for name in names:
+            with contextlib.suppress(TypeError):  # an unhashable name: register() refuses it
+                known.add(name)
+        for name, role in roles.items():
+            if name not in known:
+                raise InvalidValueError(
+                    f"roles={shown(roles)} names {shown(name)}, which is not among the "
+                    "connectors' names"
+                )
+            check_role(role, f"roles[{name!r}]")
+        return roles
 
     # -- changes -------------------------------------------------------------------------------
 
-    def register(self, name: str, connector: Connector | None) -> None:
-        """Register ``connector`` under ``name``; ``None`` registers it as not ready.
+    def register(self, name: str, connector: Connector | None, role: Role = Role.both) -> None:
+        """Register ``connector`` under ``name`` with ``role``; ``None`` registers it as not
+        ready.
 
         Raises :class:`InvalidNameError` for a name that breaks the name rule (a printable
         ``str`` of 1 to 128 characters, no whitespace, no ``,`` or ``=``),
         :class:`DuplicateConnectorError` if the name is taken, and
-        :class:`~multiconnector.errors.InvalidArgumentError` for a class instead of an instance
-        or an object with no callable ``request_finished``. Nothing changes when it raises.
+        :class:`~multiconnector.errors.InvalidArgumentError` for a class instead of an instance,
+        an object with no callable ``request_finished``, or a ``role`` that is not a
+        :class:`Role`. Nothing changes when it raises.
         """
         name = check_name(name)
         check_connector(connector)
-        entry = Entry.of(name, connector)
+        if role.__class__ is not Role:
+            check_role(role)
+        entry = Entry.of(name, connector, role)
         if connector is not None and entry.request_finished is None:
             raise InvalidArgumentError(
                 f"connector={shown(connector)} must have a callable request_finished"
@@ -265,6 +383,15 @@ class ConnectorRegistry:
     def entry(self, name: str) -> Entry | None:
         """The current registration of ``name``, or ``None``. Never raises."""
         return self._entries.get(name)
+
+    def role(self, name: str) -> Role:
+        """The :class:`Role` ``name`` was registered with; :class:`UnknownConnectorError` if it
+        is not registered."""
+        name = check_name(name)
+        entry = self._entries.get(name)
+        if entry is None:
+            raise UnknownConnectorError(f"name={name!r} is not registered")
+        return entry.role
 
     def ready_entries(self) -> tuple[Entry, ...]:
         """Registrations whose connector is not ``None``, in registration order."""

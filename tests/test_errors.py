@@ -70,6 +70,7 @@ _ADAPTERS = {
     "ChildStartError",
     "ChildrenConflictError",
     "HMAUnsupportedError",
+    "LookupPatienceError",
     "MetadataMismatchError",
     "WrongRoleError",
 }

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, final
 
 from ..machine import RequestTransferState
 from ..outcome import Outcome
-from ..registry import Connector, ConnectorRegistry
+from ..registry import Connector, ConnectorRegistry, Role
 from ._books import OTHER_NAMES, Books
 from .checking import Checking
 from .lifecycle import Lifecycle
@@ -67,7 +67,9 @@ class MultiConnector(Queries, Loading, Reports, Checking, Saving, Lifecycle, Boo
     ``trace=True`` records each request's applied transitions in its ``history`` (off by default:
     then it costs one attribute test per transition). ``allow_equal_params`` is passed to
     :func:`merge_transfer_params`. ``stripes`` is the number of request locks, a power of two
-    from 1 to 65 536.
+    from 1 to 65 536. ``lookup`` is the policy
+    :meth:`match_tokens` chooses a loader by (:class:`~multiconnector.Lookup`: ``first``, vLLM's
+    rule, by default, or ``longest``).
 
     Every argument follows one rule per kind of input (docs/bad-input.md): a request id is a
     non-empty ``str`` (a subclass is made a plain ``str``), a connector name is a printable
@@ -88,7 +90,9 @@ class MultiConnector(Queries, Loading, Reports, Checking, Saving, Lifecycle, Boo
         # tests/test_public_names.py checks it matches the bases.
         @property
         def registry(self) -> ConnectorRegistry: ...
-        def register(self, name: str, connector: Connector | None) -> None: ...
+        def register(
+            self, name: str, connector: Connector | None, role: Role = Role.both
+        ) -> None: ...
         def unregister(self, name: str) -> Connector | None: ...
         def begin(self, request_id: str) -> None: ...
         def cancel(self, request_id: str) -> Outcome: ...
@@ -106,7 +110,9 @@ class MultiConnector(Queries, Loading, Reports, Checking, Saving, Lifecycle, Boo
         def transfer_finished_many(
             self, name: str, request_ids: Iterable[str], blocks: Sequence[int] = ()
         ) -> list[Outcome]: ...
-        def match_tokens(self, request_id: str, num_computed_tokens: int = 0) -> int | None: ...
+        def match_tokens(
+            self, request_id: str, num_computed_tokens: int = 0, *, remaining: int | None = None
+        ) -> int | None: ...
         def load_finished(self, request_id: str, name: str) -> Outcome: ...
         def get(self, request_id: str) -> RequestTransferState | None: ...
         def peek(self, request_id: str) -> RequestTransferState | None: ...

@@ -19,6 +19,7 @@ from typing import Any, Final, NoReturn
 
 from .._validate import check_stripes, shown
 from ..errors import ConnectorFailures, InvalidArgumentError, ShutDownError
+from ..lookup import Lookup, lookup_of
 from ..machine import DECISIONS, TERMINAL, RequestTransferState, State, Step
 from ..outcome import Outcome
 from ..registry import Connector, ConnectorRegistry, Entry
@@ -65,6 +66,7 @@ class Books:
         "_finishes",
         "_halves",
         "_locks",
+        "_lookup",
         "_mask",
         "_matching",
         "_parked",
@@ -82,6 +84,7 @@ class Books:
         trace: bool = False,
         allow_equal_params: bool = False,
         stripes: int = 64,
+        lookup: Lookup | str = Lookup.first,
     ) -> None:
         if registry is None:
             registry = ConnectorRegistry()
@@ -95,6 +98,7 @@ class Books:
             if not isinstance(value, bool):
                 raise InvalidArgumentError(f"{argument}={shown(value)} must be a bool")
         stripes = check_stripes(stripes)
+        self._lookup = lookup_of(lookup)
         self._closed = False
         self._registry = registry
         self._trace = trace

@@ -9,7 +9,7 @@ from .._validate import check_request_id
 from ..errors import ConnectorFailures, DuplicateRequestError
 from ..machine import RequestTransferState, step
 from ..outcome import Outcome
-from ..registry import Connector, ConnectorRegistry
+from ..registry import Connector, ConnectorRegistry, Role
 from ._books import _APPLIED, _NO_NAME, _TERMINAL, _UNKNOWN_REQUEST, Books
 
 __all__ = ["Lifecycle"]
@@ -25,11 +25,13 @@ class Lifecycle(Books):
         """The registry; changing it directly is safe (unregistering applies the rule above)."""
         return self._registry
 
-    def register(self, name: str, connector: Connector | None) -> None:
-        """Same as ``self.registry.register(name, connector)``; refused after :meth:`shutdown`."""
+    def register(self, name: str, connector: Connector | None, role: Role = Role.both) -> None:
+        """Same as ``self.registry.register(name, connector, role)``; refused after
+        :meth:`shutdown`. ``role`` (a :class:`~multiconnector.Role`) says whether the connector
+        only saves, only loads, or both."""
         if self._closed:
             self._shut("register")
-        self._registry.register(name, connector)
+        self._registry.register(name, connector, role)
 
     def unregister(self, name: str) -> Connector | None:
         """Unregister ``name``, releasing every request awaiting it (the unregister rule).

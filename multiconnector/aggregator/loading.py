@@ -11,10 +11,11 @@ decided once the loader is recorded.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from .._validate import bad_argument, check_int, check_name, check_request_id, shown
 from ..errors import ConnectorFailures, UnknownRequestError
+from ..lookup import Lookup, settled, wins
 from ..machine import RequestTransferState
 from ..outcome import Outcome
 from ..registry import Entry
@@ -30,6 +31,8 @@ from ._books import (
 )
 
 __all__ = ["Loading"]
+
+_FIRST: Final = Lookup.first
 
 
 class Matched(NamedTuple):
@@ -51,15 +54,18 @@ class Loading(Books):
 
     __slots__ = ()
 
-    def match_tokens(self, request_id: str, num_computed_tokens: int = 0) -> int | None:
+    def match_tokens(
+        self, request_id: str, num_computed_tokens: int = 0, *, remaining: int | None = None
+    ) -> int | None:
         """How many tokens can be loaded for a pending request, choosing the loader by name.
 
         Ready connectors that have ``get_num_new_matched_tokens`` are asked in registration
-        order. The first that answers ``None`` ("not known yet") ends the asking, as in vLLM:
-        the answer is ``None``, the rest are not asked, and nothing is remembered. Otherwise the
-        first connector with more than 0 tokens is remembered as the request's ``loader`` and its
-        count returned; 0 means nothing to load. A connector that raises counts as 0 and
-        :class:`ConnectorFailures` is raised after the others were asked.
+        order, except those registered with ``role=Role.save``: they are never asked, so never
+        chosen to load. The first that answers ``None`` ("not known yet") ends the asking, as
+        in vLLM: the answer is ``None``, the rest are not asked, and nothing is remembered.
+        Otherwise the first connector with more than 0 tokens is remembered as the request's
+        ``loader`` and its count returned; 0 means nothing to load. A connector that raises
+        counts as 0 and :class:`ConnectorFailures` is raised after the others were asked.
 
         A connector may start its load while it is asked and report it (``load_finished``)
         before this call returns: from inside ``get_num_new_matched_tokens`` or from a thread
@@ -71,6 +77,12 @@ class Loading(Books):
         the request cancelled and records no loader; the cancelled request is not handed
         back by :meth:`take` until the call returns.
 
+        Which answer wins is the aggregator's ``lookup`` policy (:class:`~multiconnector.Lookup`;
+        ``first``, vLLM's rule, described above, by default): ``longest`` asks every connector
+        and chooses the most tokens, a ``None`` holding the request until every connector
+        answered. Under either, a ``None`` does not hold the request once a connector asked
+        before it covers ``remaining``, the tokens the request has left to compute, when given.
+
         Raises :class:`UnknownRequestError` for a request that is not held; returns 0 for one
         that is no longer pending.
         """
@@ -78,6 +90,8 @@ class Loading(Books):
             request_id = check_request_id(request_id)
         if num_computed_tokens.__class__ is not int or num_computed_tokens < 0:
             num_computed_tokens = check_int(num_computed_tokens, "num_computed_tokens")
+        if remaining is not None and (remaining.__class__ is not int or remaining < 0):
+            remaining = check_int(remaining, "remaining")
         if self._closed:
             self._shut("match_tokens")
         record = self._requests.get(request_id)
@@ -93,7 +107,7 @@ class Loading(Books):
             matching[key] = matching.get(key, 0) + 1
         try:
             chooser, tokens, unknown, errors, failed = self._ask_tokens(
-                request_id, num_computed_tokens
+                request_id, num_computed_tokens, remaining
             )
         except BaseException:
             with lock:
@@ -109,16 +123,18 @@ class Loading(Books):
         return self._record_match(record, index, chooser, tokens, unknown, errors, failed)
 
     def _ask_tokens(
-        self, request_id: str, num_computed_tokens: int
+        self, request_id: str, num_computed_tokens: int, remaining: int | None
     ) -> tuple[Entry | None, int, bool, list[Exception], list[str]]:
         """Ask each ready connector ``get_num_new_matched_tokens``, with no lock held: the
-        chosen loader's entry and count, whether one answered ``None``, the failures."""
+        chosen loader's entry and count, whether a ``None`` holds the lookup, the failures."""
         chooser: Entry | None = None
         chosen = 0
+        unknown = False
+        policy = self._lookup
         errors: list[Exception] = []
         failed: list[str] = []
         for entry in self._registry._ready:  # what ready_entries() returns, without the call
-            if entry.get_num_new_matched_tokens is None:
+            if entry.get_num_new_matched_tokens is None:  # none, or its role is Role.save
                 continue
             try:
                 tokens = entry.get_num_new_matched_tokens(request_id, num_computed_tokens)
@@ -131,11 +147,16 @@ class Loading(Books):
                 errors.append(exc)
                 failed.append(entry.name)
                 continue
-            if tokens is None:
-                return chooser, chosen, True, errors, failed  # "not known yet": ask no further
-            if tokens > 0 and chooser is None:
+            if tokens is None:  # "not known yet"
+                if settled(chosen, remaining):
+                    continue  # the choice is made whatever it answers later
+                if policy is _FIRST:
+                    return chooser, chosen, True, errors, failed  # ask no further, as vLLM
+                unknown = True
+                continue
+            if wins(policy, tokens, chosen, chooser is not None):
                 chooser, chosen = entry, tokens
-        return chooser, chosen, False, errors, failed
+        return chooser, chosen, unknown and not settled(chosen, remaining), errors, failed
 
     def _match_ask(self, request_id: str) -> Matched | tuple[int | None]:
         """match_tokens' first half alone, for the model check (one thread): mark the request

@@ -75,13 +75,23 @@ except ModuleNotFoundError as _missing:
     ) from None
 
 from ..ledger import SaveLedger
-from .config import CHILDREN_KEY, NAME_KEY, ChildSpec, child_specs, default_name
+from .config import (
+    CHILDREN_KEY,
+    LOOKUP_KEY,
+    NAME_KEY,
+    PATIENCE_KEY,
+    ROLE_KEY,
+    ChildSpec,
+    child_specs,
+    default_name,
+)
 from .connector import MultiConnector
 from .errors import (
     ChildClassError,
     ChildrenConflictError,
     ChildStartError,
     HMAUnsupportedError,
+    LookupPatienceError,
     MetadataMismatchError,
     WrongRoleError,
 )
@@ -100,12 +110,16 @@ from .wire import (
 
 __all__ = [
     "CHILDREN_KEY",
+    "LOOKUP_KEY",
     "NAME_KEY",
+    "PATIENCE_KEY",
+    "ROLE_KEY",
     "ChildClassError",
     "ChildSpec",
     "ChildStartError",
     "ChildrenConflictError",
     "HMAUnsupportedError",
+    "LookupPatienceError",
     "MetadataMismatchError",
     "MultiConnector",
     "NamedEvents",

@@ -19,9 +19,18 @@ from .._validate import shown
 from ..aggregator import MultiConnector as Aggregator
 from ..errors import ConnectorFailures, InvalidArgumentError, InvalidValueError
 from ..ledger import SaveLedger
-from ..registry import ConnectorRegistry
-from .config import ChildSpec, overdue_seconds, specs_of, without_hma
+from ..lookup import Lookup
+from ..registry import ConnectorRegistry, Role
+from .config import (
+    ChildSpec,
+    lookup_policy,
+    overdue_seconds,
+    patience_steps,
+    specs_of,
+    without_hma,
+)
 from .errors import ChildStartError, HMAUnsupportedError, MetadataMismatchError
+from .fanout import Fanout
 from .sides import Call, SchedulerSide, WorkerSide
 from .trouble import Trouble
 from .wire import NamedMultiConnectorMetadata
@@ -42,7 +51,11 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         specs = specs_of(self._kv_transfer_config)
         #: Both roles: how long a child may owe a save's or a load's report before it is
         #: counted and warned about (:meth:`Trouble.overdue`); checked before a child starts.
-        self._overdue = overdue_seconds(self._kv_transfer_config.kv_connector_extra_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config
+        self._overdue = overdue_seconds(extra)
+        #: Scheduler: which child's hit loads a request (checked before a child starts).
+        self._lookup = lookup_policy(extra)
+        patience = patience_steps(extra)
         lacking = without_hma(specs)
         if not vllm_config.scheduler_config.disable_hybrid_kv_cache_manager and lacking:
             raise HMAUnsupportedError(
@@ -53,21 +66,28 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         #: for every group's blocks (vLLM's rule), otherwise the one group's.
         self._all_support_hma = not lacking
         self._specs: dict[str, ChildSpec] = {spec.name: spec for spec in specs}
+        #: Each child's role (``multiconnector_role``): the core's books hold each to it.
+        self._roles: dict[str, Role] = {spec.name: spec.role for spec in specs}
         #: Both roles: the children's failures in per-request and per-step hooks, counted and
         #: logged; never raised into vLLM (:mod:`~multiconnector.vllm.trouble`).
         self._trouble = Trouble()
         self._children: dict[str, Any] = _start_children(specs, vllm_config, role, kv_cache_config)
         #: ``(name, child)`` pairs in configuration order, for the per-step fan-outs.
         self._items: tuple[tuple[str, Any], ...] = tuple(self._children.items())
+        #: Per per-step or per-layer hook, the children it calls (not those whose class leaves
+        #: it a no-op): :mod:`~multiconnector.vllm.fanout`.
+        self._fan = Fanout(self._items, self._roles)
+        #: The children that may save (every role but load-only), for the save offers.
+        self._savers = self._may_save()
         #: The children's names in configuration order (vLLM's positions).
         self._names: tuple[str, ...] = tuple(self._children)
         #: Scheduler: what the sides tell this connector about the call in progress.
-        self._call = Call()
+        self._call = Call(asks_all=self._lookup is Lookup.longest, patience=patience)
         # Every role asks the children as the scheduler does (vLLM's class has one behaviour
         # for both roles, and its tests call scheduler methods on a worker's connector); the
         # worker's load books answer from the plan in the connector metadata instead.
         self._sides: dict[str, SchedulerSide] = {
-            name: SchedulerSide(self, name, child, self._call)
+            name: SchedulerSide(self, name, child, self._call, self._roles[name])
             for name, child in self._children.items()
         }
         self._worker_sides: dict[str, WorkerSide] = {
@@ -76,11 +96,13 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         # Scheduler: every request, from arrival to request_finished (and its load, if one is in
         # flight then); the saves it hands off are the workers' to await (see saving).
         # (Both roles: shutdown goes through it.)
-        self._tracker = Aggregator(ConnectorRegistry(self._sides))
+        self._tracker = Aggregator(
+            ConnectorRegistry(self._sides, roles=self._roles), lookup=self._lookup
+        )
         # Worker: the saves each finished request awaits; unused on the scheduler.
         self._ledger = SaveLedger(self._children)
         # Worker: the load each request awaits; unused on the scheduler.
-        self._loads = Aggregator(ConnectorRegistry(self._worker_sides))
+        self._loads = Aggregator(ConnectorRegistry(self._worker_sides, roles=self._roles))
         # Scheduler state.
         self._live: dict[str, Any] = {}
         self._tail_savers: dict[str, tuple[str, ...]] = {}
@@ -182,10 +204,15 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
             )
         self._children = dict(zip(self._names, connectors, strict=True))
         self._items = tuple(self._children.items())
+        self._fan = Fanout(self._items, self._roles)
+        self._savers = self._may_save()
         for name, child in self._items:
             self._sides[name].child = child
             self._worker_sides[name].child = child
         self._counts_known = False
+
+    def _may_save(self) -> tuple[tuple[str, Any], ...]:
+        return tuple((name, c) for name, c in self._items if self._roles[name] is not Role.load)
 
     def _known_counts(self) -> dict[str, int]:
         """The children that report on fewer workers than all, with how many: every child's
@@ -197,12 +224,18 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _gather(self, what: str, call: Callable[[str, Any], _T]) -> dict[str, _T]:
-        """``call(name, child)`` for every child; every failure raised together afterwards."""
+    def _gather(
+        self,
+        what: str,
+        call: Callable[[str, Any], _T],
+        pairs: Sequence[tuple[str, Any]] | None = None,
+    ) -> dict[str, _T]:
+        """``call(name, child)`` for every child (of ``pairs``, when given); every failure
+        raised together afterwards."""
         results: dict[str, _T] = {}
         errors: list[Exception] = []
         failed: list[str] = []
-        for name, child in self._children.items():
+        for name, child in self._items if pairs is None else pairs:
             try:
                 results[name] = call(name, child)
             except Exception as exc:
@@ -219,9 +252,10 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
 
     def _each(self, method: str, *args: Any) -> None:
         """``child.<method>(*args)`` for every child, a per-step call whose answers are not
-        used: a child that raises is that child's failure (:meth:`_absorb`), not the call's."""
+        used: a child that raises is that child's failure (:meth:`_absorb`), not the call's.
+        Only the children the hook calls (:class:`~multiconnector.vllm.fanout.Fanout`)."""
         failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:
+        for name, child in getattr(self._fan, method, self._items):
             try:
                 getattr(child, method)(*args)
             except Exception as exc:
@@ -241,12 +275,16 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._trouble.record_all(what, failures, degraded)
 
     def _gather_soft(
-        self, what: str, call: Callable[[str, Any], _T], degraded: str
+        self,
+        what: str,
+        call: Callable[[str, Any], _T],
+        degraded: str,
+        pairs: Sequence[tuple[str, Any]] | None = None,
     ) -> dict[str, _T]:
         """:meth:`_gather` for a per-request or per-step hook: the answers of the children
         that did not fail; the failures absorbed (:meth:`_absorb`)."""
         try:
-            return self._gather(what, call)
+            return self._gather(what, call, pairs)
         except ConnectorFailures as failures:
             pairs = list(zip(failures.failed, failures.exceptions, strict=True))
             self._absorb(what, pairs, degraded)
@@ -278,7 +316,12 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         """Each child's no-argument ``method()``, keeping only answers that are not ``None``
         (``soft``: a per-step hook, whose failures are absorbed (:meth:`_absorb`))."""
         answers = (
-            self._gather_soft(method, lambda _, c: getattr(c, method)(), "its answer dropped")
+            self._gather_soft(
+                method,
+                lambda _, c: getattr(c, method)(),
+                "its answer dropped",
+                getattr(self._fan, method, None),
+            )
             if soft
             else self._gather(method, lambda _, c: getattr(c, method)())
         )

@@ -25,19 +25,27 @@ from typing import Any, Final, final
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
-from .._validate import bad_argument, check_name, check_seconds, shown
+from .._validate import bad_argument, check_int, check_name, check_seconds, shown
 from ..errors import DuplicateConnectorError, InvalidArgumentError, InvalidValueError
+from ..lookup import Lookup, lookup_of
+from ..registry import Role
 from .errors import ChildClassError
 
 __all__ = [
     "CHILDREN_KEY",
+    "LOOKUP_KEY",
     "NAME_KEY",
     "OVERDUE_KEY",
     "OVERDUE_SECONDS",
+    "PATIENCE_KEY",
+    "PATIENCE_STEPS",
+    "ROLE_KEY",
     "ChildSpec",
     "child_specs",
     "default_name",
+    "lookup_policy",
     "overdue_seconds",
+    "patience_steps",
 ]
 
 #: The ``kv_connector_extra_config`` key listing the children (the key vLLM's own uses too).
@@ -46,6 +54,14 @@ CHILDREN_KEY: Final = "connectors"
 #: The key, in a child's own ``kv_connector_extra_config``, of its explicit name.
 NAME_KEY: Final = "multiconnector_name"
 
+#: The key, in a child's own ``kv_connector_extra_config``, of its role: ``"save"`` (never
+#: looked up, never told to load), ``"load"`` (never awaited for a save) or ``"both"``, the
+#: default (:class:`multiconnector.Role`).
+ROLE_KEY: Final = "multiconnector_role"
+
+#: The keys of a child's own extra config that are ours, removed before the child is built.
+OUR_KEYS: Final = frozenset({NAME_KEY, ROLE_KEY})
+
 #: The ``kv_connector_extra_config`` key (beside ``connectors``) of how long a child may owe a
 #: save's or a load's report before it is counted and warned about as overdue.
 OVERDUE_KEY: Final = "report_overdue_seconds"
@@ -53,6 +69,15 @@ OVERDUE_KEY: Final = "report_overdue_seconds"
 #: (MooncakeConnector's abort timeout, 480 s; NixlConnector's lease is 30 s, renewed while the
 #: decode side lives), so a healthy prefill waiting for its decode is not warned about.
 OVERDUE_SECONDS: Final = 600.0
+
+#: The ``kv_connector_extra_config`` key of the lookup policy: ``"first"`` (vLLM's rule, the
+#: default) or ``"longest"`` (:class:`multiconnector.Lookup`).
+LOOKUP_KEY: Final = "lookup"
+#: The key of how many times in a row, under ``"longest"``, a child may answer a request's
+#: lookup ``None`` ("ask me again") before the lookup goes on without it (counted and logged).
+PATIENCE_KEY: Final = "lookup_patience_steps"
+#: Its default: vLLM asks again each scheduler step.
+PATIENCE_STEPS: Final = 64
 
 
 @final
@@ -65,6 +90,7 @@ class ChildSpec:
 
     name: str
     config: Any  # vllm.config.KVTransferConfig
+    role: Role = Role.both
 
     @property
     def kv_connector(self) -> str:
@@ -159,12 +185,14 @@ def child_specs(
             raise InvalidArgumentError(
                 f"{where}['kv_connector_extra_config']={shown(own_extra)} must be a mapping"
             )
+        role = _role(own_extra, f"{where}['kv_connector_extra_config'][{ROLE_KEY!r}]")
+        if own_extra is not None and OUR_KEYS.intersection(own_extra):
+            fields["kv_connector_extra_config"] = {
+                key: value for key, value in own_extra.items() if key not in OUR_KEYS
+            }
         if own_extra is not None and NAME_KEY in own_extra:
             name_where = f"{where}['kv_connector_extra_config'][{NAME_KEY!r}]"
             name = check_name(own_extra[NAME_KEY], name_where)
-            fields["kv_connector_extra_config"] = {
-                key: value for key, value in own_extra.items() if key != NAME_KEY
-            }
         else:
             name_where = f"{where} (named after its kv_connector)"
             name = default_name(connector, occurrences[connector])
@@ -182,8 +210,22 @@ def child_specs(
             raise bad_argument(isinstance(exc, ValueError))(
                 f"{where} (name={name!r}) is not a valid KVTransferConfig: {exc}"
             ) from exc
-        specs.append(ChildSpec(name, config))
+        specs.append(ChildSpec(name, config, role))
     return tuple(specs)
+
+
+def _role(own_extra: Mapping[str, Any] | None, where: str) -> Role:
+    """The role a child's own extra config gives it (:data:`ROLE_KEY`), checked."""
+    if own_extra is None or ROLE_KEY not in own_extra:
+        return Role.both
+    value = own_extra[ROLE_KEY]
+    names = ", ".join(repr(role.value) for role in Role)
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{where}={shown(value)} must be one of {names}")
+    try:
+        return Role(value)
+    except ValueError:
+        raise InvalidValueError(f"{where}={value!r} must be one of {names}") from None
 
 
 def overdue_seconds(extra_config: Mapping[str, Any]) -> float:
@@ -191,6 +233,20 @@ def overdue_seconds(extra_config: Mapping[str, Any]) -> float:
     :data:`OVERDUE_SECONDS`."""
     value = extra_config.get(OVERDUE_KEY, OVERDUE_SECONDS)
     return check_seconds(value, f"kv_connector_extra_config[{OVERDUE_KEY!r}]", positive=True)
+
+
+def lookup_policy(extra_config: Mapping[str, Any]) -> Lookup:
+    """``kv_connector_extra_config[LOOKUP_KEY]``, checked, or :attr:`Lookup.first`."""
+    return lookup_of(
+        extra_config.get(LOOKUP_KEY, "first"), f"kv_connector_extra_config[{LOOKUP_KEY!r}]"
+    )
+
+
+def patience_steps(extra_config: Mapping[str, Any]) -> int:
+    """``kv_connector_extra_config[PATIENCE_KEY]``, checked (an int >= 1), or
+    :data:`PATIENCE_STEPS`."""
+    value = extra_config.get(PATIENCE_KEY, PATIENCE_STEPS)
+    return check_int(value, f"kv_connector_extra_config[{PATIENCE_KEY!r}]", minimum=1)
 
 
 def specs_of(kv_transfer_config: Any) -> tuple[ChildSpec, ...]:

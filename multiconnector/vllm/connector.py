@@ -348,7 +348,7 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
     def get_kv_connector_stats(self) -> NamedMultiConnectorStats | None:
         stats: dict[str, Any] = {}
         failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:  # every step, on both roles: no helper
+        for name, child in self._fan.get_kv_connector_stats:  # every step, both roles
             try:
                 found = child.get_kv_connector_stats()
             except Exception as exc:

@@ -12,6 +12,7 @@ __all__ = [
     "ChildStartError",
     "ChildrenConflictError",
     "HMAUnsupportedError",
+    "LookupPatienceError",
     "MetadataMismatchError",
     "WrongRoleError",
 ]
@@ -80,6 +81,16 @@ class ChildStartError(MultiConnectorError, RuntimeError):
             type(self),
             (self.name, self.kv_connector, self.started, self.shutdown_failures),
         )
+
+
+class LookupPatienceError(MultiConnectorError, TimeoutError):
+    """Under the ``longest`` lookup policy, a child answered a request's lookup ``None`` ("ask
+    me again") more times in a row than ``lookup_patience_steps``: that child's failure, counted
+    under ``get_num_new_matched_tokens`` in ``child_failures()`` and logged once per request;
+    the lookup goes on without it.
+
+    .. versionadded:: 0.1.0
+    """
 
 
 class MetadataMismatchError(MultiConnectorError, ValueError):

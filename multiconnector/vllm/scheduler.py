@@ -64,15 +64,28 @@ class SchedulerRole(ConnectorBase):
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        """The first child, in configuration order, with tokens to load becomes the loader.
+        """The first child, in configuration order, with tokens to load becomes the loader
+        (the ``lookup`` policy ``"first"``, the default; ``"longest"``: the child with the
+        most, docs/vllm.md, "Which child loads").
 
         As in vLLM's: a child answering ``None`` (still looking up) makes the answer
-        ``(None, False)``, and the children after it are not asked.
+        ``(None, False)``, and the children after it are not asked; unless a child asked before
+        it already covers every token the request has left but its last.
         """
         request_id = self._ensure(request)
         self._call.start()
+        # What a hit can cover: every token left but the last, which vLLM computes to sample
+        # the next token from (its prefix cache's hits stop there too).
+        total = getattr(request, "num_tokens", None)  # an int on vLLM's Request
+        remaining = (
+            total - num_computed_tokens - 1
+            if total.__class__ is int and 0 <= num_computed_tokens < total
+            else None
+        )
         try:
-            tokens = self._tracker.match_tokens(request_id, num_computed_tokens)
+            tokens = self._tracker.match_tokens(
+                request_id, num_computed_tokens, remaining=remaining
+            )
         except ConnectorFailures as failures:
             # A child that raised or answered what cannot be true (a negative count, more
             # tokens than the request has left, ...) counts as no hit; the others' answers stand.
@@ -293,7 +306,7 @@ class SchedulerRole(ConnectorBase):
         failures: list[tuple[str, Exception]] | None = None
         self._recving = connector_output.finished_recving or ()
         try:
-            for name, child in self._items:
+            for name, child in self._fan.update_connector_output:
                 try:
                     if worker_meta is not None:
                         connector_output.kv_connector_worker_meta = worker_meta.children.get(name)
@@ -482,6 +495,7 @@ class SchedulerRole(ConnectorBase):
                 request, block_ids, partial_tail_offloads
             ),
             "counted as not taking the tail",
+            self._savers,  # a load-only child takes no save
         )
         names = tuple(name for name, took in accepted.items() if took)
         if names:
@@ -561,10 +575,7 @@ class SchedulerRole(ConnectorBase):
             if self._tail_savers:
                 self._tail_savers.pop(request_id, None)
             for side in self._sides.values():
-                if side.load_async:
-                    side.load_async.pop(request_id, None)
-                if side.failed_loads:
-                    side.failed_loads.discard(request_id)
+                side.forget(request_id)
             record = tracker.peek(request_id)
             if (
                 record is not None
@@ -647,7 +658,7 @@ class SchedulerRole(ConnectorBase):
         events: list[Any] = []
         failures: list[tuple[str, Exception]] | None = None
         answers: dict[str, Any] = {}
-        for name, child in self._items:  # every step: no helper
+        for name, child in self._fan.take_events:  # every step: no helper
             try:
                 answers[name] = found = list(child.take_events())
             except Exception as exc:

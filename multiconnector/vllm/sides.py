@@ -10,13 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from numbers import Integral
-from typing import Any, Protocol, final
+from typing import Any, Final, Protocol, final
 
 from .._validate import shown
 from ..errors import InvalidArgumentError, InvalidValueError
-from .errors import WrongRoleError
+from ..registry import Role
+from .config import PATIENCE_KEY
+from .errors import LookupPatienceError, WrongRoleError
 
-__all__ = ["SchedulerOwner", "SchedulerSide", "Side", "WorkerOwner", "WorkerSide"]
+__all__ = ["GAVE_UP", "SchedulerOwner", "SchedulerSide", "Side", "WorkerOwner", "WorkerSide"]
+
+#: In :attr:`SchedulerSide.waits`: the child answered ``None`` past its patience.
+GAVE_UP: Final = -1
 
 
 class SchedulerOwner(Protocol):
@@ -37,15 +42,19 @@ class WorkerOwner(Protocol):
 
 class Call:
     """What the sides of one connector tell it about the call in progress: whether a child of
-    the current match is still looking up (the later ones are then not asked, as in vLLM's),
-    and which children committed to a save during the current ``request_finished``. The owner
-    starts each call with :meth:`start` and reads :attr:`handed_off` after it."""
+    the current match is still looking up (under the ``first`` lookup policy the later ones are
+    then not asked, as in vLLM's), and which children committed to a save during the current
+    ``request_finished``. The owner starts each call with :meth:`start` and reads
+    :attr:`handed_off` after it. ``asks_all``: the ``longest`` policy, which asks every child;
+    ``patience``: how many ``None`` answers in a row a child may give a request under it."""
 
-    __slots__ = ("handed_off", "looking_up")
+    __slots__ = ("asks_all", "handed_off", "looking_up", "patience")
 
-    def __init__(self) -> None:
+    def __init__(self, *, asks_all: bool = False, patience: int = 64) -> None:
         self.looking_up = False
         self.handed_off: list[str] = []
+        self.asks_all = asks_all
+        self.patience = patience
 
     def start(self) -> None:
         self.looking_up = False
@@ -73,25 +82,46 @@ class Side:
 class SchedulerSide(Side):
     """Scheduler role: asks the vLLM child, passing the live ``Request`` object."""
 
-    __slots__ = ("call", "failed_loads", "load_async", "owner")
+    __slots__ = ("call", "failed_loads", "hands_off", "load_async", "owner", "waits")
 
-    def __init__(self, owner: SchedulerOwner, name: str, child: Any, call: Call) -> None:
+    def __init__(
+        self, owner: SchedulerOwner, name: str, child: Any, call: Call, role: Role = Role.both
+    ) -> None:
         super().__init__(name, child)
         self.owner = owner
         self.call = call
+        #: Whether a save this child commits to is handed off to the workers: not for a
+        #: load-only child, whose answer goes to the core as it is (a promised save is then
+        #: the core's RoleError, that child's failure, and nobody awaits it).
+        self.hands_off = role is not Role.load
         #: The requests this child's last match would load asynchronously (only those: the
         #: common case, no asynchronous load, writes nothing).
         self.load_async: dict[str, bool] = {}
         #: The requests whose load by this child failed: it is not asked again for them (a
         #: request vLLM reschedules after a failed load would otherwise fail the same way).
         self.failed_loads: set[str] = set()
+        #: Under the ``longest`` policy, the requests this child answered ``None`` in a row,
+        #: with how many times (:data:`GAVE_UP` once past the call's patience: it is then not
+        #: asked again for that request); until it answers or the request finishes.
+        self.waits: dict[str, int] = {}
+
+    def forget(self, request_id: str) -> None:
+        """``request_id`` finished: nothing of it is kept."""
+        if self.load_async:
+            self.load_async.pop(request_id, None)
+        if self.failed_loads:
+            self.failed_loads.discard(request_id)
+        if self.waits:
+            self.waits.pop(request_id, None)
 
     def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
         call = self.call
-        if call.looking_up:
+        if call.looking_up and not call.asks_all:
             # An earlier child is still looking up: like vLLM's, the later ones are not asked.
             return None
         if self.failed_loads and request_id in self.failed_loads:
+            return 0
+        if self.waits and self.waits.get(request_id) == GAVE_UP:
             return 0
         request = self.owner.live_request(request_id)
         answer = self.child.get_num_new_matched_tokens(request, num_computed_tokens)
@@ -102,8 +132,12 @@ class SchedulerSide(Side):
             )
         tokens, load_async = answer
         if tokens is None:
+            if call.asks_all:
+                self._wait(request_id, call.patience)
             call.looking_up = True
             return None
+        if self.waits:
+            self.waits.pop(request_id, None)
         if tokens.__class__ is not int:
             if isinstance(tokens, bool) or not isinstance(tokens, Integral):
                 raise InvalidArgumentError(
@@ -127,6 +161,20 @@ class SchedulerSide(Side):
             self.load_async.pop(request_id, None)  # an earlier match's answer
         return tokens  # a negative count is the core's to refuse (with the child's name)
 
+    def _wait(self, request_id: str, patience: int) -> None:
+        """One more ``None`` answer for ``request_id``; past ``patience`` in a row, a
+        :class:`LookupPatienceError` (the child's failure: no hit) and no more asking."""
+        waited = self.waits.get(request_id, 0) + 1
+        if waited <= patience:
+            self.waits[request_id] = waited
+            return
+        self.waits[request_id] = GAVE_UP
+        raise LookupPatienceError(
+            f"child {self.name!r} answered None (still looking up) for request {request_id!r} "
+            f"{patience} times in a row: the lookup goes on without it for this request "
+            f"(kv_connector_extra_config[{PATIENCE_KEY!r}])"
+        )
+
     def request_finished(self, request_id: str, blocks: Sequence[Any]) -> tuple[bool, Any]:
         """``blocks`` is one group's block ids; every group's come from the owner, if set."""
         owner = self.owner
@@ -137,6 +185,8 @@ class SchedulerSide(Side):
         else:
             saves, params = self.child.request_finished(request, blocks)
         # A child that took the partial tail at finish also owes a "finished sending" report.
+        if not self.hands_off:
+            return saves, params
         if saves is True or (saves is False and owner.took_tail(request_id, self.name)):
             # The workers await this save (the metadata names it), not the scheduler's books:
             # to the core it is no save here.

@@ -134,11 +134,12 @@ class WorkerRole(ConnectorBase):
             "handle_preemptions",
             lambda name, c: c.handle_preemptions(children[name]),
             "ignored for this step",
+            self._fan.handle_preemptions,
         )
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:
+        for name, child in self._fan.start_load_kv:
             try:
                 child.start_load_kv(forward_context, **kwargs)
             except Exception as exc:
@@ -147,9 +148,10 @@ class WorkerRole(ConnectorBase):
             self._loader_failed("start_load_kv", failures)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        # Called for every attention layer of every step: a plain loop, no helper.
+        # Called for every attention layer of every step: a plain loop, no helper, over the
+        # children that wait per layer.
         failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:
+        for name, child in self._fan.wait_for_layer_load:
             try:
                 child.wait_for_layer_load(layer_name)
             except Exception as exc:
@@ -161,7 +163,7 @@ class WorkerRole(ConnectorBase):
         self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
     ) -> None:
         failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:
+        for name, child in self._fan.save_kv_layer:  # every layer: no helper
             try:
                 child.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
             except Exception as exc:
@@ -206,7 +208,7 @@ class WorkerRole(ConnectorBase):
 
     def wait_for_save(self) -> None:
         failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:
+        for name, child in self._fan.wait_for_save:
             try:
                 child.wait_for_save()
             except Exception as exc:
@@ -228,7 +230,7 @@ class WorkerRole(ConnectorBase):
         """
         per_child: dict[str, Any] = {}
         failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:  # every step: no helper
+        for name, child in self._fan.get_transfer_results:  # every step: no helper
             try:
                 per_child[name] = child.get_transfer_results(finished_req_ids)
             except Exception as exc:
@@ -419,7 +421,7 @@ class WorkerRole(ConnectorBase):
             blocks = set()
         failures: list[tuple[str, Exception]] | None = None
         answers: dict[str, Any] = {}
-        for name, child in self._items:
+        for name, child in self._fan.get_block_ids_with_load_errors:
             try:
                 answers[name] = found = child.get_block_ids_with_load_errors()
             except Exception as exc:
@@ -447,7 +449,7 @@ class WorkerRole(ConnectorBase):
         fewer workers than all (:meth:`get_finished_count`), for the scheduler to count."""
         found: dict[str, Any] | None = None
         failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:  # every step: no helper
+        for name, child in self._fan.build_connector_worker_meta:  # every step: no helper
             try:
                 meta = child.build_connector_worker_meta()
             except Exception as exc:

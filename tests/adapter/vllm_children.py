@@ -336,3 +336,24 @@ class MockedChild(KVConnectorBase_V1):  # type: ignore[misc]
         mock.get_finished_count.return_value = None
         MOCKED.append(mock)
         return mock
+
+
+class QuietConnector(ScriptedConnector):
+    """A scripted child whose per-layer and per-step worker hooks are no-ops, as a P/D
+    transport's per-layer hooks are (NIXL's) or a cache's that saves in one go: a fan-out that
+    skips no-ops calls none of them."""
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        """Nothing to start."""
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        pass
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kw: Any) -> None:
+        return None
+
+    def wait_for_save(self) -> None:
+        return
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        return super().get_transfer_results(finished_req_ids)
