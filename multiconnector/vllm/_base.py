@@ -31,6 +31,7 @@ from .config import (
 )
 from .errors import ChildStartError, HMAUnsupportedError, MetadataMismatchError
 from .fanout import Fanout
+from .hits import Hits
 from .sides import Call, SchedulerSide, WorkerSide
 from .trouble import Trouble
 from .wire import NamedMultiConnectorMetadata
@@ -82,12 +83,16 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         #: The children's names in configuration order (vLLM's positions).
         self._names: tuple[str, ...] = tuple(self._children)
         #: Scheduler: what the sides tell this connector about the call in progress.
+        #: Scheduler: each child's lookups, hits and loads, by name.
+        self._hits = Hits()
         self._call = Call(asks_all=self._lookup is Lookup.longest, patience=patience)
         # Every role asks the children as the scheduler does (vLLM's class has one behaviour
         # for both roles, and its tests call scheduler methods on a worker's connector); the
         # worker's load books answer from the plan in the connector metadata instead.
         self._sides: dict[str, SchedulerSide] = {
-            name: SchedulerSide(self, name, child, self._call, self._roles[name])
+            name: SchedulerSide(
+                self, name, child, self._call, role=self._roles[name], hits=self._hits
+            )
             for name, child in self._children.items()
         }
         self._worker_sides: dict[str, WorkerSide] = {

@@ -27,6 +27,7 @@ from ..outcome import Outcome
 from ._base import ConnectorBase, _failed
 from .config import child_specs, connector_class, specs_of, without_hma
 from .errors import ChildrenConflictError
+from .hits import LOOKUP
 from .scheduler import SchedulerRole
 from .wire import (
     FAILED,
@@ -129,6 +130,16 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
     def load_tracker(self) -> Aggregator:
         """Worker: the load each request awaits (unused on the scheduler)."""
         return self._loads
+
+    def child_hits(self) -> dict[str, dict[str, int]]:
+        """Scheduler: per child name, its lookups so far: ``asked``, ``hits`` (more than 0
+        tokens), ``tokens_offered``, ``chosen`` and ``tokens_chosen`` (the loads it was chosen
+        for), ``loads_completed`` and ``loads_failed`` (asynchronous loads); a count that is 0
+        is absent (docs/vllm.md, "Hits per child").
+
+        .. versionadded:: 0.1.0
+        """
+        return self._hits.counts()
 
     def connector_counts(self) -> dict[str, dict[Outcome, int]]:
         """Outcomes of the children's reports, per child name: ignored ones included."""
@@ -359,9 +370,14 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
         if failures is not None:
             self._absorb("get_kv_connector_stats", failures, "its stats of this step dropped")
         new = self._trouble.take_unreported()
-        if not stats and not new:
+        hits = self._hits.take_unreported()
+        if not stats and not new and not hits:
             return None
         counts = {name: {FAILED + hook: n for hook, n in per.items()} for name, per in new.items()}
+        for name, per in hits.items():
+            mine = counts.setdefault(name, {})
+            for count, n in per.items():
+                mine[LOOKUP + count] = n
         sources = {
             name: (self._specs[name].kv_connector, self._specs[name].module_path)
             for name in (*stats, *counts)

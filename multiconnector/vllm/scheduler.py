@@ -36,6 +36,8 @@ from .wire import (
 
 __all__ = ["SchedulerRole"]
 
+_APPLIED = Outcome.applied
+
 
 def _named(value: Any, kind: type[Any], what: str) -> Any:
     """``value`` if it is ``None`` or a ``kind``; else an :class:`InvalidArgumentError`."""
@@ -156,6 +158,7 @@ class SchedulerRole(ConnectorBase):
                 failures,
                 "its load reported failed, recomputed by vLLM",
             )
+        self._hits.chosen(loader, num_external_tokens)
         if self._sides[loader].load_async.get(request_id, False):
             self._loads_in_flight.add(request_id)
             self._load_since[request_id] = time.monotonic()
@@ -284,12 +287,17 @@ class SchedulerRole(ConnectorBase):
                 saving.pop(request_id, None)
             if self._awaited_here:
                 self._confirm_here(finished)
+        failed = connector_output.failed_recving
         for request_id in self._recving:
             self._loads_in_flight.discard(request_id)
             self._load_since.pop(request_id, None)
             loader = self._loader(request_id)
-            if loader is not None:
-                tracker.load_finished(request_id, loader)
+            if (
+                loader is not None
+                and tracker.load_finished(request_id, loader) is _APPLIED
+                and not (failed and request_id in failed)  # counted by _mark_failed
+            ):
+                self._hits.add(loader, "loads_completed")
         self._recving = ()
         tracker.take()
 
@@ -299,6 +307,7 @@ class SchedulerRole(ConnectorBase):
             loader = self._loader(request_id)
             if loader is not None:
                 self._sides[loader].failed_loads.add(request_id)
+                self._hits.add(loader, "loads_failed")
 
     def _route_output(self, connector_output: Any, worker_meta: Any, events: Any) -> None:
         """Every child's ``update_connector_output``, with its own entries of ``worker_meta``

@@ -17,6 +17,7 @@ from ..errors import InvalidArgumentError, InvalidValueError
 from ..registry import Role
 from .config import PATIENCE_KEY
 from .errors import LookupPatienceError, WrongRoleError
+from .hits import Hits
 
 __all__ = ["GAVE_UP", "SchedulerOwner", "SchedulerSide", "Side", "WorkerOwner", "WorkerSide"]
 
@@ -82,14 +83,23 @@ class Side:
 class SchedulerSide(Side):
     """Scheduler role: asks the vLLM child, passing the live ``Request`` object."""
 
-    __slots__ = ("call", "failed_loads", "hands_off", "load_async", "owner", "waits")
+    __slots__ = ("call", "failed_loads", "hands_off", "hits", "load_async", "owner", "waits")
 
     def __init__(
-        self, owner: SchedulerOwner, name: str, child: Any, call: Call, role: Role = Role.both
+        self,
+        owner: SchedulerOwner,
+        name: str,
+        child: Any,
+        call: Call,
+        *,
+        role: Role = Role.both,
+        hits: Hits | None = None,
     ) -> None:
         super().__init__(name, child)
         self.owner = owner
         self.call = call
+        #: The owner's counts of each child's lookups (:mod:`~multiconnector.vllm.hits`).
+        self.hits = Hits() if hits is None else hits
         #: Whether a save this child commits to is handed off to the workers: not for a
         #: load-only child, whose answer goes to the core as it is (a promised save is then
         #: the core's RoleError, that child's failure, and nobody awaits it).
@@ -124,6 +134,7 @@ class SchedulerSide(Side):
         if self.waits and self.waits.get(request_id) == GAVE_UP:
             return 0
         request = self.owner.live_request(request_id)
+        self.hits.add(self.name, "asked")
         answer = self.child.get_num_new_matched_tokens(request, num_computed_tokens)
         if answer.__class__ is not tuple or len(answer) != 2:
             raise InvalidArgumentError(
@@ -155,6 +166,7 @@ class SchedulerSide(Side):
                 raise InvalidArgumentError(
                     f"child {self.name!r} answered load_async={shown(load_async)}; must be a bool"
                 )
+        self.hits.answered(self.name, tokens)
         if load_async:
             self.load_async[request_id] = True
         elif self.load_async:

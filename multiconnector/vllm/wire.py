@@ -25,6 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
 
 from .._validate import shown
 from ..errors import InvalidArgumentError
+from .hits import LOOKUP
 
 __all__ = [
     "NamedEvents",
@@ -518,6 +519,13 @@ class NamedPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
             "child name and hook; each degraded that child for that call, none reached the engine",
             labelnames=[*labelnames, "child", "hook"],
         )
+        self.child_lookups = self._counter_cls(
+            name="vllm:multiconnector_child_lookups",
+            documentation="Lookups of a child connector of multiconnector's MultiConnector, by "
+            "child name and count: asked, hits, tokens_offered, chosen, tokens_chosen, "
+            "loads_completed, loads_failed",
+            labelnames=[*labelnames, "child", "count"],
+        )
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for name, entry in transfer_stats_data.items():
@@ -534,5 +542,9 @@ class NamedPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
     def _observe_counts(self, name: str, counts: Mapping[str, int], engine_idx: int) -> None:
         values = self.per_engine_labelvalues[engine_idx]
         for key, n in counts.items():
-            if key.startswith(FAILED) and n > 0:
+            if n <= 0:
+                continue
+            if key.startswith(FAILED):
                 self.child_failures.labels(*values, name, key.removeprefix(FAILED)).inc(n)
+            elif key.startswith(LOOKUP):
+                self.child_lookups.labels(*values, name, key.removeprefix(LOOKUP)).inc(n)

@@ -280,6 +280,7 @@ STATIC = frozenset(
         "_lookup",
         "_roles",
         "_savers",
+        "_hits",
         "_sides",
         "_worker_sides",
         "_names",

@@ -1,0 +1,72 @@
+"""Hits per child, by name, under vLLM's real Scheduler: lookups asked, hits, tokens offered,
+loads chosen, loads completed and failed; in the stats payload and as a Prometheus counter
+(docs/vllm.md, "Hits per child")."""
+
+from __future__ import annotations
+
+from vllm_support import require_vllm
+
+require_vllm()
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram  # noqa: E402
+from vllm.v1.metrics.prometheus import unregister_vllm_metrics  # noqa: E402
+from vllm_children import child, script  # noqa: E402
+from vllm_harness import Engine, make_config, make_request  # noqa: E402
+
+from multiconnector.vllm import LOOKUP_KEY, MultiConnector, NamedPromMetrics  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
+
+
+def test_two_children_of_one_class_are_counted_apart(model: Path) -> None:
+    short, long = script(tokens=16), script(tokens=32)
+    config = make_config(
+        model, [child("local", short), child("remote", long)], extra={LOOKUP_KEY: "longest"}
+    )
+    engine = Engine(config)
+    for request_id in ("a", "bb", "ccc"):  # three prompts (made from the id's length)
+        engine.add(make_request(request_id, num_tokens=40, max_tokens=1))
+    outputs = engine.step()
+    hits = engine.connector.child_hits()
+    assert hits == {
+        "local": {"asked": 3, "hits": 3, "tokens_offered": 48},
+        "remote": {"asked": 3, "hits": 3, "tokens_offered": 96, "chosen": 3, "tokens_chosen": 96},
+    }
+    # vLLM's scheduler collected the step's stats: the payload its front end gets
+    stats = next(iter(outputs.values())).scheduler_stats.kv_connector_stats
+    payload = json.loads(json.dumps(stats))
+    assert payload["remote"]["counts"]["lookup.tokens_chosen"] == 96
+    assert payload["local"]["counts"]["lookup.hits"] == 3
+    assert engine.connector.get_kv_connector_stats() is None  # each count reported once
+
+    unregister_vllm_metrics()
+    metrics = MultiConnector.build_prom_metrics(
+        config, {Gauge: Gauge, Counter: Counter, Histogram: Histogram}, ["engine"], {0: ["0"]}
+    )
+    assert isinstance(metrics, NamedPromMetrics)
+    metrics.observe(payload)
+    name = "vllm:multiconnector_child_lookups_total"
+    sample = REGISTRY.get_sample_value
+    assert sample(name, {"engine": "0", "child": "remote", "count": "tokens_chosen"}) == 96
+    assert sample(name, {"engine": "0", "child": "local", "count": "tokens_offered"}) == 48
+    assert sample(name, {"engine": "0", "child": "local", "count": "chosen"}) is None
+
+
+def test_asynchronous_loads_are_counted_completed_or_failed(model: Path) -> None:
+    pd = script(tokens=32, load_async=True)
+    engine = Engine(make_config(model, [child("pd", pd), child("disk", script())]))
+    engine.add(make_request("ok", num_tokens=40, max_tokens=1))
+    engine.add(make_request("bad!", num_tokens=40, max_tokens=1))
+    engine.step()
+    pd.recving.update({"ok", "bad!"})
+    pd.failed.add("bad!")
+    for _ in range(4):
+        engine.step()
+    hits = engine.connector.child_hits()["pd"]
+    assert hits["chosen"] == 2 and hits["tokens_chosen"] == 64
+    assert hits["loads_completed"] == 1 and hits["loads_failed"] == 1
+    assert "chosen" not in engine.connector.child_hits().get("disk", {})
