@@ -77,6 +77,7 @@ except ModuleNotFoundError as _missing:
 from ..ledger import SaveLedger
 from .config import (
     CHILDREN_KEY,
+    HIT_METRICS_KEY,
     LOOKUP_KEY,
     NAME_KEY,
     PATIENCE_KEY,
@@ -110,6 +111,7 @@ from .wire import (
 
 __all__ = [
     "CHILDREN_KEY",
+    "HIT_METRICS_KEY",
     "LOOKUP_KEY",
     "NAME_KEY",
     "PATIENCE_KEY",

@@ -23,6 +23,7 @@ from ..lookup import Lookup
 from ..registry import ConnectorRegistry, Role
 from .config import (
     ChildSpec,
+    hit_metrics,
     lookup_policy,
     overdue_seconds,
     patience_steps,
@@ -84,7 +85,7 @@ class ConnectorBase(KVConnectorBase_V1):  # type: ignore[misc]
         self._names: tuple[str, ...] = tuple(self._children)
         #: Scheduler: what the sides tell this connector about the call in progress.
         #: Scheduler: each child's lookups, hits and loads, by name.
-        self._hits = Hits()
+        self._hits = Hits(report=hit_metrics(extra))
         self._call = Call(asks_all=self._lookup is Lookup.longest, patience=patience)
         # Every role asks the children as the scheduler does (vLLM's class has one behaviour
         # for both roles, and its tests call scheduler methods on a worker's connector); the

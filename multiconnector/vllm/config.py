@@ -33,6 +33,7 @@ from .errors import ChildClassError
 
 __all__ = [
     "CHILDREN_KEY",
+    "HIT_METRICS_KEY",
     "LOOKUP_KEY",
     "NAME_KEY",
     "OVERDUE_KEY",
@@ -43,6 +44,7 @@ __all__ = [
     "ChildSpec",
     "child_specs",
     "default_name",
+    "hit_metrics",
     "lookup_policy",
     "overdue_seconds",
     "patience_steps",
@@ -73,6 +75,10 @@ OVERDUE_SECONDS: Final = 600.0
 #: The ``kv_connector_extra_config`` key of the lookup policy: ``"first"`` (vLLM's rule, the
 #: default) or ``"longest"`` (:class:`multiconnector.Lookup`).
 LOOKUP_KEY: Final = "lookup"
+#: The key of whether each child's lookup counts go into vLLM's stats and Prometheus metrics
+#: (a bool, false by default: vLLM's class reports none).
+HIT_METRICS_KEY: Final = "child_hit_metrics"
+
 #: The key of how many times in a row, under ``"longest"``, a child may answer a request's
 #: lookup ``None`` ("ask me again") before the lookup goes on without it (counted and logged).
 PATIENCE_KEY: Final = "lookup_patience_steps"
@@ -240,6 +246,16 @@ def lookup_policy(extra_config: Mapping[str, Any]) -> Lookup:
     return lookup_of(
         extra_config.get(LOOKUP_KEY, "first"), f"kv_connector_extra_config[{LOOKUP_KEY!r}]"
     )
+
+
+def hit_metrics(extra_config: Mapping[str, Any]) -> bool:
+    """``kv_connector_extra_config[HIT_METRICS_KEY]``, checked (a bool), or ``False``."""
+    value = extra_config.get(HIT_METRICS_KEY, False)
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(
+            f"kv_connector_extra_config[{HIT_METRICS_KEY!r}]={shown(value)} must be a bool"
+        )
+    return value
 
 
 def patience_steps(extra_config: Mapping[str, Any]) -> int:

@@ -5,8 +5,10 @@ child of a composition served a hit is not seen (two children of one class colli
 scheduler counts, per child *name*: lookups asked, hits (answers of more than 0 tokens), tokens
 offered, loads chosen and their tokens, and asynchronous loads completed and failed. The counts
 reach vLLM's stats payload each step (``"lookup.<count>"`` beside the failures' counts) and the
-Prometheus counter ``vllm:multiconnector_child_lookups{child, count}``; :meth:`Hits.counts` is
-the running total (docs/vllm.md, "Hits per child").
+Prometheus counter ``vllm:multiconnector_child_lookups{child, count}`` when the composition
+asks for them (``child_hit_metrics: true``: vLLM's class has no such counts, and vLLM's stats
+log line would show them); :meth:`Hits.counts` is the running total, always kept
+(docs/vllm.md, "Hits per child").
 """
 
 from __future__ import annotations
@@ -33,14 +35,17 @@ class Hits:
     """Per child name, per count of :data:`COUNTS`: the running totals and those not yet
     reported in the stats."""
 
-    __slots__ = ("_totals", "_unreported")
+    __slots__ = ("_tables", "_totals", "_unreported")
 
-    def __init__(self) -> None:
+    def __init__(self, *, report: bool = False) -> None:
+        """``report``: keep the counts not yet reported for :meth:`take_unreported` (else
+        only the totals: nothing to take)."""
         self._totals: dict[str, dict[str, int]] = {}
         self._unreported: dict[str, dict[str, int]] = {}
+        self._tables = (self._totals, self._unreported) if report else (self._totals,)
 
     def add(self, name: str, count: str, n: int = 1) -> None:
-        for table in (self._totals, self._unreported):
+        for table in self._tables:
             per = table.get(name)
             if per is None:
                 per = table[name] = {}

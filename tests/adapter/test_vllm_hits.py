@@ -17,7 +17,13 @@ from vllm.v1.metrics.prometheus import unregister_vllm_metrics  # noqa: E402
 from vllm_children import child, script  # noqa: E402
 from vllm_harness import Engine, make_config, make_request  # noqa: E402
 
-from multiconnector.vllm import LOOKUP_KEY, MultiConnector, NamedPromMetrics  # noqa: E402
+from multiconnector import InvalidArgumentError  # noqa: E402
+from multiconnector.vllm import (  # noqa: E402
+    HIT_METRICS_KEY,
+    LOOKUP_KEY,
+    MultiConnector,
+    NamedPromMetrics,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
@@ -25,7 +31,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 def test_two_children_of_one_class_are_counted_apart(model: Path) -> None:
     short, long = script(tokens=16), script(tokens=32)
     config = make_config(
-        model, [child("local", short), child("remote", long)], extra={LOOKUP_KEY: "longest"}
+        model,
+        [child("local", short), child("remote", long)],
+        extra={LOOKUP_KEY: "longest", HIT_METRICS_KEY: True},
     )
     engine = Engine(config)
     for request_id in ("a", "bb", "ccc"):  # three prompts (made from the id's length)
@@ -70,3 +78,25 @@ def test_asynchronous_loads_are_counted_completed_or_failed(model: Path) -> None
     assert hits["chosen"] == 2 and hits["tokens_chosen"] == 64
     assert hits["loads_completed"] == 1 and hits["loads_failed"] == 1
     assert "chosen" not in engine.connector.child_hits().get("disk", {})
+
+
+def test_hit_metrics_are_asked_for_not_reported_by_default(model: Path) -> None:
+    """By default the payload is vLLM's class's (no counts of ours); the totals are kept."""
+    engine = Engine(make_config(model, [child("a", script(tokens=16)), child("b", script())]))
+    engine.add(make_request("r", num_tokens=40, max_tokens=1))
+    outputs = engine.step()
+    stats = next(iter(outputs.values())).scheduler_stats
+    assert stats is None or stats.kv_connector_stats is None
+    assert engine.connector.child_hits()["a"] == {
+        "asked": 1,
+        "hits": 1,
+        "tokens_offered": 16,
+        "chosen": 1,
+        "tokens_chosen": 16,
+    }
+    assert engine.connector._hits._unreported == {}  # nothing piles up unreported
+
+
+def test_a_bad_hit_metrics_value_is_refused(model: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match=rf"\['{HIT_METRICS_KEY}'\]"):
+        Engine(make_config(model, [child("a", script())], extra={HIT_METRICS_KEY: "yes"}))
