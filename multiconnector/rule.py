@@ -40,6 +40,7 @@ __all__ = [
     "Verdicts",
     "count",
     "load_report",
+    "refined",
     "transfer_report",
 ]
 
@@ -61,6 +62,11 @@ COUNTER_LIMIT: Final = 1024
 OTHER_NAMES: Final = "<other names>"
 
 
+_PHANTOM: Final = Outcome.phantom
+_UNKNOWN_CONNECTOR: Final = Outcome.unknown_connector
+_NOT_READY: Final = Outcome.not_ready
+
+
 def count(
     counts: dict[tuple[Outcome, str | None], int], outcome: Outcome, name: str | None
 ) -> None:
@@ -73,6 +79,21 @@ def count(
         key = (outcome, OTHER_NAMES)
         n = counts.get(key)
     counts[key] = 1 if n is None else n + 1
+
+
+def refined(outcome: Outcome, known: bool, ready: bool) -> Outcome:
+    """Why a report from a stranger is ignored: ``outcome`` (a verdict's) refined by what the
+    caller knows of the reporting name. A ``phantom`` from a name with no connector
+    (``known`` false) is ``unknown_connector``, from a name registered with ``None`` (``ready``
+    false) ``not_ready``; a ready connector's stays ``phantom``. Any other outcome is returned
+    as it is: the rules tested before ``phantom`` come first."""
+    if outcome is not _PHANTOM:
+        return outcome
+    if not known:
+        return _UNKNOWN_CONNECTOR
+    if not ready:
+        return _NOT_READY
+    return outcome
 
 
 _DECIDE: Final = DECISIONS["transfer_finished"]

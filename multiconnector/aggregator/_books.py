@@ -22,7 +22,7 @@ from ..errors import ConnectorFailures, InvalidArgumentError, ShutDownError
 from ..machine import DECISIONS, TERMINAL, RequestTransferState, State, Step
 from ..outcome import Outcome
 from ..registry import Connector, ConnectorRegistry, Entry
-from ..rule import OTHER_NAMES, Verdicts, count
+from ..rule import OTHER_NAMES, Verdicts, count, refined
 
 __all__ = ["OTHER_NAMES", "Books"]
 
@@ -35,8 +35,6 @@ _UNKNOWN_REQUEST: Final = Outcome.unknown_request
 _TERMINAL: Final = Outcome.terminal
 _DUPLICATE: Final = Outcome.duplicate
 _PHANTOM: Final = Outcome.phantom
-_UNKNOWN_CONNECTOR: Final = Outcome.unknown_connector
-_NOT_READY: Final = Outcome.not_ready
 _UNREGISTERED: Final = Outcome.unregistered
 _ABANDONED: Final = Outcome.abandoned
 _DRAINED: Final = Outcome.drained
@@ -283,11 +281,9 @@ class Books:
         ignored: its connector is not registered, not ready, or a ready one's report is a
         phantom."""
         entry = self._registry.entry(name)
-        if entry is None:
-            return _UNKNOWN_CONNECTOR
-        if entry.connector is None:
-            return _NOT_READY
-        return _PHANTOM
+        return refined(
+            _PHANTOM, entry is not None, entry is not None and entry.connector is not None
+        )
 
     def _count(self, index: int, outcome: Outcome, name: str | None) -> None:
         count(self._counts[index], outcome, name)

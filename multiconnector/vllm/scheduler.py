@@ -23,7 +23,7 @@ from ..errors import (
 from ..ledger import take_older
 from ..machine import State
 from ..outcome import Outcome
-from ..rule import COUNTER_LIMIT, OTHER_NAMES, transfer_report
+from ..rule import COUNTER_LIMIT, OTHER_NAMES, refined, transfer_report
 from ._base import ConnectorBase, _failed
 from .config import without_hma
 from .errors import HMAUnsupportedError
@@ -448,10 +448,7 @@ class SchedulerRole(ConnectorBase):
                 (),
                 name,
             )
-        outcome = verdict[0]
-        if outcome is Outcome.phantom and name not in self._children:
-            outcome = Outcome.unknown_connector
-        self._tally(outcome, name, n)
+        self._tally(refined(verdict[0], name in self._children, True), name, n)
 
     def _confirm_here(self, finished: set[str]) -> None:
         """Confirm, on the scheduler's own books, the names still awaited there for the
