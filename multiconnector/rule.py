@@ -26,7 +26,7 @@ names alone). The hot paths read that memo directly and call :meth:`Verdicts.of`
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Final
+from typing import Any, Final
 
 from .machine import DECISIONS, STATES, TERMINAL, RequestTransferState, State
 from .outcome import Outcome
@@ -68,17 +68,21 @@ _NOT_READY: Final = Outcome.not_ready
 
 
 def count(
-    counts: dict[tuple[Outcome, str | None], int], outcome: Outcome, name: str | None
+    counts: dict[tuple[Outcome, Any], int],
+    outcome: Outcome,
+    name: str | None,
+    n: int = 1,
 ) -> None:
-    """Add one to ``counts[(outcome, name)]``. Reports may carry any name at all: past
+    """Add ``n`` to ``counts[(outcome, name)]``. Reports may carry any name at all: past
     :data:`COUNTER_LIMIT` distinct keys, new names share the key ``(outcome, OTHER_NAMES)``, so a
-    flood of made-up names cannot grow memory without bound."""
+    flood of made-up names cannot grow memory without bound. (``counts``' names are ``str`` or
+    ``None``: typed ``Any`` so that tables keyed by ``str`` alone are counted here too.)"""
     key = (outcome, name)
-    n = counts.get(key)
-    if n is None and len(counts) >= COUNTER_LIMIT:
+    had = counts.get(key)
+    if had is None and len(counts) >= COUNTER_LIMIT:
         key = (outcome, OTHER_NAMES)
-        n = counts.get(key)
-    counts[key] = 1 if n is None else n + 1
+        had = counts.get(key)
+    counts[key] = n if had is None else had + n
 
 
 def refined(outcome: Outcome, known: bool, ready: bool) -> Outcome:

@@ -23,7 +23,7 @@ from ..errors import (
 from ..ledger import take_older
 from ..machine import State
 from ..outcome import Outcome
-from ..rule import COUNTER_LIMIT, OTHER_NAMES, refined, transfer_report
+from ..rule import count, refined, transfer_report
 from ._base import ConnectorBase, _failed
 from .config import without_hma
 from .errors import HMAUnsupportedError
@@ -400,13 +400,7 @@ class SchedulerRole(ConnectorBase):
         """Count ``n`` forwarded reports of ``name`` as ``outcome``: past
         :data:`~multiconnector.rule.COUNTER_LIMIT` distinct keys, under the name
         :data:`~multiconnector.rule.OTHER_NAMES` (the workers' metadata may name anything)."""
-        counts = self._counted_outcomes
-        key = (outcome, name)
-        had = counts.get(key)
-        if had is None and len(counts) >= COUNTER_LIMIT:
-            key = (outcome, OTHER_NAMES)
-            had = counts.get(key)
-        counts[key] = n if had is None else had + n
+        count(self._counted_outcomes, outcome, name, n)
 
     def _count_sent(self, name: str, counts: Mapping[str, int], sending: set[str]) -> None:
         """``counts[r]`` workers reported counted saver ``name`` finished sending ``r``;

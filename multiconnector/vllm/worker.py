@@ -21,6 +21,7 @@ from .._validate import check_request_ids, shown
 from ..errors import InvalidArgumentError
 from ..machine import State
 from ..outcome import Outcome
+from ..rule import count
 from ._base import ConnectorBase, _failed
 from .errors import ChildrenConflictError
 from .wire import NamedHandshakeMetadata, NamedKVEvents, NamedMultiConnectorWorkerMetadata
@@ -326,8 +327,7 @@ class WorkerRole(ConnectorBase):
 
     def _counted_ignored(self, name: str, owing: set[str] | None) -> None:
         outcome = Outcome.unknown_request if owing is None else Outcome.phantom
-        key = (outcome, name)
-        self._counted_outcomes[key] = self._counted_outcomes.get(key, 0) + 1
+        count(self._counted_outcomes, outcome, name)
 
     def _report_loaded(self, name: str, child_results: Any, results: Any) -> None:
         """Child ``name``'s load completions: passed on once, from the name chosen to load.
