@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any, Final
 
-from .machine import DECISIONS, STATES, TERMINAL, RequestTransferState, State
+from .machine import DECISIONS, STATES, TERMINAL, RequestTransferState, State, load_owed
 from .outcome import Outcome
 
 __all__ = [
@@ -39,8 +39,10 @@ __all__ = [
     "Verdict",
     "Verdicts",
     "count",
+    "load_owed",
     "load_report",
     "refined",
+    "safe_to_hand_back",
     "transfer_report",
 ]
 
@@ -98,6 +100,19 @@ def refined(outcome: Outcome, known: bool, ready: bool) -> Outcome:
     if not ready:
         return _NOT_READY
     return outcome
+
+
+def safe_to_hand_back(
+    state: State,
+    awaiting: tuple[str, ...],
+    loader: str | None,
+    loaded: bool,
+    loader_gone: bool,
+) -> bool:
+    """Whether :meth:`~multiconnector.MultiConnector.take` may hand back a record with these
+    fields: it is terminal, it awaits no save, and its load is not owed (:func:`load_owed`). No
+    connector touches its blocks then. (A terminal record that is not is *draining*.)"""
+    return state in TERMINAL and not awaiting and not load_owed(loader, loaded, loader_gone)
 
 
 _DECIDE: Final = DECISIONS["transfer_finished"]
@@ -201,7 +216,7 @@ def load_report(
     if early is not None:
         return (Outcome.duplicate if name in early else _EARLY, loaded)
     if state in TERMINAL:
-        if loader == name and not (loaded or loader_gone):
+        if loader == name and load_owed(loader, loaded, loader_gone):
             return _DRAINED_LOAD
         return (Outcome.terminal, loaded)
     if loader == name:

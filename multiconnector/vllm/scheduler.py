@@ -23,7 +23,7 @@ from ..errors import (
 from ..ledger import take_older
 from ..machine import State
 from ..outcome import Outcome
-from ..rule import count, refined, transfer_report
+from ..rule import count, load_owed, refined, transfer_report
 from ._base import ConnectorBase, _failed
 from .config import without_hma
 from .errors import HMAUnsupportedError
@@ -559,14 +559,14 @@ class SchedulerRole(ConnectorBase):
             record = tracker.peek(request_id)
             if (
                 record is not None
-                and record.loader is not None
-                and not record.loaded
+                and load_owed(record.loader, record.loaded, record.loader_gone)
                 and request_id not in self._loads_in_flight
             ):
                 # No load of it is in flight, and no report of one will come: a synchronous load
                 # ends within the step that scheduled it (vLLM reports none), and a load never
                 # started never ends. The record would otherwise be held forever. Counted as the
                 # loader's drained load; after shutdown() nothing is (the books stay as they are).
+                assert record.loader is not None  # owed: a loader was chosen
                 with suppress(ShutDownError):
                     tracker.load_finished(request_id, record.loader)
             tracker.take()
