@@ -27,14 +27,13 @@ from ._validate import check_name, check_request_id, check_request_ids, check_se
 from .errors import DuplicateConnectorError, InvalidArgumentError, UnknownConnectorError
 from .machine import State
 from .outcome import Outcome
-from .rule import SHARED_LIMIT, Verdict, Verdicts, count
+from .rule import SHARED_LIMIT, Verdict, Verdicts, count, refined
 
 __all__ = ["SaveLedger", "take_older"]
 
 logger: Final = logging.getLogger("multiconnector")
 
 _APPLIED: Final = Outcome.applied
-_PHANTOM: Final = Outcome.phantom
 _FINISHING: Final = State.finishing
 _FINISHED: Final = State.finished
 _INF: Final = float("inf")
@@ -165,8 +164,8 @@ class SaveLedger:
             except KeyError:
                 outcome, _, rest, completes = self._verdict(request_id, owed, name, released)
             if outcome is not _APPLIED:
-                if outcome is _PHANTOM and name not in self._order:
-                    outcome = Outcome.unknown_connector
+                # Every child is a started connector: a stranger is a name that is none.
+                outcome = refined(outcome, name in self._order, True)
                 self._ignore("transfer_finished", request_id, name, outcome)
                 continue
             applied += 1

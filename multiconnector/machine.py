@@ -48,6 +48,7 @@ __all__ = [
     "State",
     "Step",
     "build_machine",
+    "load_owed",
     "step",
 ]
 
@@ -182,14 +183,24 @@ class RequestTransferState:
         """Whether a connector may still touch the request's blocks: it awaits a save, or its
         chosen loader has neither reported nor been unregistered. A terminal request is handed
         back by ``take()`` only once this is false; until then it is *draining*."""
-        return bool(self.awaiting) or (
-            self.loader is not None and not self.loaded and not self.loader_gone
-        )
+        return bool(self.awaiting) or load_owed(self.loader, self.loaded, self.loader_gone)
 
     @property
     def terminal(self) -> bool:
         """Whether the request reached ``finished`` or ``cancelled``."""
         return self.state in TERMINAL
+
+
+def load_owed(loader: str | None, loaded: bool, loader_gone: bool) -> bool:
+    """Whether a request's load is still owed, from its record's ``loader``, ``loaded`` and
+    ``loader_gone``: a loader was chosen, and it has neither reported (applied, or drained on a
+    terminal request) nor been unregistered (its load is then over, unreported). Until then the
+    loader may touch the request's blocks.
+
+    Defined here, beside the record whose :attr:`~RequestTransferState.in_flight` reads it
+    (this module is below :mod:`multiconnector.rule`, which cannot be imported here); every
+    other side reads it as :func:`multiconnector.rule.load_owed`."""
+    return loader is not None and not loaded and not loader_gone
 
 
 Guard = Callable[[RequestTransferState, Any], bool]

@@ -1,21 +1,42 @@
-"""The report rules, written once: what "connector ``name`` finished saving" does, and what
-"connector ``name`` finished loading" does.
+"""The report rules and the decisions every side shares, written once.
 
-:func:`transfer_report` is the one decision. From a request's state (``None``: not held), the
-names it still awaits, expects and abandoned, and the reporting name, it gives a
-:data:`Verdict`: the :class:`~multiconnector.Outcome`, the state the request moves to, what it
-awaits afterwards, and whether the report completes it (moves it into a terminal state). The
-state it moves to comes from :data:`multiconnector.machine.DECISIONS`, so from the one declaration
-the model checker explores.
+The decisions held here:
 
-Every side that applies a transfer report reads its verdict here: the aggregator's
-:meth:`~multiconnector.MultiConnector.transfer_finished` and
-:meth:`~multiconnector.MultiConnector.transfer_finished_many`, and
-:class:`~multiconnector.SaveLedger` (a vLLM worker's saves). :func:`load_report` is the load
-side's one decision, read by :meth:`~multiconnector.MultiConnector.load_finished` and by the
-decision of the load reports that came while ``match_tokens`` asked.
-``multiconnector.check.reference`` is the exception on purpose: the checker's oracle restates
-the rules independently, to catch these.
+* :func:`transfer_report`: what "connector ``name`` finished saving" does. From a request's
+  state (``None``: not held), the names it still awaits, expects and abandoned, and the
+  reporting name, it gives a :data:`Verdict`: the :class:`~multiconnector.Outcome`, the state
+  the request moves to, what it awaits afterwards, and whether the report completes it (moves
+  it into a terminal state). The state it moves to comes from
+  :data:`multiconnector.machine.DECISIONS`, so from the one declaration the model checker
+  explores.
+* :func:`load_report`: what "connector ``name`` finished loading" does.
+* :func:`refined`: why a stranger's report is ignored (``phantom`` refined into
+  ``unknown_connector`` or ``not_ready`` by what the caller knows of the name).
+* :func:`count`: the capped counter every table of outcomes per name is kept with.
+* :func:`load_owed`: whether a request's load is still owed (defined in
+  :mod:`multiconnector.machine`, beside the record whose ``in_flight`` reads it, and read
+  from here by every other side).
+* :func:`safe_to_hand_back`: whether ``take()`` may hand a record back.
+
+Every side that applies a report reads its verdict here: the aggregator's
+:meth:`~multiconnector.MultiConnector.transfer_finished`,
+:meth:`~multiconnector.MultiConnector.transfer_finished_many` and
+:meth:`~multiconnector.MultiConnector.load_finished` (and the decision of the reports that came
+early), :class:`~multiconnector.SaveLedger` (a vLLM worker's saves), and the vLLM adapter's
+books of the children that report on fewer workers than all. ``multiconnector.check.reference``
+is the exception on purpose: the checker's oracle restates the rules independently, to catch
+these. ``tests/test_rule_once.py`` reads the package's source to keep it so.
+
+A second ``request_finished`` is refused in three places, which do not decide the same
+question, so no function here is shared by them: the aggregator refuses it by the record's
+state (``unknown_request``, ``terminal``, or ``duplicate`` while finishing or while another
+call asks: :data:`~multiconnector.machine.DECISIONS` has no transition for it); the ledger has
+no states, holds a request only while savers owe it reports, and calls a request it holds a
+``duplicate`` (the aggregator's outcome for a finishing request), while one it does not hold
+is a new finish (a worker learns of a request only when it finished); the vLLM scheduler
+answers vLLM for a request whose saves it handed off (``True``: the blocks stay held) without
+asking the children, as vLLM's interface wants an answer, not an outcome, and its core books
+no longer hold that request.
 
 Verdicts for a report the request awaits are many and alike (every request of a deployment
 awaits one of a few name tuples), so :class:`Verdicts` remembers them, keyed by what they depend
@@ -26,9 +47,9 @@ names alone). The hot paths read that memo directly and call :meth:`Verdicts.of`
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Final
+from typing import Any, Final
 
-from .machine import DECISIONS, STATES, TERMINAL, RequestTransferState, State
+from .machine import DECISIONS, STATES, TERMINAL, RequestTransferState, State, load_owed
 from .outcome import Outcome
 
 __all__ = [
@@ -39,7 +60,10 @@ __all__ = [
     "Verdict",
     "Verdicts",
     "count",
+    "load_owed",
     "load_report",
+    "refined",
+    "safe_to_hand_back",
     "transfer_report",
 ]
 
@@ -61,18 +85,55 @@ COUNTER_LIMIT: Final = 1024
 OTHER_NAMES: Final = "<other names>"
 
 
+_PHANTOM: Final = Outcome.phantom
+_UNKNOWN_CONNECTOR: Final = Outcome.unknown_connector
+_NOT_READY: Final = Outcome.not_ready
+
+
 def count(
-    counts: dict[tuple[Outcome, str | None], int], outcome: Outcome, name: str | None
+    counts: dict[tuple[Outcome, Any], int],
+    outcome: Outcome,
+    name: str | None,
+    n: int = 1,
 ) -> None:
-    """Add one to ``counts[(outcome, name)]``. Reports may carry any name at all: past
+    """Add ``n`` to ``counts[(outcome, name)]``. Reports may carry any name at all: past
     :data:`COUNTER_LIMIT` distinct keys, new names share the key ``(outcome, OTHER_NAMES)``, so a
-    flood of made-up names cannot grow memory without bound."""
+    flood of made-up names cannot grow memory without bound. (``counts``' names are ``str`` or
+    ``None``: typed ``Any`` so that tables keyed by ``str`` alone are counted here too.)"""
     key = (outcome, name)
-    n = counts.get(key)
-    if n is None and len(counts) >= COUNTER_LIMIT:
+    had = counts.get(key)
+    if had is None and len(counts) >= COUNTER_LIMIT:
         key = (outcome, OTHER_NAMES)
-        n = counts.get(key)
-    counts[key] = 1 if n is None else n + 1
+        had = counts.get(key)
+    counts[key] = n if had is None else had + n
+
+
+def refined(outcome: Outcome, known: bool, ready: bool) -> Outcome:
+    """Why a report from a stranger is ignored: ``outcome`` (a verdict's) refined by what the
+    caller knows of the reporting name. A ``phantom`` from a name with no connector
+    (``known`` false) is ``unknown_connector``, from a name registered with ``None`` (``ready``
+    false) ``not_ready``; a ready connector's stays ``phantom``. Any other outcome is returned
+    as it is: the rules tested before ``phantom`` come first."""
+    if outcome is not _PHANTOM:
+        return outcome
+    if not known:
+        return _UNKNOWN_CONNECTOR
+    if not ready:
+        return _NOT_READY
+    return outcome
+
+
+def safe_to_hand_back(
+    state: State,
+    awaiting: tuple[str, ...],
+    loader: str | None,
+    loaded: bool,
+    loader_gone: bool,
+) -> bool:
+    """Whether :meth:`~multiconnector.MultiConnector.take` may hand back a record with these
+    fields: it is terminal, it awaits no save, and its load is not owed (:func:`load_owed`). No
+    connector touches its blocks then. (A terminal record that is not is *draining*.)"""
+    return state in TERMINAL and not awaiting and not load_owed(loader, loaded, loader_gone)
 
 
 _DECIDE: Final = DECISIONS["transfer_finished"]
@@ -176,7 +237,7 @@ def load_report(
     if early is not None:
         return (Outcome.duplicate if name in early else _EARLY, loaded)
     if state in TERMINAL:
-        if loader == name and not (loaded or loader_gone):
+        if loader == name and load_owed(loader, loaded, loader_gone):
             return _DRAINED_LOAD
         return (Outcome.terminal, loaded)
     if loader == name:

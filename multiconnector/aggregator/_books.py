@@ -23,7 +23,7 @@ from ..lookup import Lookup, lookup_of
 from ..machine import DECISIONS, TERMINAL, RequestTransferState, State, Step
 from ..outcome import Outcome
 from ..registry import Connector, ConnectorRegistry, Entry
-from ..rule import OTHER_NAMES, Verdicts, count
+from ..rule import OTHER_NAMES, Verdicts, count, load_owed, refined, safe_to_hand_back
 
 __all__ = ["OTHER_NAMES", "Books"]
 
@@ -36,8 +36,6 @@ _UNKNOWN_REQUEST: Final = Outcome.unknown_request
 _TERMINAL: Final = Outcome.terminal
 _DUPLICATE: Final = Outcome.duplicate
 _PHANTOM: Final = Outcome.phantom
-_UNKNOWN_CONNECTOR: Final = Outcome.unknown_connector
-_NOT_READY: Final = Outcome.not_ready
 _UNREGISTERED: Final = Outcome.unregistered
 _ABANDONED: Final = Outcome.abandoned
 _DRAINED: Final = Outcome.drained
@@ -157,7 +155,7 @@ class Books:
         try:
             for record in list(self._requests.values()):
                 if record.loader == name:
-                    if not record.loaded and not record.loader_gone:
+                    if load_owed(name, record.loaded, record.loader_gone):
                         # Its load is over, unreported: the connector that was loading is gone.
                         record.loader_gone = True
                         if name not in record.abandoned and name not in record.awaiting:
@@ -189,7 +187,9 @@ class Books:
         event settles it again), nor while a request_finished or a match_tokens that a cancel
         overtook is still asking (its connectors may be promising saves, or reporting loads
         early): then it is parked, and the call's release settles it."""
-        if record.in_flight:
+        if not safe_to_hand_back(
+            record.state, record.awaiting, record.loader, record.loaded, record.loader_gone
+        ):
             return
         if record.state is _CANCELLED and (
             id(record) in self._asking or (self._matching and id(record) in self._matching)
@@ -277,21 +277,16 @@ class Books:
         if record.history is not None:
             record.history.append(Step(event, source, dest, name))
         if dest is not source and dest in TERMINAL:
-            if record.awaiting or record.loader is not None or dest is _CANCELLED:
-                self._settle(record)  # maybe draining, or parked
-            else:
-                self._done.append(record)
+            self._settle(record)  # queued, or draining, or parked
 
     def _stranger(self, name: str) -> Outcome:
         """Why a report from ``name``, which the request never awaited nor expected, is
         ignored: its connector is not registered, not ready, or a ready one's report is a
         phantom."""
         entry = self._registry.entry(name)
-        if entry is None:
-            return _UNKNOWN_CONNECTOR
-        if entry.connector is None:
-            return _NOT_READY
-        return _PHANTOM
+        return refined(
+            _PHANTOM, entry is not None, entry is not None and entry.connector is not None
+        )
 
     def _count(self, index: int, outcome: Outcome, name: str | None) -> None:
         count(self._counts[index], outcome, name)

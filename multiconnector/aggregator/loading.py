@@ -297,8 +297,8 @@ class Loading(Books):
         if outcome is _EARLY:
             self._early_loads.setdefault(id(record), []).append(name)
             return outcome
-        if loaded and not record.loaded:  # applied, or the drain of its load
-            record.loaded = True
+        if outcome is _APPLIED or outcome is _DRAINED:  # the verdicts that set `loaded`
+            record.loaded = loaded
             if outcome is _DRAINED:
                 self._settle(record)
         elif outcome is _PHANTOM:

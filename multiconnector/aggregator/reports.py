@@ -20,6 +20,7 @@ from .._validate import (
 from ..errors import ConnectorFailures
 from ..machine import RequestTransferState, Step
 from ..outcome import Outcome
+from ..rule import safe_to_hand_back
 from ._books import (
     _APPLIED,
     _CANCELLED,
@@ -221,7 +222,9 @@ class Reports(Books):
                 record.state = dest
                 if record.history is not None:
                     record.history.append(Step("transfer_finished", source, dest, name))
-                if completes and (record.loader is None or not record.in_flight):
+                if completes and safe_to_hand_back(
+                    dest, rest, record.loader, record.loaded, record.loader_gone
+                ):
                     # Else its load is in flight: load_finished or connector_gone settles it.
                     self._done.append(record)  # last: take() may hand it over at once
                 applied = self._applied[index]

@@ -23,7 +23,7 @@ from ..errors import (
 from ..ledger import take_older
 from ..machine import State
 from ..outcome import Outcome
-from ..rule import COUNTER_LIMIT, OTHER_NAMES, transfer_report
+from ..rule import count, load_owed, refined, transfer_report
 from ._base import ConnectorBase, _failed
 from .config import without_hma
 from .errors import HMAUnsupportedError
@@ -422,13 +422,7 @@ class SchedulerRole(ConnectorBase):
         """Count ``n`` forwarded reports of ``name`` as ``outcome``: past
         :data:`~multiconnector.rule.COUNTER_LIMIT` distinct keys, under the name
         :data:`~multiconnector.rule.OTHER_NAMES` (the workers' metadata may name anything)."""
-        counts = self._counted_outcomes
-        key = (outcome, name)
-        had = counts.get(key)
-        if had is None and len(counts) >= COUNTER_LIMIT:
-            key = (outcome, OTHER_NAMES)
-            had = counts.get(key)
-        counts[key] = n if had is None else had + n
+        count(self._counted_outcomes, outcome, name, n)
 
     def _count_sent(self, name: str, counts: Mapping[str, int], sending: set[str]) -> None:
         """``counts[r]`` workers reported counted saver ``name`` finished sending ``r``;
@@ -470,10 +464,7 @@ class SchedulerRole(ConnectorBase):
                 (),
                 name,
             )
-        outcome = verdict[0]
-        if outcome is Outcome.phantom and name not in self._children:
-            outcome = Outcome.unknown_connector
-        self._tally(outcome, name, n)
+        self._tally(refined(verdict[0], name in self._children, True), name, n)
 
     def _confirm_here(self, finished: set[str]) -> None:
         """Confirm, on the scheduler's own books, the names still awaited there for the
@@ -588,14 +579,14 @@ class SchedulerRole(ConnectorBase):
             record = tracker.peek(request_id)
             if (
                 record is not None
-                and record.loader is not None
-                and not record.loaded
+                and load_owed(record.loader, record.loaded, record.loader_gone)
                 and request_id not in self._loads_in_flight
             ):
                 # No load of it is in flight, and no report of one will come: a synchronous load
                 # ends within the step that scheduled it (vLLM reports none), and a load never
                 # started never ends. The record would otherwise be held forever. Counted as the
                 # loader's drained load; after shutdown() nothing is (the books stay as they are).
+                assert record.loader is not None  # owed: a loader was chosen
                 with suppress(ShutDownError):
                     tracker.load_finished(request_id, record.loader)
             tracker.take()

@@ -21,6 +21,7 @@ from .._validate import check_request_ids, shown
 from ..errors import InvalidArgumentError
 from ..machine import State
 from ..outcome import Outcome
+from ..rule import count, load_owed
 from ._base import ConnectorBase, _failed
 from .errors import ChildrenConflictError
 from .wire import NamedHandshakeMetadata, NamedKVEvents, NamedMultiConnectorWorkerMetadata
@@ -194,7 +195,11 @@ class WorkerRole(ConnectorBase):
                 # fails": such a child that never reports is seen in child_failures()).
                 continue
             record = self._loads.peek(request_id)
-            if record is None or record.loaded or record.state is not State.pending:
+            if (
+                record is None
+                or record.state is not State.pending
+                or not load_owed(name, record.loaded, record.loader_gone)
+            ):
                 continue
             # Cancelled on these books: a report of the child's own, if one comes, is its
             # drain, not a second completion (vLLM has this one).
@@ -328,8 +333,7 @@ class WorkerRole(ConnectorBase):
 
     def _counted_ignored(self, name: str, owing: set[str] | None) -> None:
         outcome = Outcome.unknown_request if owing is None else Outcome.phantom
-        key = (outcome, name)
-        self._counted_outcomes[key] = self._counted_outcomes.get(key, 0) + 1
+        count(self._counted_outcomes, outcome, name)
 
     def _report_loaded(self, name: str, child_results: Any, results: Any) -> None:
         """Child ``name``'s load completions: passed on once, from the name chosen to load.
@@ -393,8 +397,7 @@ class WorkerRole(ConnectorBase):
         return (
             record is not None
             and record.state is State.pending
-            and record.loader is not None
-            and not record.loaded
+            and load_owed(record.loader, record.loaded, record.loader_gone)
         )
 
     def planned_loader(self, request_id: str) -> str | None:
@@ -407,7 +410,7 @@ class WorkerRole(ConnectorBase):
             record = loads.peek(request_id)
             if record is None or record.state is not State.pending:
                 continue  # (a failed load, cancelled here: taken once its loader drained it)
-            if record.loader is None or record.loaded:
+            if not load_owed(record.loader, record.loaded, record.loader_gone):
                 loads.cancel(request_id)
             else:  # aborted while loading: the scheduler still needs that one completion
                 self._finished_while_loading.add(request_id)

@@ -92,7 +92,7 @@ from rule_worlds import (  # noqa: E402
 )
 from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 
-import multiconnector.vllm.scheduler as scheduler_module  # noqa: E402
+import multiconnector.rule as rule_module  # noqa: E402
 from multiconnector import Outcome  # noqa: E402
 from multiconnector.rule import OTHER_NAMES  # noqa: E402
 from multiconnector.vllm import NamedMultiConnectorWorkerMetadata  # noqa: E402
@@ -151,7 +151,7 @@ def test_forwarded_reports_from_made_up_names_are_counted_in_bounded_memory(
 ) -> None:
     """Every forwarded report is counted now, whoever sent it: names past the counter limit
     share one key per outcome, as the core's counters do."""
-    monkeypatch.setattr(scheduler_module, "COUNTER_LIMIT", 3)
+    monkeypatch.setattr(rule_module, "COUNTER_LIMIT", 3)  # the one capped counter's limit
     scheduler = World(prepare(one_worker(), model)).scheduler
     sent = {f"made-up {i}": {"r1": 2} for i in range(10)}
     scheduler.update_connector_output(

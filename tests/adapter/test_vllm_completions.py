@@ -31,6 +31,7 @@ from vllm_harness import Engine, make_config, make_connector, make_request, runn
 
 import multiconnector.vllm.worker as worker_module  # noqa: E402
 from multiconnector import ConnectorRegistry, MultiConnector, Outcome  # noqa: E402
+from multiconnector.rule import COUNTER_LIMIT, OTHER_NAMES  # noqa: E402
 from multiconnector.vllm import NamedMultiConnectorMetadata  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -286,3 +287,18 @@ def test_a_worker_a_counted_child_never_reports_on_forgets_its_oldest_requests(
         )
         other.bind_connector_metadata(shipped)
     assert list(other._counted_expected) == ["r3", "r4"]
+
+
+def test_a_workers_ignored_counted_reports_are_counted_in_a_capped_table(model: Path) -> None:
+    # The worker's table of ignored counted reports is counted by the core's one capped counter
+    # (multiconnector.rule.count): past COUNTER_LIMIT distinct names, the others share one key.
+    a, h = script(saves=True), script(saves=True, finished_count=1)
+    _, workers, _ = two_workers(model, a=a, h=h)
+    worker = workers[0]
+    extra = 100
+    for number in range(COUNTER_LIMIT + extra):
+        worker._report_counted(f"made-up-{number}", ["never-finished"])
+    assert len(worker._counted_outcomes) <= COUNTER_LIMIT + 1
+    counts = worker.connector_counts()
+    assert counts[OTHER_NAMES] == {Outcome.unknown_request: extra}
+    assert sum(n for per in counts.values() for n in per.values()) == COUNTER_LIMIT + extra
