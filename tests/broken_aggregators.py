@@ -275,6 +275,33 @@ ClashRaisedBeforeRecorded = Planted(
 )
 
 
+SaveOnlyLookedUp = Planted(
+    "SaveOnlyLookedUp",
+    "_ask_tokens",
+    (
+        "if entry.get_num_new_matched_tokens is None:",
+        "if getattr(entry.connector, 'get_num_new_matched_tokens', None) is None:",
+    ),
+    (
+        "tokens = entry.get_num_new_matched_tokens(",
+        "tokens = entry.connector.get_num_new_matched_tokens(",
+    ),
+    doc="""Asks each connector itself for matched tokens, not its registration: a save-only
+    connector (``Role.save``) is asked, and chosen to load when it answers tokens.""",
+)
+
+LoadOnlyAwaited = Planted(
+    "LoadOnlyAwaited",
+    "_gather",
+    (
+        "answer = entry.request_finished(request_id, blocks)",
+        "answer = entry.connector.request_finished(request_id, blocks)",
+    ),
+    doc="""Asks each connector itself at request_finished, not its registration: a load-only
+    connector (``Role.load``) that promises a save is awaited for a report it never owes.""",
+)
+
+
 def _overwriting_merge(contributions: Any, *, allow_equal: bool = False) -> dict[str, Any] | None:
     """``merge_transfer_params`` that lets a later connector's value win a clash."""
     merged: dict[str, Any] | None = None
@@ -469,6 +496,10 @@ class Broken:
 
 #: The connectors the params bugs are checked with.
 PARAMS_CONNECTORS: Mapping[str, str | None] = {"a": "saver", "b": "saver"}
+#: The connectors the roles bugs are checked with: one connector of the role, alone (with a
+#: saver beside the store, the load side's search grows from 48 distinct states to 9,791).
+STORE_CONNECTORS: Mapping[str, str | None] = {"s": "store"}
+LOADER_CONNECTORS: Mapping[str, str | None] = {"l": "loader"}
 
 #: The catalog. ``shortest`` is the length of the shortest event sequence that exposes the bug
 #: in the scenario the tests use (savers ``a`` and ``b``, a ``None`` slot, one request; plus a
@@ -697,6 +728,27 @@ CATALOG: tuple[Broken, ...] = (
         also={
             "no leak": "match_tokens then records a as the loader: pending, awaiting the load "
             "of a, which already reported it (stranded)",
+        },
+    ),
+    # -- roles (checked with one connector of the role alone) --------------------------------
+    Broken(
+        name="save-only connector looked up",
+        prop="roles kept",
+        shortest=2,
+        why="begin, match_tokens asks: the store s is asked for tokens",
+        factory=SaveOnlyLookedUp,
+        events=ALPHABET + LOAD_EVENTS,
+        connectors=STORE_CONNECTORS,
+    ),
+    Broken(
+        name="load-only connector awaited",
+        prop="roles kept",
+        shortest=3,
+        why="begin, request_finished asks (l promises a save), applies: l is awaited",
+        factory=LoadOnlyAwaited,
+        connectors=LOADER_CONNECTORS,
+        also={
+            "no leak": "the same state: l is awaited, and owes no report (its promise is none)",
         },
     ),
 )

@@ -67,6 +67,10 @@ Properties (each PASS or FAIL, with a shortest counterexample):
 ``params merged`` (only with ``params=True``: scripted savers answer params)
     ``request_finished`` returns the checker's reference merge, raises ``KeyClashError`` exactly
     when it clashes and only once the answers were applied, and changes no saver's dict.
+``roles kept`` (only with a ``"store"`` or ``"loader"`` connector: one with a role)
+    A save-only connector (``Role.save``) is never asked for matched tokens nor chosen to
+    load; a load-only one (``Role.load``) is never awaited nor expected as a saver, whatever it
+    answers.
 ``no trap``
     From every reachable state, events other than ``cancel`` can bring every live request to a
     terminal state (``cancel`` would rescue any trap, so it does not count).
@@ -98,6 +102,7 @@ from .properties import (
     PARAMS_MERGED,
     PROPERTIES,
     RIGHT_OUTCOME,
+    ROLES_KEPT,
     reachable_in,
 )
 from .run import check_aggregator
@@ -123,6 +128,7 @@ __all__ = [
     "PARAM_CHOICES",
     "PROPERTIES",
     "RIGHT_OUTCOME",
+    "ROLES_KEPT",
     "CheckReport",
     "Counterexample",
     "PropertyResult",

@@ -15,6 +15,7 @@ from ..errors import (
     ConnectorFailures,
     InvalidAnswerError,
     KeyClashError,
+    RoleError,
     UnknownRequestError,
 )
 from ..machine import TERMINAL, RequestTransferState, State
@@ -30,8 +31,9 @@ from .scenario import (
     _PER_REQUEST,
     _TAKEN,
     GARBAGE,
+    LOADER,
+    LOADING,
     RAISES,
-    SAVER,
     ConnectorCrash,
     Event,
     _held,
@@ -40,6 +42,7 @@ from .scenario import (
     _Request,
     _Scenario,
     _World,
+    role_of,
 )
 
 _EARLY = Outcome.early
@@ -156,7 +159,8 @@ def _call(world: _World, request: _Request | None, event: Event) -> _Called:
             called.abandoned = sum(1 for r in _held(mc).values() if name in r.awaiting)
             mc.unregister(name)
         elif kind == "register":
-            mc.register(event[1], scenario.connectors[event[1]])
+            name = event[1]
+            mc.register(name, scenario.connectors[name], role_of(scenario.kinds[name]))
         else:  # pragma: no cover - events come from _events
             raise AssertionError(f"unknown event {event!r}")
     except ConnectorFailures as exc:
@@ -213,6 +217,7 @@ def _documented(scenario: _Scenario, exc: ConnectorFailures) -> BaseException | 
     expected = all(
         (scenario.kinds.get(n) == RAISES and isinstance(e, ConnectorCrash))
         or (scenario.kinds.get(n) == GARBAGE and isinstance(e, InvalidAnswerError))
+        or (scenario.kinds.get(n) == LOADER and isinstance(e, RoleError) and e.connector == n)
         for n, e in zip(exc.failed, errors, strict=False)
     ) and len(exc.failed) == len(errors)
     if not expected:
@@ -237,7 +242,9 @@ def _observe(world: _World, request: _Request | None, event: Event, called: _Cal
     outcomes = called.outcomes
     if kind == "request_finished":
         assert request is not None
-        request.owed |= {name for name, saves in scenario.pad.asked if saves}
+        # A load-only connector's promise is none: its role rules the save out.
+        kinds = scenario.kinds
+        request.owed |= {n for n, saves in scenario.pad.asked if saves and kinds[n] != LOADER}
         if scenario.params and called.answers is None:
             called.answers = (event[3], tuple(scenario.pad.answered))
         if outcomes:
@@ -320,7 +327,7 @@ def _apply_load(world: _World, request: _Request, event: Event) -> None:
     )
     early = request.load_early if request.matching else None
     outcome = mc.load_finished(request.request_id, name)
-    if request.matching and world.scenario.kinds.get(name) == SAVER:
+    if request.matching and world.scenario.kinds.get(name) in LOADING:
         request.window_loads |= {name}
     if outcome is _EARLY:  # kept: decided (and counted) when its match records the loader
         request.load_early = (*request.load_early, name)
@@ -375,6 +382,8 @@ def _match(world: _World, request: _Request, event: Event, state: State | None) 
     finally:
         pad.tokens = {}
     answers = pad.matched
+    if world.last is not None:
+        world.last.matched = tuple(n for n, _ in answers)
     decisive = all(tokens is not None for _, tokens in answers)
     chose = next((n for n, tokens in answers if tokens), None) if decisive else None
     entry = mc.registry.entry

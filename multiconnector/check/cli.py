@@ -7,6 +7,7 @@ import itertools
 import json
 import sys
 from collections.abc import Collection, Sequence
+from typing import Final
 
 from .._args import Parser, name_list, output_file, split_list
 from .._explore import EXIT_STATUS
@@ -20,22 +21,24 @@ from .scenario import (
     DEFAULT_CONNECTORS,
     DEFAULT_UNKNOWN,
     EARLY_REPORTS,
-    GARBAGE,
+    KINDS,
     LOAD_EVENTS,
     MAX_REQUESTS,
-    RAISES,
     SAVER,
 )
+
+#: The kinds a ``--connectors`` item may name, as its help and errors show them.
+_CHOICES: Final = "|".join(("saver", "none", *(k for k in KINDS if k != SAVER)))
 
 
 def _parse_connectors(text: str) -> dict[str, str | None]:
     kinds: dict[str, str | None] = {}
-    for item in split_list(text, "NAME or NAME=saver|none|raises|garbage"):
+    for item in split_list(text, f"NAME or NAME={_CHOICES}"):
         name, equals, kind = (part.strip() for part in item.partition("="))
         kind = kind.lower() if equals else SAVER
-        if kind not in (SAVER, RAISES, GARBAGE, "none"):
+        if kind not in KINDS and kind != "none":
             raise argparse.ArgumentTypeError(
-                f"{item!r}: expected NAME or NAME=saver|none|raises|garbage, comma-separated"
+                f"{item!r}: expected NAME or NAME={_CHOICES}, comma-separated"
             )
         (name,) = name_list(name)
         if name in kinds:
@@ -119,7 +122,7 @@ def _add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
         type=_parse_connectors,
         default=dict(DEFAULT_CONNECTORS),
         metavar="SPEC",
-        help=f"NAME[=saver|none|raises|garbage],... (default: {default})",
+        help=f"NAME[={_CHOICES}],... (default: {default})",
     )
     parser.add_argument(
         "--unknown",

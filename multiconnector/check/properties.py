@@ -25,7 +25,10 @@ from .scenario import (
     _MATCH_ANSWER,
     _TAKEN,
     _UNBORN,
-    SAVER,
+    LOADER,
+    LOADING,
+    SAVING,
+    STORE,
     Event,
     _names,
     _Request,
@@ -45,6 +48,8 @@ COUNTERS: Final = "counters"
 CALLBACKS: Final = "callbacks"
 #: Reported only when params are checked (``params=True``), after ``callbacks``.
 PARAMS_MERGED: Final = "params merged"
+#: Reported only when a connector has a role (a ``store`` or a ``loader``), after the others.
+ROLES_KEPT: Final = "roles kept"
 #: Every property the aggregator check reports, in report order.
 PROPERTIES: Final[tuple[str, ...]] = (
     NO_EXCEPTION,
@@ -335,7 +340,7 @@ def _callbacks(world: _World) -> str | None:
     registry = dict(last.registry)
     if kind == _MATCH_ANSWER:  # the early load reports it applied
         loads = [n for n, o in last.settled_loads if o is _APPLIED]
-        loads = [n for n in loads if kinds.get(n) == SAVER and registry.get(n)]
+        loads = [n for n in loads if kinds.get(n) in LOADING and registry.get(n)]
         if tuple(loads) != last.load_called:
             label = _event_text(world, event)
             rid = ids[event[1]]
@@ -346,15 +351,16 @@ def _callbacks(world: _World) -> str | None:
             )
     if not called and not last.called and last.load is None:
         return None  # nothing applied, nothing called: the common case
-    # Only a scripted saver registered under the name has the callbacks.
-    called = [(n, r) for n, r in called if kinds.get(n) == SAVER and registry.get(n)]
+    # Only a scripted saver registered under the name has on_finished (a store too, not a
+    # loader: its role rules saves out), only a saver or a loader on_load_finished.
+    called = [(n, r) for n, r in called if kinds.get(n) in SAVING and registry.get(n)]
     if tuple(called) != last.called:
         label = _event_text(world, event)
         return f"{label} called on_finished {_calls(last.called)}; {_expected_calls(called)}"
     load = last.load
     if load is not None:
         name = load.name
-        due = load.outcome is _APPLIED and kinds.get(name) == SAVER and registry.get(name)
+        due = load.outcome is _APPLIED and kinds.get(name) in LOADING and registry.get(name)
         if load.callbacks != ((name,) if due else ()):
             label = _event_text(world, event)
             calls = [(n, load.request_id) for n in load.callbacks]
@@ -443,6 +449,37 @@ def _params_merged(world: _World) -> str | None:
     return None
 
 
+def _roles_kept(world: _World) -> str | None:
+    """a save-only connector is never asked to load nor chosen; a load-only one is never awaited"""
+    kinds = world.scenario.kinds
+    last = world.last
+    if last is not None and last.matched:
+        stores = [n for n in last.matched if kinds.get(n) == STORE]
+        if stores:
+            return (
+                f"{_event_text(world, last.event)} asked {_names(stores)} for matched tokens, "
+                "registered with Role.save: a save-only connector is never asked to load"
+            )
+    world.sync()
+    for r in world.requests:
+        view = r.view
+        if view is None:
+            continue
+        loaders = sorted({n for n in (*view[1], *view[2]) if kinds.get(n) == LOADER})
+        if loaders:
+            return (
+                f"{r.request_id} is {_show_view(view)}: {_names(loaders)}, registered with "
+                "Role.load, counted as a saver; a load-only connector is never awaited"
+            )
+        loader = r.load_view[0]
+        if loader is not None and kinds.get(loader) == STORE:
+            return (
+                f"{r.request_id}'s loader is {loader}, registered with Role.save: a save-only "
+                "connector is never chosen to load"
+            )
+    return None
+
+
 def _answers(answered: Collection[tuple[str, Any]]) -> str:
     return ", ".join(f"{n}: {p!r}" for n, p in answered) or "no answers"
 
@@ -478,7 +515,7 @@ def reachable_in(
 
     .. versionadded:: 0.1.0
     """
-    savers = sum(1 for kind in connectors.values() if kind == SAVER)
+    savers = sum(1 for kind in connectors.values() if kind in SAVING)
     alphabet = frozenset(events)
     finishing = State.finishing.value
     cancelled = State.cancelled.value

@@ -31,6 +31,7 @@ from .properties import (
     NO_LEAK,
     PARAMS_MERGED,
     RIGHT_OUTCOME,
+    ROLES_KEPT,
     TERMINAL_ABSORBING,
     _callbacks,
     _counters,
@@ -42,6 +43,7 @@ from .properties import (
     _not_cancel,
     _params_merged,
     _right_outcome,
+    _roles_kept,
     _terminal_absorbing,
     reachable_in,
 )
@@ -53,18 +55,25 @@ from .scenario import (
     DEFAULT_UNKNOWN,
     EARLY_REPORTS,
     GARBAGE,
+    KINDS,
+    LOADER,
     MAX_REQUESTS,
     PARAM_CHOICES,
     RAISES,
+    ROLES,
     SAVER,
+    SAVING,
+    STORE,
     _actor,
     _events,
     _events_of,
     _Garbage,
+    _Loader,
     _Pad,
     _Raising,
     _Scenario,
     _Scripted,
+    _Store,
     _World,
 )
 from .snapshot import _snapshot, _views
@@ -95,9 +104,13 @@ def check_aggregator(
     """Model-check the real aggregator on a bounded scenario: every reachable state, every event.
 
     ``connectors`` maps each name to its kind: ``"saver"`` (a scripted connector; every subset
-    of the registered savers is tried at ``request_finished``), ``"raises"`` (its calls raise)
-    or ``None`` (a slot that is not ready). Use your own names: ranks of one connector are
-    names such as ``"pd@0"``, ``"pd@1"``. Default: :data:`DEFAULT_CONNECTORS`. ``unknown``
+    of the registered savers is tried at ``request_finished``), ``"raises"`` (its calls raise),
+    ``"garbage"`` (it answers a bare ``True``), ``"store"`` (a saver registered with
+    ``Role.save``), ``"loader"`` (registered with ``Role.load``: it answers ``match_tokens`` as
+    a saver does and promises a save it must not be awaited for) or ``None`` (a slot that is
+    not ready); with a store or a loader the report adds :data:`ROLES_KEPT` after the others.
+    Use your own names: ranks of one connector are names such as ``"pd@0"``, ``"pd@1"``.
+    Default: :data:`DEFAULT_CONNECTORS`. ``unknown``
     names are never registered; reports under them are events too. ``requests`` is how many
     request ids take part. ``events`` chooses the alphabet among :data:`ALPHABET` (the default)
     and :data:`LOAD_EVENTS`; with a load event, scripted savers also answer ``match_tokens``
@@ -233,7 +246,7 @@ def _explore_scenario(
         _events,
         _apply,
         _snapshot,
-        _invariants(alphabet, params),
+        _invariants(alphabet, params, roles=any(k in ROLES for k in kinds.values())),
         goal=_no_live_request,
         ways_out=_not_cancel,
         machine=build_machine(),
@@ -273,7 +286,7 @@ def _scenario(
         interner=_Interner(),
         registry_order=_registry_order(alphabet, params),
         params=params,
-        batchers=tuple(n for n, k in kinds.items() if k in (SAVER, GARBAGE)),
+        batchers=tuple(n for n, k in kinds.items() if k in SAVING or k == GARBAGE),
     )
     probe = scenario.fresh()
     allow_equal = getattr(probe.mc, "_allow_equal", False) is True
@@ -297,9 +310,10 @@ def _kinds(
     kinds: dict[str, str | None] = {}
     for name, kind in connectors.items():
         check_name(name, "connectors key")
-        if kind not in (SAVER, RAISES, GARBAGE, None):
+        if kind is not None and kind not in KINDS:
             raise bad_argument(isinstance(kind, str))(
-                f"connectors[{name!r}]={shown(kind)} must be 'saver', 'raises', 'garbage' or None"
+                f"connectors[{name!r}]={shown(kind)} must be one of "
+                f"{', '.join(repr(k) for k in KINDS)} or None"
             )
         kinds[name] = kind
     if isinstance(unknown, str) or not isinstance(unknown, Sequence):
@@ -336,6 +350,10 @@ def _connectors(kinds: Mapping[str, str | None], pad: _Pad) -> dict[str, Any]:
             made[name] = _Raising(name, pad)
         elif kind == GARBAGE:
             made[name] = _Garbage(name, pad)
+        elif kind == STORE:
+            made[name] = _Store(name, pad)
+        elif kind == LOADER:
+            made[name] = _Loader(name, pad)
     return made
 
 
@@ -351,7 +369,14 @@ def _bounds(
 ) -> dict[str, Any]:
     """The scenario and the search's bounds, as the report shows them."""
     kinds, unknown, alphabet = scenario.kinds, scenario.unknown, scenario.alphabet
-    shown_kinds = {SAVER: "saver", RAISES: "raises", GARBAGE: "garbage", None: "None slot"}
+    shown_kinds = {
+        SAVER: "saver",
+        RAISES: "raises",
+        GARBAGE: "garbage",
+        STORE: "store: Role.save",
+        LOADER: "loader: Role.load",
+        None: "None slot",
+    }
     bounds = {
         "connectors": [f"{n} ({shown_kinds[k]})" for n, k in kinds.items()],
         "unknown names": list(unknown),
@@ -381,9 +406,12 @@ def _bounds(
     return bounds
 
 
-def _invariants(alphabet: frozenset[str], params: bool) -> dict[str, Callable[[_World], object]]:
+def _invariants(
+    alphabet: frozenset[str], params: bool, *, roles: bool = False
+) -> dict[str, Callable[[_World], object]]:
     """The properties judged on every state, in the report's order: :data:`LOAD_ONCE` with a
-    load event in ``alphabet``, :data:`PARAMS_MERGED` with ``params``."""
+    load event in ``alphabet``, :data:`PARAMS_MERGED` with ``params``, :data:`ROLES_KEPT` with
+    a connector that has a role (``roles``)."""
     invariants: dict[str, Callable[[_World], object]] = {
         TERMINAL_ABSORBING: _terminal_absorbing,
         NO_EARLY_FREE: _no_early_free,
@@ -396,6 +424,8 @@ def _invariants(alphabet: frozenset[str], params: bool) -> dict[str, Callable[[_
     invariants[CALLBACKS] = _callbacks
     if params:
         invariants[PARAMS_MERGED] = _params_merged
+    if roles:
+        invariants[ROLES_KEPT] = _roles_kept
     return invariants
 
 

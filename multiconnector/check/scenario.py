@@ -21,7 +21,7 @@ from ..errors import (
 )
 from ..machine import RequestTransferState, State
 from ..outcome import Outcome
-from ..registry import ConnectorRegistry
+from ..registry import ConnectorRegistry, Role
 
 if TYPE_CHECKING:
     from .canonical import Fixed, Raw, _Interner, _Symmetry
@@ -48,6 +48,28 @@ RAISES: Final = "raises"
 #: pair, so it may have started a save (the aggregator must await it) and its answer is
 #: reported as an ``InvalidAnswerError``.
 GARBAGE: Final = "garbage"
+#: A save-only connector (registered with ``role=Role.save``): a scripted saver that, asked for
+#: matched tokens, would answer 1. The aggregator must never ask it, so never choose it to load.
+STORE: Final = "store"
+#: A load-only connector (registered with ``role=Role.load``): it answers ``match_tokens`` as the
+#: event says, as a saver does, and answers every ``request_finished`` with ``(True, None)``, a
+#: save its role rules out: the aggregator must never await it (it raises ``RoleError``).
+LOADER: Final = "loader"
+#: Every connector kind :func:`~multiconnector.check.check_aggregator` takes (``None`` aside).
+KINDS: Final[tuple[str, ...]] = ("saver", "raises", "garbage", "store", "loader")
+#: The kinds whose ``request_finished`` answers as each event says, each a possible saver.
+SAVING: Final[frozenset[str]] = frozenset({SAVER, STORE})
+#: The kinds whose ``get_num_new_matched_tokens`` answers as each ``match_tokens`` event says.
+LOADING: Final[frozenset[str]] = frozenset({SAVER, LOADER})
+#: The role each kind is registered with (a kind not here: ``Role.both``).
+ROLES: Final[Mapping[str, Role]] = {STORE: Role.save, LOADER: Role.load}
+
+
+def role_of(kind: str | None) -> Role:
+    """The role a connector of ``kind`` is registered with."""
+    return Role.both if kind is None else ROLES.get(kind, Role.both)
+
+
 #: The default bound's connectors: two savers (two are needed for a request to wait for a second
 #: report). Since request_finished is explored in its two halves, a ``None`` slot (``"none":
 #: None``) makes the two-request search about four times larger, and a connector that raises
@@ -167,6 +189,41 @@ class _Garbage:
         return f"garbage {self.name}"
 
 
+class _Store(_Scripted):
+    """A scripted saver registered with ``role=Role.save``: asked for tokens (it must not be),
+    it would answer 1, so that an aggregator asking it would choose it to load."""
+
+    def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
+        self.pad.matched.append((self.name, 1))
+        return 1
+
+    def __repr__(self) -> str:
+        return f"store {self.name}"
+
+
+class _Loader:
+    """Registered with ``role=Role.load``: answers tokens as the event says, and promises a
+    save at every ``request_finished``, which its role rules out (never to be awaited)."""
+
+    def __init__(self, name: str, pad: _Pad) -> None:
+        self.name, self.pad = name, pad
+
+    def request_finished(self, request_id: str, blocks: Sequence[int]) -> tuple[bool, None]:
+        self.pad.asked.append((self.name, True))
+        return True, None
+
+    def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
+        tokens = self.pad.tokens.get(self.name, 0)
+        self.pad.matched.append((self.name, tokens))
+        return tokens
+
+    def on_load_finished(self, request_id: str) -> None:
+        self.pad.loads.append(self.name)
+
+    def __repr__(self) -> str:
+        return f"loader {self.name}"
+
+
 class _Raising:
     """Raises whenever it is asked."""
 
@@ -283,6 +340,8 @@ class _Last:
     settled_loads: tuple[tuple[str, Outcome], ...] = ()
     #: For match_tokens' second half: whose ``on_load_finished`` it called, in order.
     load_called: tuple[str, ...] = ()
+    #: For match_tokens (or its first half): the names it asked for tokens, in order.
+    matched: tuple[str, ...] = ()
 
 
 @attrs.frozen(slots=True)
@@ -340,7 +399,10 @@ class _Scenario:
     allow_equal: bool = False
 
     def fresh(self) -> _World:
-        registry = ConnectorRegistry({n: self.connectors[n] for n in self.names})
+        registry = ConnectorRegistry(
+            {n: self.connectors[n] for n in self.names},
+            roles={n: role_of(k) for n, k in self.kinds.items() if k in ROLES},
+        )
         mc = self.factory(registry, trace=True, stripes=1)
         if not isinstance(mc, MultiConnector):
             raise InvalidArgumentError(
@@ -523,7 +585,7 @@ def _events_of(world: _World, ids: Iterable[int], *, alike: bool = True) -> list
     if "cancel" in alphabet:
         out += [("cancel", i) for i in ids]
     if "match_tokens" in alphabet:
-        savers = [n for n, ready in world.registry if ready and scenario.kinds.get(n) == SAVER]
+        savers = [n for n, ready in world.registry if ready and scenario.kinds.get(n) in LOADING]
         answers = [
             tuple(zip(savers, choice, strict=True))
             for choice in itertools.product((0, 1, None), repeat=len(savers))
@@ -687,7 +749,7 @@ def _finishing(world: _World, i: int, classes: Sequence[Sequence[str]] = ()) -> 
     their answers (``None`` ones left out). With ``classes`` (names any permutation within which
     maps the state onto itself), one subset per number of each class's names saving."""
     scenario = world.scenario
-    savers = [n for n, ready in world.registry if ready and scenario.kinds.get(n) == SAVER]
+    savers = [n for n, ready in world.registry if ready and scenario.kinds.get(n) in SAVING]
     subsets = _subsets(savers, classes)
     if not scenario.params:
         return [("request_finished", i, s) for s in subsets]
