@@ -70,6 +70,7 @@ _COPIED: Final = frozenset(
         "_finishes",
         "_halves",
         "_locks",
+        "_lookup",
         "_mask",
         "_matching",
         "_parked",
@@ -150,6 +151,7 @@ class Checking(Saving):
         new._closed = self._closed
         new._trace = self._trace
         new._allow_equal = self._allow_equal
+        new._lookup = self._lookup
         new._requests = {rid: record(r) for rid, r in self._requests.items()}
         new._done = deque(record(r) for r in self._done)
         # The claim tables key records by id: the copy's by its records' ids. A claimed record is
