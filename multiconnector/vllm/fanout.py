@@ -12,7 +12,8 @@ caller does not use (``None`` from a hook whose answer is dropped or left out, `
 ``take_events``, ``(None, None)`` from ``get_finished``). What a function does is read from its
 code, once: ``def f(...): pass`` and ``return None`` are no-ops, anything else is not (a
 generator, a decorated or built-in callable, an attribute set on the child itself, a class that
-answers through ``__getattr__``: all called). docs/vllm.md, "Which children a hook calls".
+answers through ``__getattr__`` or reads every attribute through its own ``__getattribute__``,
+as vLLM's own test wrappers do: all called). docs/vllm.md, "Which children a hook calls".
 
 The lists are fixed when the children are (construction, or ``_connectors`` assigned): a method
 put on a child object afterwards, for a hook its class leaves a no-op, is not called.
@@ -67,6 +68,7 @@ _QUIET: Final = frozenset({"RESUME", "NOP", "CACHE", "EXTENDED_ARG"})
 #: Code flags of functions whose call does not run their body.
 _DEFERRED: Final = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 _NOT_CONSTANT: Final = object()
+_PLAIN_LOOKUP: Final = object.__dict__["__getattribute__"]
 
 
 def answered_constant(function: Any) -> Any:
@@ -99,6 +101,8 @@ def calls(child: Any, hook: str) -> bool:
     class's default included) is known to do nothing."""
     if hook in getattr(child, "__dict__", ()):
         return True
+    if inspect.getattr_static(type(child), "__getattribute__") is not _PLAIN_LOOKUP:
+        return True  # every attribute read goes through the class's own code (a wrapper)
     function = inspect.getattr_static(type(child), hook, None)
     if not isinstance(function, types.FunctionType):
         return True  # a mock, a proxy, a built-in, a descriptor: asked

@@ -199,3 +199,16 @@ def test_children_put_in_place_are_fanned_out_anew(model: Path) -> None:
     loud, quiet = connector.sub_connectors
     connector._connectors = [quiet, loud]  # by position: "loud" is now the quiet object
     assert connector._fan.of("save_kv_layer") == ("quiet",)
+
+
+def test_a_class_with_its_own_attribute_lookup_is_called() -> None:
+    """vLLM's own tests wrap a child in a class whose ``__getattribute__`` logs every method
+    read: what it does is not in the method's code, so it is called for every hook."""
+
+    class Logged(QuietConnector):
+        def __getattribute__(self, name: str) -> Any:
+            return object.__getattribute__(self, name)
+
+    logged = object.__new__(Logged)
+    assert all(calls(logged, hook) for hook in HOOKS)
+    assert not calls(object.__new__(QuietConnector), "wait_for_layer_load")
