@@ -201,24 +201,14 @@ class _Store(_Scripted):
         return f"store {self.name}"
 
 
-class _Loader:
-    """Registered with ``role=Role.load``: answers tokens as the event says, and promises a
-    save at every ``request_finished``, which its role rules out (never to be awaited)."""
-
-    def __init__(self, name: str, pad: _Pad) -> None:
-        self.name, self.pad = name, pad
+class _Loader(_Scripted):
+    """A scripted connector registered with ``role=Role.load``: answers tokens as the event
+    says, and promises a save at every ``request_finished``, which its role rules out (never to
+    be awaited)."""
 
     def request_finished(self, request_id: str, blocks: Sequence[int]) -> tuple[bool, None]:
         self.pad.asked.append((self.name, True))
         return True, None
-
-    def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
-        tokens = self.pad.tokens.get(self.name, 0)
-        self.pad.matched.append((self.name, tokens))
-        return tokens
-
-    def on_load_finished(self, request_id: str) -> None:
-        self.pad.loads.append(self.name)
 
     def __repr__(self) -> str:
         return f"loader {self.name}"

@@ -137,6 +137,17 @@ def _worker(model: Path, ours: bool = True) -> tuple[Any, Any, Any]:
     return make_connector(config, KVConnectorRole.WORKER), loud, quiet
 
 
+#: The hooks :func:`_per_layer_calls` calls, in order.
+PER_LAYER_CALLS = (
+    "start_load_kv",
+    "wait_for_layer_load",
+    "save_kv_layer",
+    "wait_for_layer_load",
+    "save_kv_layer",
+    "wait_for_save",
+)
+
+
 def _per_layer_calls(connector: Any) -> None:
     connector.start_load_kv(None)
     for layer in ("layer.0", "layer.1"):
@@ -157,14 +168,7 @@ def test_a_child_that_does_nothing_per_layer_is_not_called(
         monkeypatch.setattr(QuietConnector, hook, raises)
     _per_layer_calls(connector)
     assert "quiet" not in connector.child_failures()
-    assert [call[0] for call in loud.calls] == [
-        "start_load_kv",
-        "wait_for_layer_load",
-        "save_kv_layer",
-        "wait_for_layer_load",
-        "save_kv_layer",
-        "wait_for_save",
-    ]
+    assert [call[0] for call in loud.calls] == list(PER_LAYER_CALLS)
 
 
 def test_vllms_class_calls_every_child_every_layer(
@@ -176,14 +180,7 @@ def test_vllms_class_calls_every_child_every_layer(
     for hook in PER_LAYER:
         monkeypatch.setattr(QuietConnector, hook, lambda *a, _h=hook, **k: seen.append(_h))
     _per_layer_calls(connector)
-    assert seen == [
-        "start_load_kv",
-        "wait_for_layer_load",
-        "save_kv_layer",
-        "wait_for_layer_load",
-        "save_kv_layer",
-        "wait_for_save",
-    ]
+    assert seen == list(PER_LAYER_CALLS)
 
 
 def test_a_failing_child_is_still_that_childs_failure(model: Path) -> None:
