@@ -12,19 +12,24 @@ connector still looking up (``None``, "ask me again") holds the lookup:
   to the first in registration order); a ``None`` holds the request unless the best answer
   covers every token left.
 
-:func:`wins` and :func:`settled` are the two decisions, written once; the aggregator's
-``match_tokens`` applies them while it asks.
+:func:`wins` and :func:`settled` are the two decisions, written once; :func:`choose` applies
+them to answers as they come, and is the one lookup loop: the aggregator's ``match_tokens``
+feeds it its connectors' answers, and the vLLM adapter its children's, each asking lazily so
+that ``first`` asks no further than vLLM does.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Final
+from collections.abc import Iterable
+from typing import Final, TypeVar
 
 from ._validate import shown
 from .errors import InvalidArgumentError
 
-__all__ = ["Lookup", "lookup_of", "settled", "wins"]
+__all__ = ["Lookup", "choose", "lookup_of", "settled", "wins"]
+
+_K = TypeVar("_K")
 
 
 class Lookup(enum.Enum):
@@ -68,3 +73,32 @@ def settled(best: int, remaining: int | None) -> bool:
     """Whether a ``None`` answer no longer holds the lookup: the best answer so far covers every
     token the request has left (``remaining``; ``None``: not known, then it never does)."""
     return remaining is not None and best > 0 and best >= remaining
+
+
+def choose(
+    policy: Lookup, answers: Iterable[tuple[_K, int | None]], remaining: int | None
+) -> tuple[_K | None, int, bool]:
+    """Which of ``answers`` loads: ``(key, tokens, held)``, where ``key`` is the winner's
+    (``None``: nobody has tokens) and ``held`` whether a ``None`` answer holds the lookup.
+
+    ``answers`` yields ``(key, tokens)`` in registration order, ``tokens`` an int >= 0 or
+    ``None`` ("not known yet"); it is read lazily, so a generator that asks as it yields asks
+    only the connectors the policy needs. A ``None`` once the best answer settles the lookup
+    (:func:`settled`, against ``remaining``) changes nothing. Otherwise, under ``first`` it
+    ends the reading and holds the lookup (vLLM's asking ends there); under ``longest`` every
+    answer is read, and the lookup is held unless the best answer settles it.
+    """
+    key: _K | None = None
+    best = 0
+    held = False
+    for candidate, tokens in answers:
+        if tokens is None:
+            if settled(best, remaining):
+                continue  # the choice is made whatever it answers later
+            if policy is _FIRST:
+                return key, best, True  # read no further, as vLLM asks no further
+            held = True
+            continue
+        if wins(policy, tokens, best, key is not None):
+            key, best = candidate, tokens
+    return key, best, held and not settled(best, remaining)

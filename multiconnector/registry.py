@@ -28,9 +28,9 @@ from .errors import (
     DuplicateConnectorError,
     InvalidArgumentError,
     InvalidValueError,
-    RoleError,
     UnknownConnectorError,
 )
+from .rule import finish_answer
 
 __all__ = ["Connector", "ConnectorRegistry", "Role"]
 
@@ -111,27 +111,16 @@ def check_role(value: Any, argument: str = "role") -> Role:
 
 def _never_saves(name: str, request_finished: Callable[..., Any]) -> Callable[..., Any]:
     """``request_finished`` of the load-only connector ``name``: its answer when it is
-    ``(False, params)``, else a :class:`RoleError`, so that it counts as not saving, as a
-    connector that raised does (it is never awaited, its params are dropped)."""
+    ``(False, params)``, else the :class:`RoleError` of :func:`~multiconnector.rule.finish_answer`,
+    so that it counts as not saving, as a connector that raised does (it is never awaited, its
+    params are dropped)."""
 
     def load_only_request_finished(request_id: str, blocks: Sequence[int]) -> Any:
         answer = request_finished(request_id, blocks)
-        if answer.__class__ is tuple and len(answer) == 2 and answer[0] is False:
-            params = answer[1]
-            if params is None or isinstance(params, Mapping):
-                return answer
-        promised = (
-            "promised an asynchronous save"
-            if answer.__class__ is tuple and len(answer) == 2 and answer[0] is True
-            else "did not answer a (False, params) pair"
-        )
-        raise RoleError(
-            f"connector {name!r} is registered with role=Role.load, yet answered "
-            f"request_finished({request_id!r}) with {shown(answer)}: it {promised}. A load-only "
-            "connector is never awaited: it counts as not saving and its params are dropped",
-            connector=name,
-            answer=answer,
-        )
+        error = finish_answer(name, answer, load_only=True)[2]
+        if error is not None:
+            raise error
+        return answer
 
     return load_only_request_finished
 

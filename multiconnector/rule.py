@@ -17,6 +17,10 @@ The decisions held here:
   :mod:`multiconnector.machine`, beside the record whose ``in_flight`` reads it, and read
   from here by every other side).
 * :func:`safe_to_hand_back`: whether ``take()`` may hand a record back.
+* :func:`finish_answer`: what a connector's ``request_finished`` answer promises (a garbage
+  answer is awaited, in case it started a save; a load-only connector is never awaited), read
+  by the aggregator's ``request_finished``, the registry's load-only connectors and the vLLM
+  scheduler, which asks its children itself and tells the aggregator who saves.
 
 Every side that applies a report reads its verdict here: the aggregator's
 :meth:`~multiconnector.MultiConnector.transfer_finished`,
@@ -46,9 +50,11 @@ names alone). The hot paths read that memo directly and call :meth:`Verdicts.of`
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any, Final
 
+from ._validate import shown
+from .errors import InvalidAnswerError, RoleError
 from .machine import DECISIONS, STATES, TERMINAL, RequestTransferState, State, load_owed
 from .outcome import Outcome
 
@@ -60,6 +66,7 @@ __all__ = [
     "Verdict",
     "Verdicts",
     "count",
+    "finish_answer",
     "load_owed",
     "load_report",
     "refined",
@@ -121,6 +128,61 @@ def refined(outcome: Outcome, known: bool, ready: bool) -> Outcome:
     if not ready:
         return _NOT_READY
     return outcome
+
+
+#: What :func:`finish_answer` gives: ``(saves, params, error)``.
+FinishAnswer = tuple[bool, Mapping[str, Any] | None, InvalidAnswerError | RoleError | None]
+
+
+def finish_answer(name: str, answer: Any, *, load_only: bool = False) -> FinishAnswer:
+    """What connector ``name``'s ``request_finished`` answer commits it to: ``(saves, params,
+    error)``.
+
+    A ``(bool, Mapping | None)`` pair says what it says. Anything else is garbage: it may have
+    started a save, so it counts as saving (awaited), its params are dropped, and ``error`` is
+    an :class:`~multiconnector.InvalidAnswerError` naming the connector and the answer. A
+    ``load_only`` connector (``role=Role.load``) is never awaited: any answer but
+    ``(False, params)`` counts as not saving, its params dropped, with a
+    :class:`~multiconnector.RoleError`.
+    """
+    if answer.__class__ is tuple and len(answer) == 2:
+        saves, params = answer
+        if (
+            (saves is True or saves is False)
+            and (params is None or params.__class__ is dict or isinstance(params, Mapping))
+            and not (load_only and saves)
+        ):
+            return saves, params, None
+    if not load_only:
+        return True, None, _garbage(name, answer)
+    promised = (
+        "promised an asynchronous save"
+        if answer.__class__ is tuple and len(answer) == 2 and answer[0] is True
+        else "did not answer a (False, params) pair"
+    )
+    return (
+        False,
+        None,
+        RoleError(
+            f"connector {name!r} is registered with role=Role.load, yet answered "
+            f"request_finished with {shown(answer)}: it {promised}. A load-only connector is "
+            "never awaited: it counts as not saving and its params are dropped",
+            connector=name,
+            answer=answer,
+        ),
+    )
+
+
+def _garbage(name: str, answer: Any) -> InvalidAnswerError:
+    """The error for a ``request_finished`` answer that is not a ``(bool, Mapping | None)``
+    pair; the connector is awaited anyway (it may have started a save)."""
+    return InvalidAnswerError(
+        f"connector {name!r} answered request_finished with {shown(answer)}; it must answer a "
+        "(saves: bool, params: Mapping | None) pair. It is awaited, in case it started a save, "
+        "and its params are dropped",
+        connector=name,
+        answer=answer,
+    )
 
 
 def safe_to_hand_back(

@@ -8,8 +8,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from multiconnector import ConnectorRegistry, InvalidArgumentError, Lookup, MultiConnector
-from multiconnector.lookup import settled, wins
+from multiconnector import (
+    ConnectorRegistry,
+    InvalidArgumentError,
+    Lookup,
+    MultiConnector,
+    Outcome,
+    Role,
+    RoleError,
+    UnknownConnectorError,
+    UnknownRequestError,
+)
+from multiconnector.lookup import choose, settled, wins
 
 
 class Answers:
@@ -101,3 +111,60 @@ def test_the_rules(tokens: int, best: int, chosen: bool) -> None:
     assert wins(Lookup.longest, tokens, best, chosen) == (tokens > best)
     assert settled(best, None) is False
     assert settled(best, tokens) == (best > 0 and best >= tokens)
+
+
+@given(
+    st.lists(st.one_of(st.none(), st.integers(0, 5000)), max_size=6),
+    st.sampled_from(Lookup),
+    st.one_of(st.none(), st.integers(0, 5000)),
+)
+def test_choose_is_match_tokens_decision(
+    answers: list[int | None], policy: Lookup, remaining: int | None
+) -> None:
+    """choose(), fed the answers lazily, decides as match_tokens does (which uses it) and
+    reads no answer past the one that ends the lookup: the adapter's scheduler feeds it its
+    children's answers, asking each when read."""
+    read: list[int] = []
+
+    def lazily() -> Any:
+        for index, tokens in enumerate(answers):
+            read.append(index)
+            yield f"c{index}", tokens
+
+    key, tokens, held = choose(policy, lazily(), remaining)
+    matched, loader, asked = _matched(answers, policy, remaining)
+    assert (None if held else tokens) == matched
+    if not held:
+        assert key == loader
+    assert [1 if i in read else 0 for i in range(len(answers))] == asked
+
+
+def test_choose_loader_records_a_loader_chosen_elsewhere() -> None:
+    """choose_loader is match_tokens' second half for a caller that asked its connectors
+    itself: the loader's report is then applied, a stranger's is a phantom."""
+    mc = MultiConnector(ConnectorRegistry({"a": Answers(0), "b": Answers(0)}))
+    mc.begin("r")
+    mc.choose_loader("r", "b")
+    assert [e.connector.asked for e in mc.registry.entries.values()] == [0, 0]
+    assert mc.load_finished("r", "a") is Outcome.phantom
+    assert mc.load_finished("r", "b") is Outcome.applied
+    mc.begin("s")
+    mc.choose_loader("s", None)
+    record = mc.peek("s")
+    assert record is not None and record.loader is None
+
+
+def test_choose_loader_refuses_what_cannot_load_and_changes_nothing() -> None:
+    registry = ConnectorRegistry({"a": Answers(0), "store": Answers(0)}, roles={"store": Role.save})
+    mc = MultiConnector(registry)
+    mc.begin("r")
+    with pytest.raises(UnknownConnectorError, match="'zz'"):
+        mc.choose_loader("r", "zz")
+    with pytest.raises(RoleError, match="'store'"):
+        mc.choose_loader("r", "store")
+    with pytest.raises(UnknownRequestError, match="'nope'"):
+        mc.choose_loader("nope", "a")
+    with pytest.raises(InvalidArgumentError, match="request_id"):
+        mc.choose_loader(7, "a")  # type: ignore[arg-type]
+    record = mc.peek("r")
+    assert record is not None and record.loader is None

@@ -269,3 +269,18 @@ def test_the_default_role_both_changes_nothing() -> None:
     entry = registry.entry("b")
     assert entry is not None and entry.role is Role.both
     assert entry.request_finished == entry.connector.request_finished  # type: ignore[union-attr]
+
+
+def test_request_finished_by_refuses_a_load_only_saver_and_changes_nothing() -> None:
+    """A caller that names the savers itself cannot make a request await a load-only
+    connector (it never reports a save): RoleError, and the request is as it was."""
+    mc = MultiConnector(
+        ConnectorRegistry({"a": Scripted(), "l": Scripted()}, roles={"l": Role.load})
+    )
+    mc.begin("r")
+    with pytest.raises(RoleError, match="'l'"):
+        mc.request_finished_by("r", ["a", "l"])
+    record = mc.peek("r")
+    assert record is not None and record.state.name == "pending" and record.awaiting == ()
+    assert mc.request_finished_by("r", ["a"]) is Outcome.applied
+    assert mc.peek("r").awaiting == ("a",)  # type: ignore[union-attr]

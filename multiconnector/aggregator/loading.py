@@ -11,14 +11,15 @@ decided once the loader is recorded.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Final, NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 from .._validate import bad_argument, check_int, check_name, check_request_id, shown
-from ..errors import ConnectorFailures, UnknownRequestError
-from ..lookup import Lookup, settled, wins
+from ..errors import ConnectorFailures, RoleError, UnknownConnectorError, UnknownRequestError
+from ..lookup import choose
 from ..machine import RequestTransferState
 from ..outcome import Outcome
-from ..registry import Entry
+from ..registry import Entry, Role
 from ..rule import load_report
 from ._books import (
     _APPLIED,
@@ -31,8 +32,6 @@ from ._books import (
 )
 
 __all__ = ["Loading"]
-
-_FIRST: Final = Lookup.first
 
 
 class Matched(NamedTuple):
@@ -125,14 +124,24 @@ class Loading(Books):
     def _ask_tokens(
         self, request_id: str, num_computed_tokens: int, remaining: int | None
     ) -> tuple[Entry | None, int, bool, list[Exception], list[str]]:
-        """Ask each ready connector ``get_num_new_matched_tokens``, with no lock held: the
-        chosen loader's entry and count, whether a ``None`` holds the lookup, the failures."""
-        chooser: Entry | None = None
-        chosen = 0
-        unknown = False
-        policy = self._lookup
+        """Ask the ready connectors ``get_num_new_matched_tokens`` as the lookup policy reads
+        their answers (:func:`~multiconnector.lookup.choose`), with no lock held: the chosen
+        loader's entry and count, whether a ``None`` holds the lookup, the failures."""
         errors: list[Exception] = []
         failed: list[str] = []
+        chooser, chosen, held = choose(
+            self._lookup,
+            self._answers(request_id, num_computed_tokens, errors, failed),
+            remaining,
+        )
+        return chooser, chosen, held, errors, failed
+
+    def _answers(
+        self, request_id: str, num_computed_tokens: int, errors: list[Exception], failed: list[str]
+    ) -> Iterator[tuple[Entry, int | None]]:
+        """Each ready connector that may load, asked when read, with its answer; one that
+        raises or answers what is not an int >= 0 or ``None`` is a failure (in ``errors`` and
+        ``failed``), not an answer."""
         for entry in self._registry._ready:  # what ready_entries() returns, without the call
             if entry.get_num_new_matched_tokens is None:  # none, or its role is Role.save
                 continue
@@ -147,16 +156,52 @@ class Loading(Books):
                 errors.append(exc)
                 failed.append(entry.name)
                 continue
-            if tokens is None:  # "not known yet"
-                if settled(chosen, remaining):
-                    continue  # the choice is made whatever it answers later
-                if policy is _FIRST:
-                    return chooser, chosen, True, errors, failed  # ask no further, as vLLM
-                unknown = True
-                continue
-            if wins(policy, tokens, chosen, chooser is not None):
-                chooser, chosen = entry, tokens
-        return chooser, chosen, unknown and not settled(chosen, remaining), errors, failed
+            yield entry, tokens
+
+    def choose_loader(self, request_id: str, name: str | None) -> None:
+        """The caller chose ``name`` to load a pending request (``None``: nobody loads it).
+
+        The same decision as :meth:`match_tokens`' second half, for a side that asks its
+        connectors itself (the vLLM adapter's scheduler, whose children want vLLM's request
+        object) or learns the choice from elsewhere (a vLLM worker, from the scheduler's
+        metadata): the loader is recorded by name, and its load report is then applied by
+        :meth:`load_finished` as if :meth:`match_tokens` had chosen it. No connector is called.
+        A request that is no longer pending keeps what it had.
+
+        Raises :class:`UnknownRequestError` for a request that is not held,
+        :class:`~multiconnector.UnknownConnectorError` for a name that is not registered and
+        :class:`~multiconnector.RoleError` for one registered with ``role=Role.save`` (it never
+        loads); nothing changes then.
+
+        .. versionadded:: 0.1.0
+        """
+        if request_id.__class__ is not str or not request_id:
+            request_id = check_request_id(request_id)
+        chooser = None if name is None else self._loader_entry(check_name(name, "name"))
+        if self._closed:
+            self._shut("choose_loader")
+        record = self._requests.get(request_id)
+        if record is None:
+            raise UnknownRequestError(f"request_id={request_id!r} is not held")
+        index = hash(request_id) & self._mask
+        with self._locks[index]:
+            matching = self._matching
+            matching[id(record)] = matching.get(id(record), 0) + 1
+        self._record_match(record, index, chooser, 0 if chooser is None else 1, False, [], [])
+
+    def _loader_entry(self, name: str) -> Entry | None:
+        """The registry's entry of ``name``, which :meth:`choose_loader` records as the loader
+        (``None`` for a name registered with ``None``: its load report is then refused)."""
+        registry = self._registry
+        if name not in registry.entries:
+            raise UnknownConnectorError(f"name={name!r} is not registered")
+        if registry.role(name) is Role.save:
+            raise RoleError(
+                f"name={name!r} is registered with role=Role.save: it never loads",
+                connector=name,
+                answer=None,
+            )
+        return registry.entry(name)
 
     def _match_ask(self, request_id: str) -> Matched | tuple[int | None]:
         """match_tokens' first half alone, for the model check (one thread): mark the request

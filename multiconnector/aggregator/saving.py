@@ -9,7 +9,7 @@ second, concurrent call a duplicate live here too.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from .._validate import (
@@ -22,16 +22,17 @@ from .._validate import (
 )
 from ..errors import (
     ConnectorFailures,
-    InvalidAnswerError,
     InvalidArgumentError,
     InvalidParamsError,
     KeyClashError,
+    RoleError,
     UnknownConnectorError,
 )
 from ..machine import DECISIONS, STATES, TABLE, TERMINAL, RequestTransferState
 from ..outcome import Outcome
 from ..params import merge_transfer_params
-from ..registry import Entry
+from ..registry import Entry, Role
+from ..rule import finish_answer
 from ._books import (
     _APPLIED,
     _CANCELLED,
@@ -55,18 +56,6 @@ _NOT_FINISHABLE: Final = frozenset(
 
 #: The connectors that failed while asked, each with its exception (``None``: none failed).
 Failures = list[tuple[str, Exception]] | None
-
-
-def _garbage(name: str, answer: Any) -> InvalidAnswerError:
-    """The error for a ``request_finished`` answer that is not a ``(bool, Mapping | None)``
-    pair; the connector is awaited anyway (it may have started a save)."""
-    return InvalidAnswerError(
-        f"connector {name!r} answered request_finished with {shown(answer)}; it must answer a "
-        "(saves: bool, params: Mapping | None) pair. It is awaited, in case it started a save, "
-        "and its params are dropped",
-        connector=name,
-        answer=answer,
-    )
 
 
 class Saving(Books):
@@ -176,39 +165,24 @@ class Saving(Books):
                 failures = [] if failures is None else failures
                 failures.append((entry.name, exc))
                 continue
-            if answer.__class__ is tuple:
-                try:
-                    saves, params = answer
-                except ValueError:  # not a pair: garbage, below
-                    saves = params = None
-                if params is None:
-                    if saves is True:
-                        savers.append(entry)
-                        answers.append(None)
-                        continue
-                    if saves is False:
-                        answers.append(None)
-                        continue
-                elif (saves is True or saves is False) and (
-                    params.__class__ is dict or isinstance(params, Mapping)
-                ):
-                    if saves:
-                        savers.append(entry)
-                    answers.append(params)
-                    if params.__class__ is not dict:
-                        plain = False
-                    elif merged is None:
-                        merged = params.copy()
-                        supplied = len(params)
-                    else:
-                        merged |= params
-                        supplied += len(params)
-                    continue
-            # Garbage: it may have started a save, so it is awaited (conservative); its params
-            # are dropped and the answer is reported.
-            savers.append(entry)
-            failures = [] if failures is None else failures
-            failures.append((entry.name, _garbage(entry.name, answer)))
+            saves, params, error = finish_answer(entry.name, answer)
+            if saves:
+                savers.append(entry)
+            if error is not None:  # garbage: awaited (it may have started a save), reported
+                failures = [] if failures is None else failures
+                failures.append((entry.name, error))
+                continue
+            answers.append(params)
+            if params is None:
+                continue
+            if params.__class__ is not dict:
+                plain = False
+            elif merged is None:
+                merged = params.copy()
+                supplied = len(params)
+            else:
+                merged |= params
+                supplied += len(params)
         if merged is not None and plain:
             # A key supplied twice, or one that is not a str: merge_transfer_params decides.
             plain = len(merged) == supplied and all(k.__class__ is str for k in merged)
@@ -347,8 +321,9 @@ class Saving(Books):
         ``allow_unregistered=True`` (then it is abandoned at once, as above).
 
         Returns the :class:`Outcome`. Raises :class:`InvalidArgumentError` for a bad
-        ``request_id`` or ``savers`` (a ``str``, or not iterable) and :class:`InvalidNameError`
-        for an item that is not a connector name; nothing changes then.
+        ``request_id`` or ``savers`` (a ``str``, or not iterable), :class:`InvalidNameError`
+        for an item that is not a connector name and :class:`RoleError` for one registered with
+        ``role=Role.load`` (it never saves); nothing changes then.
 
         .. versionadded:: 0.1.0
         """
@@ -377,6 +352,13 @@ class Saving(Books):
                     )
                 if given.__class__ is not str:
                     plain = False
+            elif entries[given].role is Role.load:
+                raise RoleError(
+                    f"an item of savers={given!r} is registered with role=Role.load: it never "
+                    "saves, so it is never awaited",
+                    connector=given,
+                    answer=None,
+                )
         if not plain:
             names = tuple([str(name) for name in names])
         index = hash(request_id) & self._mask
