@@ -277,7 +277,7 @@ ClashRaisedBeforeRecorded = Planted(
 
 SaveOnlyLookedUp = Planted(
     "SaveOnlyLookedUp",
-    "_ask_tokens",
+    "_answers",
     (
         "if entry.get_num_new_matched_tokens is None:",
         "if getattr(entry.connector, 'get_num_new_matched_tokens', None) is None:",

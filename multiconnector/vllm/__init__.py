@@ -45,19 +45,20 @@ What changes against vLLM's own ``MultiConnector`` (docs/vllm.md has the full ta
   :class:`ChildStartError` names it.
 
 The bookkeeping is :class:`multiconnector.MultiConnector`'s (the core aggregator, a different
-class of the same name): one on the scheduler tracks each request from arrival to
-``request_finished``, where it hands the committed saves off to the workers
-(:attr:`MultiConnector.saving` lists them until the workers report them); on each worker one
-tracks the load each request awaits, and the core's :class:`~multiconnector.ledger.SaveLedger`
-the saves each finished request awaits (the core's report rule for a finishing request).
+class of the same name), told rather than asked: the scheduler's part asks its children itself
+and tells its core books the loader it chose (``choose_loader``) and the savers of each finished
+request (``request_finished_by``), which they await until the workers report them
+(:attr:`MultiConnector.saving` lists them meanwhile); on each worker one tracks the load each
+request awaits, and the core's :class:`~multiconnector.ledger.SaveLedger` the saves each
+finished request awaits (the core's report rule for a finishing request).
 
-The subpackage is layered: :mod:`~multiconnector.vllm.config` (the children),
-:mod:`~multiconnector.vllm.wire` (what crosses processes), :mod:`~multiconnector.vllm.sides`
-(each child as the core sees it), :mod:`~multiconnector.vllm._base` (the state and fan-out
-helpers both roles share), :mod:`~multiconnector.vllm.worker` and
-:mod:`~multiconnector.vllm.scheduler` (each role's calls) and
-:mod:`~multiconnector.vllm.connector` (the class, assembled from the roles), on top of the core,
-which never imports it.
+The subpackage is layered: :mod:`~multiconnector.vllm.config` (the children's configuration),
+:mod:`~multiconnector.vllm.wire` (what crosses processes), :mod:`~multiconnector.vllm.fanout`
+(which children each hook calls), :mod:`~multiconnector.vllm.children` (the children and how
+a hook calls them), :mod:`~multiconnector.vllm.scheduler` and
+:mod:`~multiconnector.vllm.worker` (each role's part, with only its own books) and
+:mod:`~multiconnector.vllm.connector` (the class vLLM loads, which hands each hook to the part
+of its role), on top of the core, which never imports it.
 
 .. versionadded:: 0.1.0
 """

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, final
 
+import attrs
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
@@ -42,12 +43,14 @@ __all__ = [
     "PATIENCE_STEPS",
     "ROLE_KEY",
     "ChildSpec",
+    "Settings",
     "child_specs",
     "default_name",
     "hit_metrics",
     "lookup_policy",
     "overdue_seconds",
     "patience_steps",
+    "settings_of",
 ]
 
 #: The ``kv_connector_extra_config`` key listing the children (the key vLLM's own uses too).
@@ -263,6 +266,32 @@ def patience_steps(extra_config: Mapping[str, Any]) -> int:
     :data:`PATIENCE_STEPS`."""
     value = extra_config.get(PATIENCE_KEY, PATIENCE_STEPS)
     return check_int(value, f"kv_connector_extra_config[{PATIENCE_KEY!r}]", minimum=1)
+
+
+@attrs.frozen(kw_only=True)
+class Settings:
+    """The composition's own settings in ``kv_connector_extra_config``, each checked before
+    any child starts: :func:`settings_of`."""
+
+    #: How long a child may owe a save's or a load's report before it is counted and warned
+    #: about.
+    overdue: float
+    #: Which child's hit loads a request.
+    lookup: Lookup
+    #: Under ``longest``, how many ``None`` answers in a row a child may give a request.
+    patience: int
+    #: Whether the lookups per child go into vLLM's stats payload and Prometheus.
+    hit_metrics: bool
+
+
+def settings_of(extra_config: Mapping[str, Any]) -> Settings:
+    """The composition's :class:`Settings`, each checked (its own error names its key)."""
+    return Settings(
+        overdue=overdue_seconds(extra_config),
+        lookup=lookup_policy(extra_config),
+        patience=patience_steps(extra_config),
+        hit_metrics=hit_metrics(extra_config),
+    )
 
 
 def specs_of(kv_transfer_config: Any) -> tuple[ChildSpec, ...]:

@@ -1,10 +1,12 @@
 """The vLLM-facing connector: :class:`MultiConnector`, under vLLM's own class name.
 
-Assembled from :class:`~multiconnector.vllm.scheduler.SchedulerRole` and
-:class:`~multiconnector.vllm.worker.WorkerRole` (each role's methods, over
-:class:`~multiconnector.vllm._base.ConnectorBase`'s state and helpers), ahead of vLLM's
-``KVConnectorBase_V1`` so that theirs override its defaults; here are the introspection, the
-class-level queries and the calls both roles get.
+One object per role and process, as vLLM builds them: the connector holds the children
+(:class:`~multiconnector.vllm.children.Children`) and the part of its role, a
+:class:`~multiconnector.vllm.scheduler.SchedulerPart` or a
+:class:`~multiconnector.vllm.worker.WorkerPart`, each with only its own books; every hook of
+vLLM's interface is a method here that hands the call to its part. (vLLM's own tests call a
+scheduler's hook on a worker's connector now and then: the other part is then built on first
+use.) Here too are the introspection, the class-level queries and the calls both roles get.
 """
 
 from __future__ import annotations
@@ -12,11 +14,17 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Final
 
 from vllm.config.cache import _layout_from_name
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, SupportsHMA
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from .._validate import shown
@@ -24,19 +32,22 @@ from ..aggregator import MultiConnector as Aggregator
 from ..errors import InvalidArgumentError
 from ..ledger import SaveLedger
 from ..outcome import Outcome
-from ._base import ConnectorBase, _failed
-from .config import child_specs, connector_class, specs_of, without_hma
-from .errors import ChildrenConflictError
+from .children import Children, failed
+from .config import child_specs, connector_class, settings_of, specs_of, without_hma
+from .errors import ChildrenConflictError, HMAUnsupportedError
 from .hits import LOOKUP
-from .scheduler import SchedulerRole
+from .scheduler import SchedulerPart
 from .wire import (
     FAILED,
+    NamedHandshakeMetadata,
+    NamedKVEvents,
     NamedMultiConnectorMetadata,
     NamedMultiConnectorStats,
+    NamedMultiConnectorWorkerMetadata,
     NamedPromMetrics,
     is_named_stats_entry,
 )
-from .worker import WorkerRole
+from .worker import WorkerPart
 
 __all__ = ["MultiConnector"]
 
@@ -52,7 +63,7 @@ def _resolved_layout(name: str) -> Any:
         return name
 
 
-class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
+class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     """A vLLM v1 KV connector that fans out to named children (see :mod:`multiconnector.vllm`).
 
     Loaded under vLLM's own class name, with ``kv_connector_module_path="multiconnector.vllm"``,
@@ -69,17 +80,53 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
     .. versionadded:: 0.1.0
     """
 
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        specs = specs_of(self._kv_transfer_config)
+        # The composition's own settings, checked before any child starts.
+        self._settings = settings_of(self._kv_transfer_config.kv_connector_extra_config)
+        lacking = without_hma(specs)
+        if not vllm_config.scheduler_config.disable_hybrid_kv_cache_manager and lacking:
+            raise HMAUnsupportedError(
+                "the hybrid memory allocator (HMA) is enabled, but these children do not "
+                f"support it: {lacking}; set --disable-hybrid-kv-cache-manager or remove them"
+            )
+        self._vllm_config = vllm_config
+        self._kids = Children(specs, vllm_config, role, kv_cache_config)
+        self._sched: SchedulerPart | None = None
+        self._work: WorkerPart | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._sched = SchedulerPart(self._kids, self._settings, vllm_config)
+        else:
+            self._work = WorkerPart(self._kids, self._settings)
+
+    @property
+    def _scheduler(self) -> SchedulerPart:
+        """The scheduler's part (built on first use on a worker's connector)."""
+        part = self._sched
+        if part is None:
+            part = self._sched = SchedulerPart(self._kids, self._settings, self._vllm_config)
+        return part
+
+    @property
+    def _worker(self) -> WorkerPart:
+        """The worker's part (built on first use on the scheduler's connector)."""
+        part = self._work
+        if part is None:
+            part = self._work = WorkerPart(self._kids, self._settings)
+        return part
+
     # -- introspection -------------------------------------------------------------------------
 
     @property
     def children(self) -> Mapping[str, Any]:
         """The child connectors by name, in configuration order."""
-        return dict(self._children)
+        return dict(self._kids.by_name)
 
     @property
     def sub_connectors(self) -> list[Any]:
         """The child connectors in configuration order (vLLM's ``MultiConnector`` API)."""
-        return list(self._children.values())
+        return list(self._kids.by_name.values())
 
     @property
     def _connectors(self) -> list[Any]:
@@ -90,28 +137,32 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
         position: the names, and so the books, stay (docs/vllm.md, "What subclasses of
         vLLM's class read").
         """
-        return list(self._children.values())
+        return list(self._kids.by_name.values())
 
     @_connectors.setter
     def _connectors(self, connectors: Sequence[Any]) -> None:
-        self._replace_children(list(connectors))
+        if "_kids" not in self.__dict__:
+            raise InvalidArgumentError(
+                "this MultiConnector was not built by its constructor (object.__new__): its "
+                "children, their names and its books come from the constructor"
+            )
+        self._kids.replace(list(connectors))
 
     @property
     def tracker(self) -> Aggregator:
-        """Scheduler: each request from its arrival to ``request_finished`` (held longer only
-        while a load is still in flight, or when a child answered ``request_finished`` with
-        garbage). The saves it then hands off are awaited by the workers, not here: see
-        :attr:`saving` and, on a worker, :attr:`ledger`. Worker: holds no request."""
-        return self._tracker
+        """Scheduler: each request from its arrival until vLLM may free its blocks: its loader,
+        and the savers the workers await until they report them (the core's books, told by
+        the scheduler's part)."""
+        return self._scheduler.tracker
 
     @property
     def ledger(self) -> SaveLedger:
         """Worker: the finished requests' awaited saves, each held until every saver the
-        scheduler named reported it (unused on the scheduler).
+        scheduler named reported it.
 
         .. versionadded:: 0.1.0
         """
-        return self._ledger
+        return self._worker.ledger
 
     @property
     def saving(self) -> Mapping[str, tuple[str, ...]]:
@@ -124,12 +175,12 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
 
         .. versionadded:: 0.1.0
         """
-        return dict(self._saving)
+        return self._scheduler.saving
 
     @property
     def load_tracker(self) -> Aggregator:
-        """Worker: the load each request awaits (unused on the scheduler)."""
-        return self._loads
+        """Worker: the load each request awaits."""
+        return self._worker.loads
 
     def child_hits(self) -> dict[str, dict[str, int]]:
         """Scheduler: per child name, its lookups so far: ``asked``, ``hits`` (more than 0
@@ -139,30 +190,48 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
 
         .. versionadded:: 0.1.0
         """
-        return self._hits.counts()
+        return self._scheduler.hits.counts()
+
+    def child_failures(self) -> dict[str, dict[str, int]]:
+        """Per child name, per hook, how many times the child raised or answered what cannot
+        be true in a hook vLLM calls per request or per step (each degraded that child for that
+        call; none reached vLLM): docs/vllm.md, "When a child fails".
+
+        .. versionadded:: 0.1.0
+        """
+        return self._kids.trouble.counts()
 
     def connector_counts(self) -> dict[str, dict[Outcome, int]]:
         """Outcomes of the children's reports, per child name: ignored ones included."""
         counts: dict[str, dict[Outcome, int]] = {}
-        for books in (self._tracker, self._ledger, self._loads):
-            for name, per in books.connector_counts().items():
+        books: list[Any] = []
+        tables: list[dict[tuple[Any, str], int]] = []
+        if self._sched is not None:
+            books.append(self._sched.tracker)
+            tables.append(self._sched.counted_outcomes)
+        if self._work is not None:
+            books += (self._work.ledger, self._work.loads)
+            tables.append(self._work.counted_outcomes)
+        for book in books:
+            for name, per in book.connector_counts().items():
                 mine = counts.setdefault(name, {})
                 for outcome, n in per.items():
                     mine[outcome] = mine.get(outcome, 0) + n
-        for (outcome, name), n in self._counted_outcomes.items():
-            mine = counts.setdefault(name, {})
-            mine[outcome] = mine.get(outcome, 0) + n
+        for table in tables:
+            for (outcome, name), n in table.items():
+                mine = counts.setdefault(name, {})
+                mine[outcome] = mine.get(outcome, 0) + n
         return counts
 
     # -- properties and class-level queries ----------------------------------------------------
 
     @property
     def supports_divergent_local_hybrid_hits(self) -> bool:
-        return all(c.supports_divergent_local_hybrid_hits for c in self._children.values())
+        return all(c.supports_divergent_local_hybrid_hits for c in self._kids.by_name.values())
 
     @property
     def requires_kv_delivery(self) -> bool:
-        return any(c.requires_kv_delivery for c in self._children.values())
+        return any(c.requires_kv_delivery for c in self._kids.by_name.values())
 
     @classmethod
     def all_children_support_hma(cls, kv_transfer_config: Any) -> bool:
@@ -277,71 +346,233 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
             vllm_config, metric_types, labelnames, per_engine_labelvalues, by_name
         )
 
-    # -- both roles ----------------------------------------------------------------------------
+    # -- the scheduler's hooks -----------------------------------------------------------------
+
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        # Not super(): it would bind the block pool to every child a second time.
+        self._kv_cache_manager = kv_cache_manager
+        self._scheduler.bind_kv_cache_manager(kv_cache_manager)
+
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        self._scheduler.bind_gpu_block_pool(gpu_block_pool)
+
+    def on_new_request(self, request: Any) -> None:
+        self._scheduler.on_new_request(request)
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        """The first child, in configuration order, with tokens to load becomes the loader
+        (the ``lookup`` policy ``"first"``, the default; ``"longest"``: the child with the
+        most, docs/vllm.md, "Which child loads").
+
+        As in vLLM's: a child answering ``None`` (still looking up) makes the answer
+        ``(None, False)``, and the children after it are not asked; unless a child asked before
+        it already covers every token the request has left but its last.
+        """
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
+        return self._scheduler.get_loaded_kv_cache_group_ids(  # type: ignore[no-any-return]
+            request, lambda: super(MultiConnector, self).get_loaded_kv_cache_group_ids(request)
+        )
+
+    def get_external_cache_hit_sources(
+        self, request: Any, num_external_tokens: int
+    ) -> dict[Any, int]:
+        return self._scheduler.get_external_cache_hit_sources(  # type: ignore[no-any-return]
+            request,
+            num_external_tokens,
+            lambda: super(MultiConnector, self).get_external_cache_hit_sources(
+                request, num_external_tokens
+            ),
+        )
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        """The loader gets ``num_external_tokens``; every other child gets 0 and the blocks.
+
+        A child that raises is that child's failure; when it is the loader, its load is
+        reported failed (through the workers, in vLLM's own terms), so vLLM recomputes.
+        """
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> NamedMultiConnectorMetadata:
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        """Each child sees the output with its own worker metadata and its own KV cache events
+        (by name); then the completions vLLM acts on next are made one per request."""
+        self._scheduler.update_connector_output(connector_output)
+
+    def register_finished_partial_tail(
+        self,
+        request: Any,
+        block_ids: tuple[list[int], ...],
+        partial_tail_offloads: list[tuple[int, int, int]],
+    ) -> bool:
+        return self._scheduler.register_finished_partial_tail(
+            request, block_ids, partial_tail_offloads
+        )
+
+    def request_finished(
+        self, request: Any, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Ask every child; merge params into a new dict; tell workers who saves, by name.
+
+        A params clash is the later children's failure, counted and logged: the params are
+        dropped, and the children that committed to a save are still awaited and still sent
+        to the workers, so no block is freed under a save in progress.
+        """
+        return self._scheduler.request_finished(request, block_ids)
+
+    def request_finished_all_groups(
+        self, request: Any, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """:meth:`request_finished` with every KV cache group's block ids (``SupportsHMA``).
+
+        As in vLLM's: when every child supports HMA each is asked its
+        ``request_finished_all_groups``; otherwise there must be exactly one group, and each
+        child is asked its ``request_finished`` with that group's blocks. The guarantees are
+        :meth:`request_finished`'s.
+        """
+        return self._scheduler.request_finished(request, block_ids, all_groups=True)
+
+    def take_events(self) -> list[Any]:
+        return self._scheduler.take_events()
+
+    def has_pending_block_frees(self) -> bool:
+        return self._scheduler.has_pending("has_pending_block_frees")
+
+    def has_pending_push_work(self) -> bool:
+        return self._scheduler.has_pending("has_pending_push_work")
+
+    def set_xfer_handshake_metadata(self, metadata: dict[int, Any]) -> None:
+        """Each child gets its own entries of :class:`NamedHandshakeMetadata`, by name."""
+        self._scheduler.route_handshake(metadata, "set_xfer_handshake_metadata")
+
+    def set_xfer_handshake_metadata_pp_aware(self, metadata: dict[tuple[int, int], Any]) -> None:
+        self._scheduler.route_handshake(metadata, "set_xfer_handshake_metadata_pp_aware")
+
+    # -- the worker's hooks --------------------------------------------------------------------
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
-        metadata = self._check_metadata(connector_metadata)
-        if metadata.savers:
-            # These requests finished on the scheduler; each awaits exactly these names now.
-            if self._known_counts():
-                self._expect_counted(metadata.savers)
-            else:
-                self._ledger.expect(metadata.savers)
-        for request_id, name in metadata.loads.items():
-            if name in self._known_counts():
-                self._expect_counted_load(request_id, name)
-                continue
-            if request_id not in self._loads:
-                self._loads.begin(request_id)
-            self._load_plan[request_id] = name
-            try:
-                self._loads.match_tokens(request_id, 0)
-            finally:
-                del self._load_plan[request_id]
-        if metadata.failed_loads or metadata.load_errors:
-            self._fail_loads_known(metadata)
-        self._bound = metadata
-        children = metadata.children
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:
-            try:
-                child.bind_connector_metadata(children[name])
-            except Exception as exc:
-                failures = _failed(failures, name, exc)
-        if failures is not None:
-            self._loader_failed("bind_connector_metadata", failures)
+        self._worker.bind_connector_metadata(connector_metadata)
         super().bind_connector_metadata(connector_metadata)
 
-    def _fail_loads_known(self, metadata: NamedMultiConnectorMetadata) -> None:
-        """The loads the scheduler knows failed (its child failed there): reported failed by
-        this worker, as each worker reports its loads, so vLLM recomputes them."""
-        if metadata.failed_loads:
-            due = self._due_results()
-            for request_id in metadata.failed_loads:
-                due.finished_recving.add(request_id)
-                due.failed_recving.add(request_id)
-        self._load_errors_due.update(metadata.load_errors)
-
     def clear_connector_metadata(self) -> None:
-        self._bound = None
-        self._each("clear_connector_metadata")
+        self._worker.clear_connector_metadata()
         super().clear_connector_metadata()
+
+    def get_mem_pool_context(self) -> AbstractContextManager[Any] | None:
+        return self._worker.get_mem_pool_context()
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        self._worker.register_kv_caches(kv_caches)
+
+    def unregister_kv_caches(self) -> None:
+        self._worker.unregister_kv_caches()
+
+    def restore_kv_caches(self) -> None:
+        self._worker.restore_kv_caches()
+
+    def set_host_xfer_buffer_ops(self, copy_operation: Any) -> None:
+        self._worker.set_host_xfer_buffer_ops(copy_operation)
+
+    def finish_forward(self) -> None:
+        self._worker.finish_forward()
+
+    def reset_capture_state(self) -> None:
+        self._worker.reset_capture_state()
+
+    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+        self._worker.handle_preemptions(kv_connector_metadata)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        self._worker.start_load_kv(forward_context, **kwargs)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self._worker.wait_for_layer_load(layer_name)
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        self._worker.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+
+    def wait_for_save(self) -> None:
+        self._worker.wait_for_save()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return self._worker.get_finished(finished_req_ids)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """Apply every child's completions to the bookkeeping; return only what is due.
+
+        A request is reported finished sending once every name the scheduler said saves it has
+        reported; a load completion is passed on once, from the name chosen to load. When a
+        child raises (or answers what is not a set of request ids), that is its failure: the
+        others' completions are applied and returned, and the child's reports are awaited still.
+        """
+        return self._worker.get_transfer_results(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.get_block_ids_with_load_errors()
+
+    def get_kv_connector_kv_cache_events(self) -> NamedKVEvents | None:
+        """Every child's KV cache events object, by name, in one :class:`NamedKVEvents`
+        (``None`` when no child has one): vLLM's output aggregator merges it across workers
+        child by child, and the scheduler hands each child back its own."""
+        return self._worker.get_kv_connector_kv_cache_events()
+
+    def get_handshake_metadata(self) -> NamedHandshakeMetadata | None:
+        return self._worker.get_handshake_metadata()
+
+    def build_connector_worker_meta(self) -> NamedMultiConnectorWorkerMetadata | None:
+        """Each child's worker metadata by name, and the reports of the children that report on
+        fewer workers than all (:meth:`get_finished_count`), for the scheduler to count."""
+        return self._worker.build_connector_worker_meta()
+
+    def get_finished_count(self) -> int | None:
+        """``None``: vLLM's output aggregator awaits every worker's report of a request.
+
+        The children's own counts are kept per child instead (:attr:`finished_counts`): a
+        worker reports a request once the savers that report on every worker have reported
+        there, and forwards the reports of a child that reports on fewer workers to the
+        scheduler, which counts them by name and tells vLLM once every such child's workers
+        reported (docs/vllm.md, "Children that report on fewer workers").
+
+        Every child is asked its own here, when vLLM asks (as vLLM's class asks them), or
+        when a count is first needed, whichever comes first; once.
+        """
+        self._kids.counted()
+        return None
+
+    @property
+    def finished_counts(self) -> dict[str, int]:
+        """The children that report a transfer on fewer workers than all, with how many."""
+        return dict(self._kids.counted())
+
+    # -- both roles ----------------------------------------------------------------------------
 
     def shutdown(self) -> None:
         """Shut every child down, even after failures; raise them all as ConnectorFailures.
 
         First logs at DEBUG how many requests each of this role's books still holds
         (``multiconnector shutdown (<role>): held={...}``, all 0 on a drained engine)."""
+        held: dict[str, int] = {}
+        if self._sched is not None:
+            held |= {"tracker": len(self._sched.tracker), "saving": len(self._sched.saving)}
+            self._sched.tracker.shutdown()  # its slots have nothing to shut down
+        if self._work is not None:
+            held |= {"ledger": len(self._work.ledger), "loads": len(self._work.loads)}
+            self._work.loads.shutdown()
         if logger.isEnabledFor(logging.DEBUG):
-            held = {"tracker": len(self._tracker), "saving": len(self._saving)}
-            held |= {"ledger": len(self._ledger), "loads": len(self._loads)}
             logger.debug("multiconnector shutdown (%s): held=%s", self.role.name, json.dumps(held))
-        self._tracker.shutdown()
+        self._kids.shutdown()
 
     def reset_cache(self) -> bool:
         """Whether every child reset (vLLM's rule: an answer that is not ``False``); a child
         answering ``None`` (it does not say) is logged at WARNING: it may still serve blocks."""
-        results = self._gather_soft(
+        results = self._kids.gather_soft(
             "reset_cache", lambda _, c: c.reset_cache(), "counted as not reset"
         )
         unsure = [name for name, result in results.items() if result is None]
@@ -352,25 +583,25 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
                 ", ".join(unsure),
             )
         # A child that raised is missing from results: it did not reset.
-        return len(results) == len(self._children) and all(
+        return len(results) == len(self._kids.names) and all(
             result is not False for result in results.values()
         )
 
     def get_kv_connector_stats(self) -> NamedMultiConnectorStats | None:
         stats: dict[str, Any] = {}
         failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._fan.get_kv_connector_stats:  # every step, both roles
+        for name, child in self._kids.fan.get_kv_connector_stats:  # every step, both roles
             try:
                 found = child.get_kv_connector_stats()
             except Exception as exc:
-                failures = _failed(failures, name, exc)
+                failures = failed(failures, name, exc)
                 continue
             if found is not None:
                 stats[name] = found
         if failures is not None:
-            self._absorb("get_kv_connector_stats", failures, "its stats of this step dropped")
-        new = self._trouble.take_unreported()
-        hits = self._hits.take_unreported()
+            self._kids.absorb("get_kv_connector_stats", failures, "its stats of this step dropped")
+        new = self._kids.trouble.take_unreported()
+        hits = self._sched.hits.take_unreported() if self._sched is not None else {}
         if not stats and not new and not hits:
             return None
         counts = {name: {FAILED + hook: n for hook, n in per.items()} for name, per in new.items()}
@@ -379,31 +610,10 @@ class MultiConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA)
             for count, n in per.items():
                 mine[LOOKUP + count] = n
         sources = {
-            name: (self._specs[name].kv_connector, self._specs[name].module_path)
+            name: (self._kids.specs[name].kv_connector, self._kids.specs[name].module_path)
             for name in (*stats, *counts)
         }
         return NamedMultiConnectorStats(data=stats, sources=sources, counts=counts)
-
-
-def _own_overrides(cls: type[Any], base: type[Any]) -> None:
-    """Put in ``cls.__dict__`` each public member of ``base`` that one of ``cls``'s own
-    mixins overrides (the same object: nothing changes but where it is listed).
-
-    vLLM checks its class's ``__dict__`` for an override of every member of the base class;
-    ours are spread over the roles' mixins.
-    """
-    for name in dir(base):
-        if name.startswith("_") or name in cls.__dict__:
-            continue
-        for klass in cls.__mro__[1:]:
-            if klass is base or not issubclass(klass, ConnectorBase):
-                continue
-            if name in klass.__dict__:
-                setattr(cls, name, klass.__dict__[name])
-                break
-
-
-_own_overrides(MultiConnector, KVConnectorBase_V1)
 
 
 def _sleeps(kv_transfer_config: Any) -> bool:

@@ -1,32 +1,43 @@
-"""The scheduler side of the vLLM-facing connector: :class:`SchedulerRole`.
+"""The scheduler's part of the vLLM-facing connector: :class:`SchedulerPart`.
 
-The calls vLLM makes on the scheduler's connector: it chooses the child that loads each request,
-builds each step's metadata, merges the children's params when a request finishes and tells the
-workers, by name, which children save it.
+The calls vLLM makes on the scheduler's connector. The part asks its children itself (they want
+vLLM's ``Request``), judges their answers by the core's pure rules
+(:func:`~multiconnector.lookup.choose`, :func:`~multiconnector.rule.finish_answer`) and *tells*
+its core books what they decided: the loader (:meth:`~multiconnector.MultiConnector.choose_loader`)
+and the savers (:meth:`~multiconnector.MultiConnector.request_finished_by`). The books then hold
+each request from its arrival until every saver's report came back from the workers, by the
+report rule the model checker explores. Each step's metadata tells the workers, by name, who
+loads and who saves what.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import suppress
-from typing import Any
+from numbers import Integral
+from typing import Any, Final
 
 from .._validate import shown
+from ..aggregator import MultiConnector as Aggregator
 from ..errors import (
-    ConnectorFailures,
     InvalidArgumentError,
     InvalidParamsError,
+    InvalidValueError,
     KeyClashError,
     ShutDownError,
 )
 from ..ledger import take_older
+from ..lookup import Lookup, choose
 from ..machine import State
 from ..outcome import Outcome
-from ..rule import count, load_owed, refined, transfer_report
-from ._base import ConnectorBase, _failed
-from .config import without_hma
-from .errors import HMAUnsupportedError
+from ..params import merge_transfer_params
+from ..registry import Role
+from ..rule import count, finish_answer, load_owed, refined, transfer_report
+from .children import Children, Failures, failed
+from .config import PATIENCE_KEY, Settings, without_hma
+from .errors import HMAUnsupportedError, LookupPatienceError
+from .hits import Hits
 from .wire import (
     NamedHandshakeMetadata,
     NamedKVEvents,
@@ -34,9 +45,14 @@ from .wire import (
     NamedMultiConnectorWorkerMetadata,
 )
 
-__all__ = ["SchedulerRole"]
+__all__ = ["GAVE_UP", "SchedulerPart"]
 
-_APPLIED = Outcome.applied
+#: In a request's waits: the child answered ``None`` past its patience (not asked again).
+GAVE_UP: Final = -1
+
+_APPLIED: Final = Outcome.applied
+_PENDING: Final = State.pending
+_FINISHING: Final = State.finishing
 
 
 def _named(value: Any, kind: type[Any], what: str) -> Any:
@@ -46,36 +62,136 @@ def _named(value: Any, kind: type[Any], what: str) -> Any:
     return value
 
 
-class SchedulerRole(ConnectorBase):
-    """The scheduler-side methods of vLLM's connector interface."""
+class SchedulerPart:
+    """The scheduler-side calls of vLLM's connector interface, over one :class:`Children`."""
+
+    def __init__(self, children: Children, settings: Settings, vllm_config: Any) -> None:
+        self._kids = children
+        self._settings = settings
+        #: Every request from its arrival until vLLM may free its blocks: its loader, and the
+        #: savers the workers await (the core's books, told by this part).
+        self.tracker = Aggregator(children.registry(), lookup=settings.lookup)
+        #: Each child's lookups, hits and loads, by name.
+        self.hits = Hits(report=settings.hit_metrics)
+        #: Whether every child supports HMA: request_finished_all_groups then asks each child
+        #: for every group's blocks (vLLM's rule), otherwise the one group's.
+        self._all_support_hma = not without_hma(tuple(children.specs.values()))
+        self._block_size = int(getattr(vllm_config.cache_config, "block_size", 16) or 16)
+        self.live: dict[str, Any] = {}
+        #: Per request, what its lookups left: whether the loader loads asynchronously, the
+        #: children whose load failed (not asked again), the ``None`` answers in a row per child
+        #: under ``longest`` (:data:`GAVE_UP` past its patience).
+        self._load_async: set[str] = set()
+        self._failed_by: dict[str, set[str]] = {}
+        self._waits: dict[str, dict[str, int]] = {}
+        #: Each request's computed tokens when its loader was chosen, until vLLM allocates.
+        self._matched_at: dict[str, int] = {}
+        self._tail_savers: dict[str, tuple[str, ...]] = {}
+        #: This step's news for the workers: who saves, who loads asynchronously, the
+        #: synchronous loads (loader, blocks), the asynchronous loads known failed, the blocks
+        #: of the synchronous loads known failed.
+        self._new_savers: dict[str, tuple[str, ...]] = {}
+        self._new_loads: dict[str, str] = {}
+        self._sync_loads: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self._failed_loads: dict[str, str] = {}
+        self._load_errors: list[int] = []
+        #: The asynchronous loads sent to the workers and not reported yet, with when each was
+        #: sent (``time.monotonic()``), until reported or found overdue.
+        self.loads_in_flight: set[str] = set()
+        self._load_since: dict[str, float] = {}
+        self._saver_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
+        #: This output's load completions, read before vLLM's own handling.
+        self._recving: Any = ()
+        self._init_counted()
+
+    def _init_counted(self) -> None:
+        """The books of the children that report on fewer workers than all (their
+        ``get_finished_count()``): their workers forward their reports, counted here."""
+        #: Per (outcome, name), the forwarded reports: applied up to the count, or why ignored.
+        self.counted_outcomes: dict[tuple[Any, str], int] = {}
+        #: Each handed-off request's counted savers with the reports still owed; the requests
+        #: every worker reported, still owed them.
+        self.counted_owed: dict[str, dict[str, int]] = {}
+        self._workers_done: set[str] = set()
+        #: Asynchronous loads by a counted child, with its name and the reports still owed; the
+        #: loads every worker reported, still owed them; those a counted report said failed;
+        #: the saves reported while such a load was still owed.
+        self._loads_owed: dict[str, tuple[str, int]] = {}
+        self._recv_done: set[str] = set()
+        self._counted_failed: set[str] = set()
+        self._sent_while_loading: set[str] = set()
+
+    @property
+    def saving(self) -> dict[str, tuple[str, ...]]:
+        """Each request whose saves the workers await, with those names (a new dict)."""
+        saving: dict[str, tuple[str, ...]] = {}
+        for request_id in self.tracker.request_ids():
+            record = self.tracker.peek(request_id)
+            if record is not None and record.state is _FINISHING:
+                saving[request_id] = record.awaiting
+        return saving
+
+    def _handed_off(self, request_id: str) -> bool:
+        """Whether the workers await saves of ``request_id`` (it finished on the scheduler)."""
+        record = self.tracker.peek(request_id)
+        return record is not None and record.state is _FINISHING
+
+    def loader(self, request_id: str) -> str | None:
+        record = self.tracker.peek(request_id)
+        return None if record is None else record.loader
+
+    def forget(self, request_id: str) -> None:
+        """``request_id`` finished: nothing of its lookups is kept."""
+        self.live.pop(request_id, None)
+        if self._matched_at:
+            self._matched_at.pop(request_id, None)
+        if self._tail_savers:
+            self._tail_savers.pop(request_id, None)
+        self._load_async.discard(request_id)
+        if self._failed_by:
+            self._failed_by.pop(request_id, None)
+        if self._waits:
+            self._waits.pop(request_id, None)
+
+    def _ensure(self, request: Any) -> str:
+        request_id: str = request.request_id
+        self.live[request_id] = request
+        if request_id not in self.tracker:
+            self.tracker.begin(request_id)
+        return request_id
+
+    # -- binding -------------------------------------------------------------------------------
 
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
-        # Not super(): it would bind the block pool to every child a second time.
-        self._kv_cache_manager = kv_cache_manager
-        self._gather(
+        self._kids.gather(
             "bind_kv_cache_manager", lambda _, c: c.bind_kv_cache_manager(kv_cache_manager)
         )
 
     def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
-        self._gather("bind_gpu_block_pool", lambda _, c: c.bind_gpu_block_pool(gpu_block_pool))
+        self._kids.gather("bind_gpu_block_pool", lambda _, c: c.bind_gpu_block_pool(gpu_block_pool))
 
     def on_new_request(self, request: Any) -> None:
         self._ensure(request)
-        self._each("on_new_request", request)
+        self._kids.each("on_new_request", request)
+
+    # -- which child loads ---------------------------------------------------------------------
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        """The first child, in configuration order, with tokens to load becomes the loader
-        (the ``lookup`` policy ``"first"``, the default; ``"longest"``: the child with the
-        most, docs/vllm.md, "Which child loads").
+        """Ask the children that may load, as the lookup policy reads their answers
+        (:func:`~multiconnector.lookup.choose`), and tell the core books the loader chosen.
 
         As in vLLM's: a child answering ``None`` (still looking up) makes the answer
-        ``(None, False)``, and the children after it are not asked; unless a child asked before
-        it already covers every token the request has left but its last.
+        ``(None, False)``, and under ``first`` the children after it are not asked; unless a
+        child asked before it already covers every token the request has left but its last.
+        A child that raises or answers what cannot be true (a negative count, more tokens than
+        the request has left, ...) counts as no hit; the others' answers stand.
         """
         request_id = self._ensure(request)
-        self._call.start()
+        record = self.tracker.peek(request_id)
+        if record is None or record.state is not _PENDING:
+            return 0, False
         # What a hit can cover: every token left but the last, which vLLM computes to sample
         # the next token from (its prefix cache's hits stop there too).
         total = getattr(request, "num_tokens", None)  # an int on vLLM's Request
@@ -84,51 +200,150 @@ class SchedulerRole(ConnectorBase):
             if total.__class__ is int and 0 <= num_computed_tokens < total
             else None
         )
-        try:
-            tokens = self._tracker.match_tokens(
-                request_id, num_computed_tokens, remaining=remaining
-            )
-        except ConnectorFailures as failures:
-            # A child that raised or answered what cannot be true (a negative count, more
-            # tokens than the request has left, ...) counts as no hit; the others' answers stand.
-            self._absorb(
-                "get_num_new_matched_tokens",
-                list(zip(failures.failed, failures.exceptions, strict=True)),
-                "counted as no hit",
-            )
-            tokens = failures.result
-        if not tokens:
-            return tokens, False
-        loader = self._loader(request_id)
-        assert loader is not None
+        flags: dict[str, bool] = {}
+        failures: list[tuple[str, Exception]] = []
+        loader, tokens, held = choose(
+            self._settings.lookup,
+            self._answers(request, num_computed_tokens, flags, failures),
+            remaining,
+        )
+        if failures:
+            self._kids.absorb("get_num_new_matched_tokens", failures, "counted as no hit")
+        if held:
+            return None, False
+        self.tracker.choose_loader(request_id, loader)
+        if loader is None:
+            return 0, False
         self._matched_at[request_id] = num_computed_tokens
-        return tokens, self._sides[loader].load_async.get(request_id, False)
+        if flags[loader]:
+            self._load_async.add(request_id)
+            return tokens, True
+        self._load_async.discard(request_id)
+        return tokens, False
 
-    def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
-        loader = self._loader(request.request_id)
+    def _answers(
+        self,
+        request: Any,
+        num_computed_tokens: int,
+        flags: dict[str, bool],
+        failures: list[tuple[str, Exception]],
+    ) -> Iterator[tuple[str, int | None]]:
+        """Each child that may load, asked when read, with its token count (its load flag in
+        ``flags``); under ``first`` no child after a ``None`` is asked (as in vLLM's). A
+        failure is that child's, in ``failures``, not an answer."""
+        request_id = request.request_id
+        first = self._settings.lookup is Lookup.first
+        failed_here = self._failed_by.get(request_id, ()) if self._failed_by else ()
+        waits = self._waits.get(request_id) if self._waits else None
+        for name, child in self._kids.items:
+            if self._kids.roles[name] is Role.save:
+                continue  # never looked up
+            if name in failed_here or (waits is not None and waits.get(name) == GAVE_UP):
+                yield name, 0
+                continue
+            self.hits.add(name, "asked")
+            try:
+                tokens, load_async = self._asked(name, child, request, num_computed_tokens)
+            except Exception as exc:
+                failures.append((name, exc))
+                continue
+            if tokens is None:
+                yield name, None
+                if first:
+                    return
+                continue
+            self.hits.answered(name, tokens)
+            flags[name] = load_async
+            yield name, tokens
+
+    def _asked(
+        self, name: str, child: Any, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        """Child ``name``'s answer, checked: ``(tokens, load_async)``; what cannot be true
+        raises (the caller counts it as that child's failure)."""
+        answer = child.get_num_new_matched_tokens(request, num_computed_tokens)
+        if answer.__class__ is not tuple or len(answer) != 2:
+            raise InvalidArgumentError(
+                f"child {name!r} answered get_num_new_matched_tokens with {shown(answer)}; "
+                "must be a (tokens, load_async) pair"
+            )
+        tokens, load_async = answer
+        request_id = request.request_id
+        if tokens is None:
+            if self._settings.lookup is Lookup.longest:
+                self._wait(name, request_id)
+            return None, False
+        if self._waits and request_id in self._waits:
+            self._waits[request_id].pop(name, None)
+        if tokens.__class__ is not int:
+            if isinstance(tokens, bool) or not isinstance(tokens, Integral):
+                raise InvalidArgumentError(
+                    f"child {name!r} answered tokens={shown(tokens)}; must be an int or None"
+                )
+            tokens = int(tokens)
+        if tokens < 0:
+            raise InvalidValueError(f"child {name!r} answered tokens={tokens}; must be >= 0")
+        if tokens == 0:
+            return 0, False
+        total = getattr(request, "num_tokens", None)  # an int on vLLM's Request
+        if total.__class__ is int and tokens > total - num_computed_tokens:
+            raise InvalidValueError(
+                f"child {name!r} answered tokens={tokens} for a request with "
+                f"{total - num_computed_tokens} token(s) left to compute"
+            )
+        if load_async is not True and load_async is not False:
+            raise InvalidArgumentError(
+                f"child {name!r} answered load_async={shown(load_async)}; must be a bool"
+            )
+        return tokens, load_async
+
+    def _wait(self, name: str, request_id: str) -> None:
+        """One more ``None`` answer of child ``name`` for ``request_id``; past the patience in
+        a row, a :class:`LookupPatienceError` (the child's failure: no hit) and no more
+        asking it for that request."""
+        waits = self._waits.setdefault(request_id, {})
+        waited = waits.get(name, 0) + 1
+        patience = self._settings.patience
+        if waited <= patience:
+            waits[name] = waited
+            return
+        waits[name] = GAVE_UP
+        raise LookupPatienceError(
+            f"child {name!r} answered None (still looking up) for request {request_id!r} "
+            f"{patience} times in a row: the lookup goes on without it for this request "
+            f"(kv_connector_extra_config[{PATIENCE_KEY!r}])"
+        )
+
+    def _loader_fails(self, name: str, request_id: str) -> None:
+        """Child ``name``'s load of ``request_id`` failed: it is not asked again for it (vLLM
+        reschedules the request, which would otherwise fail the same way)."""
+        self._failed_by.setdefault(request_id, set()).add(name)
+
+    def get_loaded_kv_cache_group_ids(self, request: Any, default: Any) -> Any:
+        loader = self.loader(request.request_id)
         if loader is not None:
             try:
-                return self._children[loader].get_loaded_kv_cache_group_ids(request)  # type: ignore[no-any-return]
+                return self._kids.by_name[loader].get_loaded_kv_cache_group_ids(request)
             except Exception as exc:
-                self._absorb(
+                self._kids.absorb(
                     "get_loaded_kv_cache_group_ids", [(loader, exc)], "answered the default"
                 )
-        return super().get_loaded_kv_cache_group_ids(request)  # type: ignore[no-any-return]
+        return default()
 
     def get_external_cache_hit_sources(
-        self, request: Any, num_external_tokens: int
-    ) -> dict[Any, int]:
-        loader = self._loader(request.request_id)
+        self, request: Any, num_external_tokens: int, default: Any
+    ) -> Any:
+        loader = self.loader(request.request_id)
         if loader is not None:
             try:
-                return self._children[loader].get_external_cache_hit_sources(  # type: ignore[no-any-return]
+                return self._kids.by_name[loader].get_external_cache_hit_sources(
                     request, num_external_tokens
                 )
             except Exception as exc:
-                self._absorb(
+                self._kids.absorb(
                     "get_external_cache_hit_sources", [(loader, exc)], "answered the default"
                 )
-        return super().get_external_cache_hit_sources(request, num_external_tokens)  # type: ignore[no-any-return]
+        return default()
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         """The loader gets ``num_external_tokens``; every other child gets 0 and the blocks.
@@ -137,45 +352,51 @@ class SchedulerRole(ConnectorBase):
         reported failed (through the workers, in vLLM's own terms), so vLLM recomputes.
         """
         request_id = request.request_id
-        loader = self._loader(request_id)
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:  # once per scheduled request: no helper
+        loader = self.loader(request_id)
+        failures: Failures = None
+        for name, child in self._kids.items:  # once per scheduled request: no helper
             try:
                 child.update_state_after_alloc(
                     request, blocks, num_external_tokens if name == loader else 0
                 )
             except Exception as exc:
-                failures = _failed(failures, name, exc)
+                failures = failed(failures, name, exc)
         matched_at = self._matched_at.pop(request_id, 0) if self._matched_at else 0
         if num_external_tokens <= 0 or loader is None:
             if failures is not None:
-                self._absorb("update_state_after_alloc", failures)
+                self._kids.absorb("update_state_after_alloc", failures)
             return
         loader_failed = failures is not None and any(name == loader for name, _ in failures)
         if failures is not None:
-            self._absorb(
+            self._kids.absorb(
                 "update_state_after_alloc",
                 failures,
                 "its load reported failed, recomputed by vLLM",
             )
-        self._hits.chosen(loader, num_external_tokens)
-        if self._sides[loader].load_async.get(request_id, False):
-            self._loads_in_flight.add(request_id)
-            self._load_since[request_id] = time.monotonic()
-            if loader_failed:
-                self._failed_loads[request_id] = loader  # each worker reports it failed
-                self._sides[loader].failed_loads.add(request_id)
-                return
-            self._new_loads[request_id] = loader
-            if loader in self._known_counts():
-                self._loads_owed[request_id] = (loader, self._counted[loader])
+        self.hits.chosen(loader, num_external_tokens)
+        if request_id in self._load_async:
+            self._load_started(request_id, loader, loader_failed)
             return
         external = self._external_blocks(blocks, matched_at, num_external_tokens)
         if loader_failed:
             self._load_errors.extend(external)
-            self._sides[loader].failed_loads.add(request_id)
+            self._loader_fails(loader, request_id)
         else:
             self._sync_loads[request_id] = (loader, external)
+
+    def _load_started(self, request_id: str, loader: str, loader_failed: bool) -> None:
+        """An asynchronous load of ``request_id`` by ``loader`` is in flight from now on:
+        sent to the workers, or reported failed through them (each worker reports it)."""
+        self.loads_in_flight.add(request_id)
+        self._load_since[request_id] = time.monotonic()
+        if loader_failed:
+            self._failed_loads[request_id] = loader
+            self._loader_fails(loader, request_id)
+            return
+        self._new_loads[request_id] = loader
+        counted = self._kids.counted()
+        if loader in counted:
+            self._loads_owed[request_id] = (loader, counted[loader])
 
     def _external_blocks(self, blocks: Any, matched_at: int, tokens: int) -> tuple[int, ...]:
         """The ids of the blocks that hold a request's ``tokens`` external tokens, after the
@@ -190,17 +411,19 @@ class SchedulerRole(ConnectorBase):
         size = self._block_size
         return tuple(groups[0][matched_at // size : -(-(matched_at + tokens) // size)])
 
+    # -- each step's metadata ------------------------------------------------------------------
+
     def build_connector_meta(self, scheduler_output: Any) -> NamedMultiConnectorMetadata:
         children: dict[str, Any] = {}
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._items:  # every step: no helper
+        failures: Failures = None
+        for name, child in self._kids.items:  # every step: no helper
             try:
                 children[name] = child.build_connector_meta(scheduler_output)
             except Exception as exc:
-                failures = _failed(failures, name, exc)
+                failures = failed(failures, name, exc)
                 children[name] = None
         if failures is not None:
-            self._absorb(
+            self._kids.absorb(
                 "build_connector_meta",
                 failures,
                 "its workers get no metadata this step and its loads of this step are "
@@ -209,8 +432,8 @@ class SchedulerRole(ConnectorBase):
             self._fail_step_loads({name for name, _ in failures})
         if self._load_since:
             self._overdue_loads()
-        # Built by this connector: the dicts are new and the saver names tuples, so the
-        # metadata takes them as they are instead of copying them.
+        # Built by this part: the dicts are new and the saver names tuples, so the metadata
+        # takes them as they are instead of copying them.
         metadata = NamedMultiConnectorMetadata.owning(children, self._new_savers, self._new_loads)
         self._new_savers = {}
         self._new_loads = {}
@@ -226,12 +449,12 @@ class SchedulerRole(ConnectorBase):
     def _overdue_loads(self) -> None:
         """Each loader still owing a load's report past ``report_overdue_seconds`` is counted
         and warned about, once per request; vLLM keeps the request waiting for it."""
-        limit = self._overdue
+        limit = self._settings.overdue
         now = time.monotonic()
         for request_id, began in take_older(self._load_since, now - limit):
-            loader = self._loader(request_id)
+            loader = self.loader(request_id)
             if loader is not None:
-                self._trouble.overdue("load", loader, request_id, now - began, limit)
+                self._kids.trouble.overdue("load", loader, request_id, now - began, limit)
 
     def _fail_step_loads(self, names: set[str]) -> None:
         """The loads of this step by the children ``names`` (which sent their workers no
@@ -241,16 +464,19 @@ class SchedulerRole(ConnectorBase):
                 del self._new_loads[request_id]
                 self._loads_owed.pop(request_id, None)
                 self._failed_loads[request_id] = name
-                self._sides[name].failed_loads.add(request_id)
+                self._loader_fails(name, request_id)
         for request_id, (name, external) in list(self._sync_loads.items()):
             if name in names:
                 del self._sync_loads[request_id]
                 self._load_errors.extend(external)
-                self._sides[name].failed_loads.add(request_id)
+                self._loader_fails(name, request_id)
+
+    # -- what the workers report ---------------------------------------------------------------
 
     def update_connector_output(self, connector_output: Any) -> None:
         """Each child sees the output with its own worker metadata and its own KV cache events
-        (by name); then the completions vLLM acts on next are made one per request.
+        (by name); then the completions vLLM acts on next are made one per request, and the
+        core books told which saves and loads the workers reported.
 
         vLLM calls this before it acts on ``finished_sending`` and ``finished_recving``: a
         request that finished with saves handed off has its load's completion taken here (its
@@ -271,51 +497,58 @@ class SchedulerRole(ConnectorBase):
             self._mark_failed(connector_output.failed_recving)
         if self._loads_owed or self._counted_failed:
             self._count_loads(connector_output, worker_meta)
-        if (self._saving and (connector_output.finished_recving or self._counted_owed)) or (
+        tracker = self.tracker
+        if (len(tracker) and (connector_output.finished_recving or self.counted_owed)) or (
             worker_meta is not None and worker_meta.sent
         ):
             self._one_completion(connector_output, worker_meta)
-        if self._sent_while_loading_here or (self._loads_owed and self._saving):
+        if self._sent_while_loading or (self._loads_owed and len(tracker)):
             self._hold_for_loads(connector_output)
-        # The workers report a request finished sending only once every saver confirmed, and
-        # vLLM's output aggregator only once every worker did.
-        tracker = self._tracker
-        finished = connector_output.finished_sending
-        if finished:
-            saving = self._saving
-            for request_id in finished:
-                saving.pop(request_id, None)
-            if self._awaited_here:
-                self._confirm_here(finished)
-        failed = connector_output.failed_recving
+        if connector_output.finished_sending:
+            self._saves_reported(connector_output.finished_sending)
+        failed_now = connector_output.failed_recving
         for request_id in self._recving:
-            self._loads_in_flight.discard(request_id)
+            self.loads_in_flight.discard(request_id)
             self._load_since.pop(request_id, None)
-            loader = self._loader(request_id)
+            loader = self.loader(request_id)
             if (
                 loader is not None
                 and tracker.load_finished(request_id, loader) is _APPLIED
-                and not (failed and request_id in failed)  # counted by _mark_failed
+                and not (failed_now and request_id in failed_now)  # counted by _mark_failed
             ):
-                self._hits.add(loader, "loads_completed")
+                self.hits.add(loader, "loads_completed")
         self._recving = ()
         tracker.take()
+
+    def _saves_reported(self, finished: Any) -> None:
+        """The workers reported ``finished`` sent: every worker's every saver confirmed each
+        (vLLM's output aggregator awaits every worker), so the core books apply each awaited
+        saver's report."""
+        tracker = self.tracker
+        confirmed: dict[str, list[str]] = {}
+        for request_id in finished:
+            record = tracker.peek(request_id)
+            if record is not None and record.awaiting:
+                for name in record.awaiting:
+                    confirmed.setdefault(name, []).append(request_id)
+        for name, request_ids in confirmed.items():
+            tracker.transfer_finished_many(name, request_ids)
 
     def _mark_failed(self, request_ids: Any) -> None:
         """The loads of ``request_ids`` failed: their loaders are not asked again for them."""
         for request_id in request_ids:
-            loader = self._loader(request_id)
+            loader = self.loader(request_id)
             if loader is not None:
-                self._sides[loader].failed_loads.add(request_id)
-                self._hits.add(loader, "loads_failed")
+                self._loader_fails(loader, request_id)
+                self.hits.add(loader, "loads_failed")
 
     def _route_output(self, connector_output: Any, worker_meta: Any, events: Any) -> None:
         """Every child's ``update_connector_output``, with its own entries of ``worker_meta``
-        and ``events`` in place of ours (put back afterwards); every failure raised together."""
-        failures: list[tuple[str, Exception]] | None = None
+        and ``events`` in place of ours (put back afterwards); failures absorbed."""
+        failures: Failures = None
         self._recving = connector_output.finished_recving or ()
         try:
-            for name, child in self._fan.update_connector_output:
+            for name, child in self._kids.fan.update_connector_output:
                 try:
                     if worker_meta is not None:
                         connector_output.kv_connector_worker_meta = worker_meta.children.get(name)
@@ -323,30 +556,31 @@ class SchedulerRole(ConnectorBase):
                         connector_output.kv_cache_events = events.children.get(name)
                     child.update_connector_output(connector_output)
                 except Exception as exc:
-                    failures = _failed(failures, name, exc)
+                    failures = failed(failures, name, exc)
         finally:
             connector_output.kv_connector_worker_meta = worker_meta
             connector_output.kv_cache_events = events
         if failures is not None:
-            self._absorb("update_connector_output", failures)
+            self._kids.absorb("update_connector_output", failures)
 
     def _one_completion(self, connector_output: Any, worker_meta: Any) -> None:
         """Make ``connector_output``'s completions one per request for the requests handed off.
 
-        A load completion of a request whose saves were handed off is taken (the scheduler's
+        A load completion of a request whose saves were handed off is taken (the core books'
         record of the load still drains): the request's one completion is its save's, which
         each worker holds back until its load reported. A request every worker reported while
         counted savers still owe reports is held back; it is passed on in the step their last
         report arrives. Every forwarded report is counted, whatever else is owed.
         """
-        saving = self._saving
         recving = connector_output.finished_recving
-        if recving and not saving.keys().isdisjoint(recving):
-            connector_output.finished_recving = {r for r in recving if r not in saving} or None
+        if recving:
+            kept = {r for r in recving if not self._handed_off(r)}
+            if len(kept) < len(recving):
+                connector_output.finished_recving = kept or None
         sent = None if worker_meta is None else worker_meta.sent
-        if not self._counted_owed and not sent:
+        if not self.counted_owed and not sent:
             return
-        owed = self._counted_owed
+        owed = self.counted_owed
         done = self._workers_done
         sending = set(connector_output.finished_sending or ())
         for request_id in [r for r in sending if r in owed]:
@@ -369,9 +603,9 @@ class SchedulerRole(ConnectorBase):
             done.add(request_id)
         if worker_meta is not None and worker_meta.loaded:
             for name, counts in worker_meta.loaded.items():
-                failed = worker_meta.load_failed.get(name, {})
+                failed_of = worker_meta.load_failed.get(name, {})
                 for request_id, n in counts.items():
-                    self._count_loaded(name, request_id, n, recving, request_id in failed)
+                    self._count_loaded(name, request_id, n, recving, request_id in failed_of)
         if self._counted_failed and not self._counted_failed.isdisjoint(recving):
             failed_now = self._counted_failed & recving
             self._counted_failed -= failed_now
@@ -380,10 +614,10 @@ class SchedulerRole(ConnectorBase):
         self._recving = connector_output.finished_recving or ()
 
     def _count_loaded(
-        self, name: str, request_id: str, n: int, recving: set[str], failed: bool
+        self, name: str, request_id: str, n: int, recving: set[str], load_failed: bool
     ) -> None:
         """``n`` workers reported counted child ``name`` finished loading ``request_id``
-        (``failed``: one of them reported it failed)."""
+        (``load_failed``: one of them reported it failed)."""
         entry = self._loads_owed.get(request_id)
         if entry is None or entry[0] != name:
             outcome = Outcome.unknown_request if entry is None else Outcome.phantom
@@ -391,7 +625,7 @@ class SchedulerRole(ConnectorBase):
             return
         left = entry[1]
         self._tally(Outcome.applied, name, min(n, left))
-        if failed:
+        if load_failed:
             self._counted_failed.add(request_id)
         if n < left:
             self._loads_owed[request_id] = (name, left - n)
@@ -408,7 +642,7 @@ class SchedulerRole(ConnectorBase):
         counted child still owes reports of its load (its workers do not hold it back: they
         do not await such a load), and passed on once the last of them arrived."""
         owed = self._loads_owed
-        held = self._sent_while_loading_here
+        held = self._sent_while_loading
         sending = set(connector_output.finished_sending or ())
         for request_id in [r for r in held if r not in owed]:
             held.discard(request_id)
@@ -419,15 +653,14 @@ class SchedulerRole(ConnectorBase):
         connector_output.finished_sending = sending or None
 
     def _tally(self, outcome: Outcome, name: str, n: int) -> None:
-        """Count ``n`` forwarded reports of ``name`` as ``outcome``: past
-        :data:`~multiconnector.rule.COUNTER_LIMIT` distinct keys, under the name
-        :data:`~multiconnector.rule.OTHER_NAMES` (the workers' metadata may name anything)."""
-        count(self._counted_outcomes, outcome, name, n)
+        """Count ``n`` forwarded reports of ``name`` as ``outcome`` (capped: the workers'
+        metadata may name anything; :func:`~multiconnector.rule.count`)."""
+        count(self.counted_outcomes, outcome, name, n)
 
     def _count_sent(self, name: str, counts: Mapping[str, int], sending: set[str]) -> None:
         """``counts[r]`` workers reported counted saver ``name`` finished sending ``r``;
         ``sending`` holds the requests passed on to vLLM in this output (so far)."""
-        owed = self._counted_owed
+        owed = self.counted_owed
         for request_id, n in counts.items():
             mine = owed.get(request_id)
             if mine is None or name not in mine:
@@ -452,36 +685,21 @@ class SchedulerRole(ConnectorBase):
         the outcome :func:`~multiconnector.rule.transfer_report` gives them on these books: a
         handed-off request awaits the reports its counted savers still owe, and is finished
         once it is passed on to vLLM (in this output); any other request is unknown here."""
-        savers = self._saving.get(request_id)
-        if savers is None:
+        record = self.tracker.peek(request_id)
+        if record is None or record.state is not _FINISHING:
             verdict = transfer_report(None, (), (), (), name)
         else:
-            counted = self._counted
+            counted = self._kids.counted()
             verdict = transfer_report(
                 State.finished if request_id in sending else State.finishing,
-                tuple(self._counted_owed.get(request_id, ())),
-                tuple([saver for saver in savers if saver in counted]),
+                tuple(self.counted_owed.get(request_id, ())),
+                tuple([saver for saver in record.expected if saver in counted]),
                 (),
                 name,
             )
-        self._tally(refined(verdict[0], name in self._children, True), name, n)
+        self._tally(refined(verdict[0], name in self._kids.by_name, True), name, n)
 
-    def _confirm_here(self, finished: set[str]) -> None:
-        """Confirm, on the scheduler's own books, the names still awaited there for the
-        requests of ``finished`` (a garbage answer awaited conservatively: see
-        :meth:`_handed_off_savers`)."""
-        tracker = self._tracker
-        confirmed: dict[str, list[str]] = {}
-        for request_id in finished:
-            if request_id not in self._awaited_here:
-                continue
-            self._awaited_here.discard(request_id)
-            record = tracker.peek(request_id)
-            if record is not None:
-                for name in record.awaiting:
-                    confirmed.setdefault(name, []).append(request_id)
-        for name, request_ids in confirmed.items():
-            tracker.transfer_finished_many(name, request_ids)
+    # -- a request finished --------------------------------------------------------------------
 
     def register_finished_partial_tail(
         self,
@@ -489,13 +707,13 @@ class SchedulerRole(ConnectorBase):
         block_ids: tuple[list[int], ...],
         partial_tail_offloads: list[tuple[int, int, int]],
     ) -> bool:
-        accepted = self._gather_soft(
+        accepted = self._kids.gather_soft(
             "register_finished_partial_tail",
             lambda _, c: c.register_finished_partial_tail(
                 request, block_ids, partial_tail_offloads
             ),
             "counted as not taking the tail",
-            self._savers,  # a load-only child takes no save
+            self._kids.savers,  # a load-only child takes no save
         )
         names = tuple(name for name, took in accepted.items() if took)
         if names:
@@ -503,194 +721,149 @@ class SchedulerRole(ConnectorBase):
         return bool(names)
 
     def request_finished(
-        self, request: Any, block_ids: list[int]
+        self, request: Any, block_ids: Any, *, all_groups: bool = False
     ) -> tuple[bool, dict[str, Any] | None]:
-        """Ask every child; merge params into a new dict; tell workers who saves, by name.
+        """Ask every child; merge params into a new dict; tell the core books, and the workers
+        by name, who saves.
 
-        A params clash raises :class:`~multiconnector.KeyClashError` once the bookkeeping is
-        consistent: the children that committed to a save are still awaited and still sent to
-        the workers, so no block is freed under a save in progress.
+        ``all_groups``: ``block_ids`` holds every KV cache group's block ids (``SupportsHMA``):
+        when every child supports HMA each is asked its ``request_finished_all_groups``;
+        otherwise there must be exactly one group, and each is asked its ``request_finished``
+        with that group's blocks. A params clash is the later children's failure: the params
+        are dropped, and every child that committed to a save is still awaited.
         """
-        return self._finish(request, block_ids, all_groups=False)
-
-    def request_finished_all_groups(
-        self, request: Any, block_ids: tuple[list[int], ...]
-    ) -> tuple[bool, dict[str, Any] | None]:
-        """:meth:`request_finished` with every KV cache group's block ids (``SupportsHMA``).
-
-        As in vLLM's: when every child supports HMA each is asked its
-        ``request_finished_all_groups``; otherwise there must be exactly one group, and each
-        child is asked its ``request_finished`` with that group's blocks. The guarantees are
-        :meth:`request_finished`'s.
-        """
-        if self._all_support_hma:
-            return self._finish(request, block_ids, all_groups=True)
-        if not isinstance(block_ids, tuple | list) or len(block_ids) != 1:
-            raise HMAUnsupportedError(
-                f"block_ids={shown(block_ids)} must hold exactly one KV cache group's block ids: "
-                f"these children do not support HMA: {without_hma(tuple(self._specs.values()))}"
-            )
-        return self._finish(request, block_ids[0], all_groups=False)
-
-    def _finish(
-        self, request: Any, blocks: Any, *, all_groups: bool
-    ) -> tuple[bool, dict[str, Any] | None]:
-        if request.request_id in self._saving:
-            # Finished before and its saves handed off: a duplicate, which asks nobody (as the
-            # core refuses a second request_finished); vLLM still holds the blocks.
-            return True, None
-        request_id = self._ensure(request)
-        self._all_groups = blocks if all_groups else None
-        tracker = self._tracker
-        call = self._call
-        call.start()
-        answered = False
+        if all_groups and not self._all_support_hma:
+            if not isinstance(block_ids, tuple | list) or len(block_ids) != 1:
+                raise HMAUnsupportedError(
+                    f"block_ids={shown(block_ids)} must hold exactly one KV cache group's block "
+                    "ids: these children do not support HMA: "
+                    f"{without_hma(tuple(self._kids.specs.values()))}"
+                )
+            block_ids, all_groups = block_ids[0], False
+        if self._kids.closed:
+            raise ShutDownError("request_finished() refused: this MultiConnector was shut down")
+        request_id = request.request_id
+        record = self.tracker.peek(request_id)
+        if record is not None and record.state is not _PENDING:
+            # Finished before: a duplicate, which asks nobody (as the core refuses a second
+            # request_finished); while its saves are handed off vLLM still holds the blocks.
+            return record.state is _FINISHING, None
+        self._ensure(request)
+        savers: tuple[str, ...] = ()
         params: dict[str, Any] | None = None
         try:
-            _, params = tracker.request_finished(request_id, () if all_groups else blocks)
-            answered = True
-        except (ConnectorFailures, KeyClashError, InvalidParamsError) as failures:
-            # The core made its books consistent first (a garbage answer awaited, a clash's
-            # params dropped): each child's failure is its own, not vLLM's.
-            params = failures.result[1] if failures.result is not None else None
-            self._absorb_finish(failures)
+            savers, params = self._ask_finished(request, block_ids, all_groups)
         finally:
-            self._all_groups = None
-            handed = call.handed_off
-            # Answered without an error: no child answered garbage (the core raises for it), so
-            # nothing is awaited on the scheduler's books, only what the children handed off.
-            savers = (
-                self._shared_savers(tuple(handed))
-                if answered and handed
-                else self._handed_off_savers(request_id, handed)
-            )
-            if savers:
-                self._new_savers[request_id] = savers
-                self._saving[request_id] = savers
-                if self._known_counts():
-                    self._owe_counted(request_id, savers)
-            self._live.pop(request_id, None)
-            if self._matched_at:
-                self._matched_at.pop(request_id, None)
-            if self._tail_savers:
-                self._tail_savers.pop(request_id, None)
-            for side in self._sides.values():
-                side.forget(request_id)
-            record = tracker.peek(request_id)
-            if (
-                record is not None
-                and load_owed(record.loader, record.loaded, record.loader_gone)
-                and request_id not in self._loads_in_flight
-            ):
-                # No load of it is in flight, and no report of one will come: a synchronous load
-                # ends within the step that scheduled it (vLLM reports none), and a load never
-                # started never ends. The record would otherwise be held forever. Counted as the
-                # loader's drained load; after shutdown() nothing is (the books stay as they are).
-                assert record.loader is not None  # owed: a loader was chosen
-                with suppress(ShutDownError):
-                    tracker.load_finished(request_id, record.loader)
-            tracker.take()
+            self._finished(request_id, savers)
         return bool(savers), params
 
-    def _absorb_finish(self, failures: Exception) -> None:
-        """Count and log what went wrong in a request_finished, under the children's names: a
-        clash under the later children that supplied a key, bad params under ``params``."""
-        found: list[tuple[str, BaseException]] = []
-        errors = failures.exceptions if isinstance(failures, ConnectorFailures) else (failures,)
-        names = failures.failed if isinstance(failures, ConnectorFailures) else ()
-        for index, exc in enumerate(errors):
-            if isinstance(exc, KeyClashError):
-                later = {name for names_ in exc.clashes.values() for name in names_[1:]}
-                found.extend((name, exc) for name in self._children if name in later)
-            elif index < len(names):
-                found.append((names[index], exc))
+    def _ask_finished(
+        self, request: Any, blocks: Any, all_groups: bool
+    ) -> tuple[tuple[str, ...], dict[str, Any] | None]:
+        """Every child's ``request_finished`` answer, judged by
+        :func:`~multiconnector.rule.finish_answer`: the savers (a garbage answer included: it
+        may have started a save; a child that took the partial tail too) and the merged params.
+        """
+        roles = self._kids.roles
+        tails = self._tail_savers.get(request.request_id, ()) if self._tail_savers else ()
+        savers: list[str] = []
+        contributions: list[tuple[str, Any]] = []
+        failures: list[tuple[str, BaseException]] = []
+        for name, child in self._kids.items:
+            try:
+                if all_groups:
+                    answer = child.request_finished_all_groups(request, blocks)
+                else:
+                    answer = child.request_finished(request, blocks)
+            except Exception as exc:
+                failures.append((name, exc))
+                continue
+            saves, params, error = finish_answer(name, answer, load_only=roles[name] is Role.load)
+            if saves or name in tails:
+                savers.append(name)
+            if error is not None:
+                failures.append((name, error))
             else:
-                found.append(("params", exc))
-        self._absorb(
-            "request_finished",
-            found,
-            "its params dropped (awaited if it answered garbage: it may have started a save; "
-            "not if it raised)",
-        )
+                contributions.append((name, params))
+        merged: dict[str, Any] | None = None
+        try:
+            merged = merge_transfer_params(contributions)
+        except KeyClashError as clash:  # the later children that supplied a key
+            later = {name for names in clash.clashes.values() for name in names[1:]}
+            failures += [(name, clash) for name in self._kids.names if name in later]
+        except InvalidParamsError as exc:
+            failures.append(("params", exc))
+        if failures:
+            self._kids.absorb(
+                "request_finished",
+                failures,
+                "its params dropped (awaited if it answered garbage: it may have started a "
+                "save; not if it raised)",
+            )
+        return self._shared_savers(tuple(savers)), merged
 
-    def _owe_counted(self, request_id: str, savers: tuple[str, ...]) -> None:
-        counted = self._counted
-        owed = {name: counted[name] for name in savers if name in counted}
-        if owed:
-            self._counted_owed[request_id] = owed
-
-    # -- what the sides ask (SchedulerOwner) ----------------------------------------------------
-
-    def live_request(self, request_id: str) -> Any:
-        """The live vLLM ``Request`` of ``request_id``."""
-        return self._live[request_id]
-
-    def finish_groups(self) -> tuple[list[int], ...] | None:
-        """Every KV cache group's block ids while request_finished_all_groups asks the children;
-        else ``None``."""
-        return self._all_groups
-
-    def took_tail(self, request_id: str, name: str) -> bool:
-        """Whether child ``name`` took ``request_id``'s partial tail at finish (it owes a
-        "finished sending" report as a saver does)."""
-        tails = self._tail_savers
-        return bool(tails) and name in tails.get(request_id, ())
-
-    def _handed_off_savers(self, request_id: str, handed: list[str]) -> tuple[str, ...]:
-        """The names the workers are to await for ``request_id``: the children that committed
-        to a save (``handed``), and any the scheduler's record awaits (a garbage answer), in
-        configuration order, as a shared tuple."""
-        record = self._tracker.peek(request_id)
-        if record is not None and record.state is State.finishing and record.awaiting:
-            self._awaited_here.add(request_id)
-            owing = {*handed, *record.awaiting}
-            return self._shared_savers(tuple([name for name in self._children if name in owing]))
-        return self._shared_savers(tuple(handed)) if handed else ()
+    def _finished(self, request_id: str, savers: tuple[str, ...]) -> None:
+        """Tell the core books (and this step's metadata, for the workers) who saves
+        ``request_id``, and forget its lookups; its record is handed back once nothing of it
+        is owed."""
+        tracker = self.tracker
+        tracker.request_finished_by(request_id, savers)
+        if savers:
+            self._new_savers[request_id] = savers
+            counted = self._kids.counted()
+            owed = {name: counted[name] for name in savers if name in counted}
+            if owed:
+                self.counted_owed[request_id] = owed
+        self.forget(request_id)
+        record = tracker.peek(request_id)
+        if (
+            record is not None
+            and load_owed(record.loader, record.loaded, record.loader_gone)
+            and request_id not in self.loads_in_flight
+        ):
+            # No load of it is in flight, and no report of one will come: a synchronous load
+            # ends within the step that scheduled it (vLLM reports none), and a load never
+            # started never ends. The record would otherwise be held forever. Counted as the
+            # loader's drained load; after shutdown nothing is (the books stay as they are).
+            assert record.loader is not None  # owed: a loader was chosen
+            with suppress(ShutDownError):
+                tracker.load_finished(request_id, record.loader)
+        tracker.take()
 
     def _shared_savers(self, names: tuple[str, ...]) -> tuple[str, ...]:
         """The one tuple equal to ``names`` that every request with these savers shares."""
+        if not names:
+            return ()
         shared = self._saver_tuples.get(names)
         if shared is None:
             shared = self._saver_tuples.setdefault(names, names)
         return shared
 
+    # -- the rest of the scheduler's hooks -----------------------------------------------------
+
     def take_events(self) -> list[Any]:
         events: list[Any] = []
-        failures: list[tuple[str, Exception]] | None = None
-        answers: dict[str, Any] = {}
-        for name, child in self._fan.take_events:  # every step: no helper
+        failures: Failures = None
+        for name, child in self._kids.fan.take_events:  # every step: no helper
             try:
-                answers[name] = found = list(child.take_events())
+                found = list(child.take_events())
             except Exception as exc:
-                failures = _failed(failures, name, exc)
+                failures = failed(failures, name, exc)
                 continue
             events.extend(found)
         if failures is not None:
-            self._absorb("take_events", failures, "its events of this step dropped")
+            self._kids.absorb("take_events", failures, "its events of this step dropped")
         return events
 
-    def has_pending_block_frees(self) -> bool:
-        answers = self._gather_soft(
-            "has_pending_block_frees", lambda _, c: c.has_pending_block_frees(), "counted as no"
-        )
+    def has_pending(self, method: str) -> bool:
+        """Whether any child answers ``method()`` (``has_pending_block_frees``,
+        ``has_pending_push_work``) truly; a child that raises counts as no."""
+        answers = self._kids.gather_soft(method, lambda _, c: getattr(c, method)(), "counted as no")
         return any(answers.values())
 
-    def has_pending_push_work(self) -> bool:
-        answers = self._gather_soft(
-            "has_pending_push_work", lambda _, c: c.has_pending_push_work(), "counted as no"
-        )
-        return any(answers.values())
-
-    def set_xfer_handshake_metadata(self, metadata: dict[int, Any]) -> None:
-        """Each child gets its own entries of :class:`NamedHandshakeMetadata`, by name."""
-        self._route_handshake(metadata, "set_xfer_handshake_metadata")
-
-    def set_xfer_handshake_metadata_pp_aware(self, metadata: dict[tuple[int, int], Any]) -> None:
-        self._route_handshake(metadata, "set_xfer_handshake_metadata_pp_aware")
-
-    def _route_handshake(self, metadata: Mapping[Any, Any], method: str) -> None:
-        """Every child, in order, gets its own entries (``{}`` when it has none: vLLM's class
-        calls every child too)."""
+    def route_handshake(self, metadata: Mapping[Any, Any], method: str) -> None:
+        """Every child, in order, gets its own entries of :class:`NamedHandshakeMetadata`
+        (``{}`` when it has none: vLLM's class calls every child too)."""
 
         def route(name: str, child: Any) -> None:
             mine = {
@@ -700,4 +873,4 @@ class SchedulerRole(ConnectorBase):
             }
             getattr(child, method)(mine)
 
-        self._gather(method, route)
+        self._kids.gather(method, route)

@@ -1,8 +1,10 @@
-"""The worker side of the vLLM-facing connector: :class:`WorkerRole`.
+"""The worker's part of the vLLM-facing connector: :class:`WorkerPart`.
 
 The calls vLLM makes on each worker's connector: the KV caches, the per-layer loads and saves,
-and the completions. A worker reports a request finished sending only once every name the
-scheduler said saves it has reported, and passes on one load completion per load.
+and the completions. A worker learns from the scheduler's metadata who loads and who saves each
+request, and tells its core books (:meth:`~multiconnector.MultiConnector.choose_loader`, the
+:class:`~multiconnector.SaveLedger`); it reports a request finished sending only once every
+name the scheduler said saves it has reported, and passes on one load completion per load.
 """
 
 from __future__ import annotations
@@ -18,15 +20,23 @@ from typing import Any, Final
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
 from .._validate import check_request_ids, shown
+from ..aggregator import MultiConnector as Aggregator
 from ..errors import InvalidArgumentError
+from ..ledger import SaveLedger
 from ..machine import State
 from ..outcome import Outcome
 from ..rule import count, load_owed
-from ._base import ConnectorBase, _failed
+from .children import Children, Failures, failed
+from .config import Settings
 from .errors import ChildrenConflictError
-from .wire import NamedHandshakeMetadata, NamedKVEvents, NamedMultiConnectorWorkerMetadata
+from .wire import (
+    NamedHandshakeMetadata,
+    NamedKVEvents,
+    NamedMultiConnectorMetadata,
+    NamedMultiConnectorWorkerMetadata,
+)
 
-__all__ = ["WorkerRole"]
+__all__ = ["WorkerPart"]
 
 logger: Final = logging.getLogger("multiconnector")
 
@@ -52,8 +62,8 @@ def _pass_through(
     results: Any,
     per_child: dict[str, Any],
     extra: tuple[str, ...],
-    failures: list[tuple[str, Exception]] | None,
-) -> list[tuple[str, Exception]] | None:
+    failures: Failures,
+) -> Failures:
     """Merge every child's ``extra`` fields into ``results``, by name: sets and frozensets
     united, dicts updated, lists and tuples concatenated, any other value kept when the children
     that set it agree. A child whose value does not merge is a failure of that child."""
@@ -66,7 +76,7 @@ def _pass_through(
             try:
                 merged = _merged(mine, theirs)
             except ChildrenConflictError as exc:
-                failures = _failed(failures, name, exc)
+                failures = failed(failures, name, exc)
                 continue
             setattr(results, field_name, merged)
     return failures
@@ -92,11 +102,99 @@ def _merged(mine: Any, theirs: Any) -> Any:
 _SAVE_DEGRADED: Final = "its save of this step may be incomplete; its report is still awaited"
 
 
-class WorkerRole(ConnectorBase):
-    """The worker-side methods of vLLM's connector interface."""
+class WorkerPart:
+    """The worker-side calls of vLLM's connector interface, over one :class:`Children`."""
+
+    def __init__(self, children: Children, settings: Settings) -> None:
+        self._kids = children
+        self._overdue = settings.overdue
+        #: The saves each finished request awaits, by the names the scheduler sent.
+        self.ledger = SaveLedger(children.names)
+        #: The load each request awaits, from the loader the scheduler chose.
+        self.loads = Aggregator(children.registry())
+        #: What get_transfer_results found due and has not returned yet (it raised, or it was
+        #: due when the metadata was bound); None when nothing is.
+        self._due: Any = None
+        #: The metadata bound for this step (its loads, if a loader fails), else None.
+        self._bound: NamedMultiConnectorMetadata | None = None
+        #: Blocks of failed synchronous loads, for get_block_ids_with_load_errors.
+        self._load_errors_due: set[int] = set()
+        #: Requests vLLM finished while their load was in flight here.
+        self._finished_while_loading: set[str] = set()
+        #: Requests whose saves all reported here while their load was still in flight here:
+        #: held back until the load reports (one completion per request).
+        self.sent_while_loading: set[str] = set()
+        #: Per child, when a non-chosen load was last warned about, and how many since.
+        self._unchosen_warned: dict[str, tuple[float | None, int]] = {}
+        self._init_counted()
+
+    def _init_counted(self) -> None:
+        """The books of the children that report on fewer workers than all: this worker
+        forwards their reports to the scheduler, which counts them."""
+        #: Each finished request's counted savers that have not reported here yet.
+        self._counted_expected: dict[str, set[str]] = {}
+        #: Counted savers' reports to forward with this step's worker metadata.
+        self.forward: dict[str, dict[str, int]] = {}
+        #: Each asynchronous load by a counted child not yet reported here, with it.
+        self._counted_loading: dict[str, str] = {}
+        #: Counted loaders' reports (and which of them failed) to forward likewise.
+        self.forward_loads: dict[str, dict[str, int]] = {}
+        self._forward_failed: dict[str, dict[str, int]] = {}
+        #: Per (outcome, name), the counted children's reports ignored here.
+        self.counted_outcomes: dict[tuple[Any, str], int] = {}
+
+    # -- the step's metadata -------------------------------------------------------------------
+
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        """Learn who saves and who loads what from the scheduler's metadata (the core books
+        are told), then give each child its own metadata."""
+        metadata = self._kids.check_metadata(connector_metadata)
+        counted = self._kids.counted()
+        if metadata.savers:
+            # These requests finished on the scheduler; each awaits exactly these names now.
+            if counted:
+                self._expect_counted(metadata.savers)
+            else:
+                self.ledger.expect(metadata.savers)
+        loads = self.loads
+        for request_id, name in metadata.loads.items():
+            if name in counted:
+                self._expect_counted_load(request_id, name)
+                continue
+            if request_id not in loads:
+                loads.begin(request_id)
+            loads.choose_loader(request_id, name)
+        if metadata.failed_loads or metadata.load_errors:
+            self._fail_loads_known(metadata)
+        self._bound = metadata
+        children = metadata.children
+        failures: Failures = None
+        for name, child in self._kids.items:
+            try:
+                child.bind_connector_metadata(children[name])
+            except Exception as exc:
+                failures = failed(failures, name, exc)
+        if failures is not None:
+            self._loader_failed("bind_connector_metadata", failures)
+
+    def _fail_loads_known(self, metadata: NamedMultiConnectorMetadata) -> None:
+        """The loads the scheduler knows failed (its child failed there): reported failed by
+        this worker, as each worker reports its loads, so vLLM recomputes them."""
+        if metadata.failed_loads:
+            due = self._due_results()
+            for request_id in metadata.failed_loads:
+                due.finished_recving.add(request_id)
+                due.failed_recving.add(request_id)
+        self._load_errors_due.update(metadata.load_errors)
+
+    def clear_connector_metadata(self) -> None:
+        self._bound = None
+        self._kids.each("clear_connector_metadata")
+
+    # -- the KV caches and the forward pass ----------------------------------------------------
 
     def get_mem_pool_context(self) -> AbstractContextManager[Any] | None:
-        contexts = self._present("get_mem_pool_context")
+        contexts = self._kids.present("get_mem_pool_context")
         if len(contexts) > 1:
             raise ChildrenConflictError(
                 f"Multiple connectors provide a KV cache memory pool {list(contexts)}: child "
@@ -106,76 +204,78 @@ class WorkerRole(ConnectorBase):
         return next(iter(contexts.values()), None)
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
-        self._gather("register_kv_caches", lambda _, c: c.register_kv_caches(kv_caches))
+        self._kids.gather("register_kv_caches", lambda _, c: c.register_kv_caches(kv_caches))
 
     # vLLM 0.33 added these two to the base class (a no-op there); a child built for 0.32 lacks
     # them, and then gets that default: nothing is called.
     def unregister_kv_caches(self) -> None:
-        self._gather(
+        self._kids.gather(
             "unregister_kv_caches", lambda _, c: _call_if_present(c, "unregister_kv_caches")
         )
 
     def restore_kv_caches(self) -> None:
-        self._gather("restore_kv_caches", lambda _, c: _call_if_present(c, "restore_kv_caches"))
+        self._kids.gather(
+            "restore_kv_caches", lambda _, c: _call_if_present(c, "restore_kv_caches")
+        )
 
     def set_host_xfer_buffer_ops(self, copy_operation: Any) -> None:
-        self._gather(
+        self._kids.gather(
             "set_host_xfer_buffer_ops", lambda _, c: c.set_host_xfer_buffer_ops(copy_operation)
         )
 
     def finish_forward(self) -> None:
-        self._each("finish_forward")
+        self._kids.each("finish_forward")
 
     def reset_capture_state(self) -> None:
-        self._gather("reset_capture_state", lambda _, c: c.reset_capture_state())
+        self._kids.gather("reset_capture_state", lambda _, c: c.reset_capture_state())
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
-        children = self._check_metadata(kv_connector_metadata).children
-        self._gather_soft(
+        children = self._kids.check_metadata(kv_connector_metadata).children
+        self._kids.gather_soft(
             "handle_preemptions",
             lambda name, c: c.handle_preemptions(children[name]),
             "ignored for this step",
-            self._fan.handle_preemptions,
+            self._kids.fan.handle_preemptions,
         )
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._fan.start_load_kv:
+        failures: Failures = None
+        for name, child in self._kids.fan.start_load_kv:
             try:
                 child.start_load_kv(forward_context, **kwargs)
             except Exception as exc:
-                failures = _failed(failures, name, exc)
+                failures = failed(failures, name, exc)
         if failures is not None:
             self._loader_failed("start_load_kv", failures)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # Called for every attention layer of every step: a plain loop, no helper, over the
         # children that wait per layer.
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._fan.wait_for_layer_load:
+        failures: Failures = None
+        for name, child in self._kids.fan.wait_for_layer_load:
             try:
                 child.wait_for_layer_load(layer_name)
             except Exception as exc:
-                failures = _failed(failures, name, exc)
+                failures = failed(failures, name, exc)
         if failures is not None:
             self._loader_failed("wait_for_layer_load", failures)
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
     ) -> None:
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._fan.save_kv_layer:  # every layer: no helper
+        failures: Failures = None
+        for name, child in self._kids.fan.save_kv_layer:  # every layer: no helper
             try:
                 child.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
             except Exception as exc:
-                failures = _failed(failures, name, exc)
+                failures = failed(failures, name, exc)
         if failures is not None:
-            self._absorb("save_kv_layer", failures, _SAVE_DEGRADED)
+            self._kids.absorb("save_kv_layer", failures, _SAVE_DEGRADED)
 
     def _loader_failed(self, what: str, failures: list[tuple[str, Exception]]) -> None:
         """The children of ``failures`` failed in ``what``, a hook of this step's loads: each
         one's loads of this step are reported failed (vLLM recomputes them)."""
-        self._absorb(what, failures, "its loads of this step reported failed")
+        self._kids.absorb(what, failures, "its loads of this step reported failed")
         for name, _ in failures:
             self._fail_loads_of(name)
 
@@ -189,12 +289,12 @@ class WorkerRole(ConnectorBase):
         for request_id, loader in bound.loads.items():
             if loader != name:
                 continue
-            if name in self._known_counts():
+            if name in self._kids.counted():
                 # This worker reported its part already; the scheduler counts the child's own
                 # reports, which no one else can make for it (docs/vllm.md, "When a child
                 # fails": such a child that never reports is seen in child_failures()).
                 continue
-            record = self._loads.peek(request_id)
+            record = self.loads.peek(request_id)
             if (
                 record is None
                 or record.state is not State.pending
@@ -203,7 +303,7 @@ class WorkerRole(ConnectorBase):
                 continue
             # Cancelled on these books: a report of the child's own, if one comes, is its
             # drain, not a second completion (vLLM has this one).
-            self._loads.cancel(request_id)
+            self.loads.cancel(request_id)
             due = self._due_results()
             due.finished_recving.add(request_id)
             due.failed_recving.add(request_id)
@@ -212,14 +312,14 @@ class WorkerRole(ConnectorBase):
                 self._load_errors_due.update(blocks)
 
     def wait_for_save(self) -> None:
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._fan.wait_for_save:
+        failures: Failures = None
+        for name, child in self._kids.fan.wait_for_save:
             try:
                 child.wait_for_save()
             except Exception as exc:
-                failures = _failed(failures, name, exc)
+                failures = failed(failures, name, exc)
         if failures is not None:
-            self._absorb("wait_for_save", failures, _SAVE_DEGRADED)
+            self._kids.absorb("wait_for_save", failures, _SAVE_DEGRADED)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         results = self.get_transfer_results(finished_req_ids)
@@ -234,16 +334,16 @@ class WorkerRole(ConnectorBase):
         others' completions are applied and returned, and the child's reports are awaited still.
         """
         per_child: dict[str, Any] = {}
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._fan.get_transfer_results:  # every step: no helper
+        failures: Failures = None
+        for name, child in self._kids.fan.get_transfer_results:  # every step: no helper
             try:
                 per_child[name] = child.get_transfer_results(finished_req_ids)
             except Exception as exc:
-                failures = _failed(failures, name, exc)
+                failures = failed(failures, name, exc)
         # Due but not yet returned (a call that raised): returned by this one.
         results = self._due_results()
-        counted = self._counted
-        ledger = self._ledger
+        counted = self._kids.counted()
+        ledger = self.ledger
         for name, child_results in per_child.items():
             sent = child_results.finished_sending
             if sent:
@@ -253,21 +353,23 @@ class WorkerRole(ConnectorBase):
                     else:
                         ledger.report(name, sent, results.finished_sending)
                 except InvalidArgumentError as exc:  # nothing of this child's was applied
-                    failures = _failed(failures, name, exc)
+                    failures = failed(failures, name, exc)
             if child_results.failed_recving or child_results.finished_recving:
                 self._report_loaded(name, child_results, results)
-        if self._sent_while_loading or (results.finished_sending and len(self._loads)):
+        if self.sent_while_loading or (results.finished_sending and len(self.loads)):
             self._hold_back(results)
         if per_child:
             extra = _extra_fields(KVConnectorTransferResults)
             if extra:
                 failures = _pass_through(results, per_child, extra, failures)
-        if len(self._loads):  # nothing to look up while no load is tracked
+        if len(self.loads):  # nothing to look up while no load is tracked
             self._finish_loads(finished_req_ids)
         if len(ledger):
             self._overdue_saves()
         if failures is not None:
-            self._absorb("get_transfer_results", failures, "its completions of this step ignored")
+            self._kids.absorb(
+                "get_transfer_results", failures, "its completions of this step ignored"
+            )
         self._due = None
         return results
 
@@ -275,9 +377,9 @@ class WorkerRole(ConnectorBase):
         """Each child still owing a save's report past ``report_overdue_seconds`` is counted and
         warned about, once per request; the request stays held until it reports."""
         limit = self._overdue
-        for request_id, owing, seconds in self._ledger.take_overdue(limit):
+        for request_id, owing, seconds in self.ledger.take_overdue(limit):
             for name in owing:
-                self._trouble.overdue("save", name, request_id, seconds, limit)
+                self._kids.trouble.overdue("save", name, request_id, seconds, limit)
 
     def _due_results(self) -> Any:
         """What is due for the next get_transfer_results to return (made when first needed)."""
@@ -289,7 +391,7 @@ class WorkerRole(ConnectorBase):
         """The ledger awaits the savers that report on every worker; the others' reports are
         forwarded to the scheduler. A request with no saver of the first kind is this worker's
         to report at once (its part is done: the scheduler awaits the others' counts)."""
-        counted = self._counted
+        counted = self._kids.counted()
         every: dict[str, tuple[str, ...]] = {}
         for request_id, names in savers.items():
             mine = tuple(name for name in names if name not in counted)
@@ -302,9 +404,9 @@ class WorkerRole(ConnectorBase):
                     del expected[next(iter(expected))]
             if mine:
                 every[request_id] = mine
-            elif request_id not in self._ledger:
+            elif request_id not in self.ledger:
                 self._due_results().finished_sending.add(request_id)
-        self._ledger.expect(every)
+        self.ledger.expect(every)
 
     def _expect_counted_load(self, request_id: str, name: str) -> None:
         """Counted child ``name`` loads ``request_id``: this worker's part is done at once (it
@@ -329,23 +431,23 @@ class WorkerRole(ConnectorBase):
             owing.discard(name)
             if not owing:
                 del expected[request_id]
-            self._forward.setdefault(name, {})[request_id] = 1
+            self.forward.setdefault(name, {})[request_id] = 1
 
     def _counted_ignored(self, name: str, owing: set[str] | None) -> None:
         outcome = Outcome.unknown_request if owing is None else Outcome.phantom
-        count(self._counted_outcomes, outcome, name)
+        count(self.counted_outcomes, outcome, name)
 
     def _report_loaded(self, name: str, child_results: Any, results: Any) -> None:
         """Child ``name``'s load completions: passed on once, from the name chosen to load.
         Failed receives also count as finished: the scheduler must stop waiting."""
-        loads = self._loads
+        loads = self.loads
         failed = child_results.failed_recving
         counted_loading = self._counted_loading
         for request_id in child_results.finished_recving | failed:
             if counted_loading and counted_loading.get(request_id) == name:
                 # A counted loader's report: forwarded to the scheduler, which counts it.
                 del counted_loading[request_id]
-                self._forward_loads.setdefault(name, {})[request_id] = 1
+                self.forward_loads.setdefault(name, {})[request_id] = 1
                 if request_id in failed:
                     self._forward_failed.setdefault(name, {})[request_id] = 1
                 continue
@@ -383,29 +485,25 @@ class WorkerRole(ConnectorBase):
         is still in flight on this worker is held back until the load reports (the load's own
         completion is passed on, and the scheduler takes the save's as the one)."""
         sending = results.finished_sending
-        waiting = self._sent_while_loading
+        waiting = self.sent_while_loading
         for request_id in [r for r in waiting if not self._load_pending(r)]:
             waiting.discard(request_id)
             sending.add(request_id)
-        if len(self._loads):
+        if len(self.loads):
             for request_id in [r for r in sending if self._load_pending(r)]:
                 sending.discard(request_id)
                 waiting.add(request_id)
 
     def _load_pending(self, request_id: str) -> bool:
-        record = self._loads.peek(request_id)
+        record = self.loads.peek(request_id)
         return (
             record is not None
             and record.state is State.pending
             and load_owed(record.loader, record.loaded, record.loader_gone)
         )
 
-    def planned_loader(self, request_id: str) -> str | None:
-        """The child the scheduler chose to load ``request_id`` (while its plan is bound)."""
-        return self._load_plan.get(request_id)
-
     def _finish_loads(self, finished_req_ids: set[str]) -> None:
-        loads = self._loads
+        loads = self.loads
         for request_id in finished_req_ids:
             record = loads.peek(request_id)
             if record is None or record.state is not State.pending:
@@ -422,79 +520,65 @@ class WorkerRole(ConnectorBase):
             self._load_errors_due = set()
         else:
             blocks = set()
-        failures: list[tuple[str, Exception]] | None = None
+        failures: Failures = None
         answers: dict[str, Any] = {}
-        for name, child in self._fan.get_block_ids_with_load_errors:
+        for name, child in self._kids.fan.get_block_ids_with_load_errors:
             try:
                 answers[name] = found = child.get_block_ids_with_load_errors()
             except Exception as exc:
-                failures = _failed(failures, name, exc)
+                failures = failed(failures, name, exc)
                 continue
             if found:
                 blocks |= found
         if failures is not None:
-            self._absorb("get_block_ids_with_load_errors", failures)
+            self._kids.absorb("get_block_ids_with_load_errors", failures)
         return blocks
 
     def get_kv_connector_kv_cache_events(self) -> NamedKVEvents | None:
         """Every child's KV cache events object, by name, in one :class:`NamedKVEvents`
         (``None`` when no child has one): vLLM's output aggregator merges it across workers
         child by child, and the scheduler hands each child back its own."""
-        found = self._present("get_kv_connector_kv_cache_events", soft=True)
+        found = self._kids.present("get_kv_connector_kv_cache_events", soft=True)
         return NamedKVEvents(found) if found else None
 
     def get_handshake_metadata(self) -> NamedHandshakeMetadata | None:
-        found = self._present("get_handshake_metadata")
+        found = self._kids.present("get_handshake_metadata")
         return NamedHandshakeMetadata(found) if found else None
 
     def build_connector_worker_meta(self) -> NamedMultiConnectorWorkerMetadata | None:
         """Each child's worker metadata by name, and the reports of the children that report on
         fewer workers than all (:meth:`get_finished_count`), for the scheduler to count."""
         found: dict[str, Any] | None = None
-        failures: list[tuple[str, Exception]] | None = None
-        for name, child in self._fan.build_connector_worker_meta:  # every step: no helper
+        failures: Failures = None
+        for name, child in self._kids.fan.build_connector_worker_meta:  # every step: no helper
             try:
                 meta = child.build_connector_worker_meta()
             except Exception as exc:
-                failures = _failed(failures, name, exc)
+                failures = failed(failures, name, exc)
                 continue
             if meta is not None:
                 if found is None:
                     found = {}
                 found[name] = meta
         if failures is not None:
-            self._absorb("build_connector_worker_meta", failures, "its worker metadata dropped")
-        forward, loaded, load_failed = self._forward, self._forward_loads, self._forward_failed
+            self._kids.absorb(
+                "build_connector_worker_meta", failures, "its worker metadata dropped"
+            )
+        forward, loaded, load_failed = self.forward, self.forward_loads, self._forward_failed
         if found is None and not forward and not loaded:
             return None
         if forward:
-            self._forward = {}
+            self.forward = {}
         if loaded:
-            self._forward_loads = {}
+            self.forward_loads = {}
             self._forward_failed = {}
         return NamedMultiConnectorWorkerMetadata(
-            found or {}, sent=forward, loaded=loaded, load_failed=load_failed, order=self._names
+            found or {},
+            sent=forward,
+            loaded=loaded,
+            load_failed=load_failed,
+            order=self._kids.names,
         )
-
-    def get_finished_count(self) -> int | None:
-        """``None``: vLLM's output aggregator awaits every worker's report of a request.
-
-        The children's own counts are kept per child instead (:attr:`finished_counts`): a
-        worker reports a request once the savers that report on every worker have reported
-        there, and forwards the reports of a child that reports on fewer workers to the
-        scheduler, which counts them by name and tells vLLM once every such child's workers
-        reported (docs/vllm.md, "Children that report on fewer workers").
-
-        Every child is asked its own here, when vLLM asks (as vLLM's class asks them), or
-        when a count is first needed, whichever comes first; once.
-        """
-        self._known_counts()
-        return None
-
-    @property
-    def finished_counts(self) -> dict[str, int]:
-        """The children that report a transfer on fewer workers than all, with how many."""
-        return dict(self._known_counts())
 
 
 def _call_if_present(child: Any, method: str) -> None:

@@ -319,7 +319,7 @@ class World:
         if not self.ours:
             return
         counted = getattr(self.workers[0], "finished_counts", {})
-        at_scheduler = getattr(self.connector, "_counted_outcomes", {})
+        at_scheduler = self.connector._scheduler.counted_outcomes
         per_worker = [worker.connector_counts() for worker in self.workers]
         for name, child in self.boards.items():
             got = 0
@@ -336,7 +336,7 @@ class World:
                 got += sum(n for (_, who), n in at_scheduler.items() if who == name)
                 # Still on their way: forwarded by a worker whose worker metadata raised.
                 for worker in self.workers:
-                    for pending in (worker._forward, worker._forward_loads):
+                    for pending in (worker._worker.forward, worker._worker.forward_loads):
                         got += sum(pending.get(name, {}).values())
                 made = sum(child.delivered.values())
                 if got != made:
@@ -398,12 +398,14 @@ class World:
         if self.ours:
             held["connector.tracker"] = len(c.tracker)
             held["connector.saving"] = dict(c.saving)
-            held["connector loads in flight"] = sorted(c._loads_in_flight)
-            held["connector live"] = sorted(c._live)
+            held["connector loads in flight"] = sorted(c._scheduler.loads_in_flight)
+            held["connector live"] = sorted(c._scheduler.live)
             for rank, w in enumerate(self.workers):
                 held[f"worker {rank} ledger"] = w.ledger.held()
                 held[f"worker {rank} loads"] = len(w.load_tracker)
-                held[f"worker {rank} finished while loading"] = sorted(w._finished_while_loading)
+                held[f"worker {rank} finished while loading"] = sorted(
+                    w._worker._finished_while_loading
+                )
         else:
             held["connector requests_to_connector"] = dict(c._requests_to_connector)
             held["connector extra_async_saves"] = dict(c._extra_async_saves)

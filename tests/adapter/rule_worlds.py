@@ -126,6 +126,8 @@ def one_worker() -> Setup:
         *(("worker", n, o) for n in ("S1", "S2") for o in WORKER_SAVER_OUTCOMES),
         *(("worker", "N", o) for o in ("phantom", "terminal", "unknown_request")),
         *(("scheduler", STRANGER, o) for o in ("terminal", "unknown_connector", "unknown_request")),
+        # The scheduler's core books apply each saver's report once every worker confirmed it.
+        *(("scheduler", n, "applied") for n in ("S1", "S2")),
     }
     # S1 never reports after its request was released in the same step: no event has it.
     setup.outcomes.discard(("worker", "S1", "terminal"))
@@ -161,6 +163,7 @@ def two_workers() -> Setup:
             for o in ("applied", "duplicate", "phantom", "terminal", "unknown_request")
         ),
         *(("scheduler", STRANGER, o) for o in ("unknown_connector", "unknown_request")),
+        *(("scheduler", n, "applied") for n in ("S1", "S2")),
     }
     return setup
 
@@ -273,26 +276,18 @@ STATIC = frozenset(
         "_kv_cache_manager",
         "_role",
         "_all_support_hma",
-        "_specs",
-        "_children",
-        "_items",
-        "_fan",
-        "_lookup",
-        "_roles",
-        "_savers",
-        "_hits",
-        "_sides",
-        "_worker_sides",
-        "_names",
-        "_world",
-        # The children's finished counts, asked once (when vLLM asks or first needed).
-        "_counted",
-        "_counts_known",
+        "_block_size",
+        # The children, their names, roles, fan-out and counts (asked once), and the settings.
+        "_kids",
+        "_settings",
+        "hits",
     }
 )
 #: Attributes only ever added to and never read by a decision (compared as counts instead), or
 #: a cache of values that are a function of their keys.
-COUNTERS = frozenset({"_counted_outcomes", "_unchosen_warned", "_saver_tuples"})
+COUNTERS = frozenset({"counted_outcomes", "_unchosen_warned", "_saver_tuples"})
+#: The attributes holding a connector's role parts, whose attributes are compared in turn.
+PARTS = frozenset({"_sched", "_work"})
 
 
 def _connector_key(connector: Any) -> tuple[Any, ...]:
@@ -301,10 +296,10 @@ def _connector_key(connector: Any) -> tuple[Any, ...]:
     for name, value in sorted(vars(connector).items()):
         if name in STATIC or name in COUNTERS:
             continue
+        if name in PARTS:
+            parts.append((name, None if value is None else _connector_key(value)))
+            continue
         parts.append((name, _frozen(value)))
-    for side in connector._sides.values():
-        if hasattr(side, "load_async"):
-            parts.append((side.name, _frozen(side.load_async)))
     return tuple(parts)
 
 
@@ -336,8 +331,6 @@ def _frozen(value: Any) -> Any:
         return ("trouble", _frozen(value.counts()))
     if type(value).__name__ == "NamedMultiConnectorMetadata":
         return ("metadata", _frozen(value._fields()))
-    if type(value).__name__ == "Call":
-        return ("call", value.looking_up, tuple(value.handed_off))
     if type(value).__name__ == "KVConnectorTransferResults":
         return ("results", _frozen(vars(value)))
     raise AssertionError(f"the test does not know how to compare a {type(value).__name__}")
@@ -458,6 +451,9 @@ class Reference:
         self.ledgers: list[Book] = [{} for _ in range(setup.workers)]
         self.counted_books: list[Book] = [{} for _ in range(setup.workers)]
         self.scheduler_counts: dict[str, dict[Outcome, int]] = {}
+        #: Each held request's savers: once vLLM frees it, the scheduler's core books apply
+        #: each saver's report, confirmed by every worker, once.
+        self.savers_of: dict[str, tuple[str, ...]] = {}
         self.worker_counts: list[dict[str, dict[Outcome, int]]] = [{} for _ in range(setup.workers)]
 
     def finish(self, event: Finish) -> bool:
@@ -473,6 +469,7 @@ class Reference:
         owed = workers + tuple(n for n in savers if n in self.counted)
         self.scheduler[request_id] = (owed, owed)
         self.untold[request_id] = savers
+        self.savers_of[request_id] = savers
         return True
 
     def step(self, event: Step) -> set[str]:
@@ -522,6 +519,9 @@ class Reference:
                 _count(self.scheduler_counts, name, outcome)
         assert freed <= self.held
         self.held -= freed
+        for request_id in freed:
+            for name in self.savers_of.pop(request_id):
+                _count(self.scheduler_counts, name, Outcome.applied)
         return freed
 
     def key(self) -> tuple[Any, ...]:
@@ -587,7 +587,7 @@ class Pair:
             ("scheduler counts", scheduler.connector_counts(), ref.scheduler_counts),
             (
                 "counted owed",
-                {r: set(owed) for r, owed in scheduler._counted_owed.items()},
+                {r: set(owed) for r, owed in scheduler._scheduler.counted_owed.items()},
                 {
                     r: {n for n in awaiting if n in ref.counted}
                     for r, (awaiting, _) in ref.scheduler.items()

@@ -32,6 +32,7 @@ from vllm.v1.request import RequestStatus  # noqa: E402
 from multiconnector import Outcome  # noqa: E402
 from multiconnector.ledger import SaveLedger  # noqa: E402
 from multiconnector.vllm import MultiConnector  # noqa: E402
+from multiconnector.vllm.worker import WorkerPart  # noqa: E402
 
 # vLLM logs every connector it builds, and our adapter every ignored report: thousands.
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800), pytest.mark.usefixtures("quiet")]
@@ -326,16 +327,16 @@ def _release_on_first_saver(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _pass_on_unchosen_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker passes on a load completion from a child that was not chosen to load."""
-    report_loaded = MultiConnector._report_loaded
+    report_loaded = WorkerPart._report_loaded
 
-    def planted(self: MultiConnector, name: str, child_results: Any, results: Any) -> None:
+    def planted(self: WorkerPart, name: str, child_results: Any, results: Any) -> None:
         for request_id in child_results.finished_recving | child_results.failed_recving:
-            record = self._loads.peek(request_id)
+            record = self.loads.peek(request_id)
             if record is not None and record.loader not in (None, name) and not record.loaded:
                 results.finished_recving.add(request_id)
         report_loaded(self, name, child_results, results)
 
-    monkeypatch.setattr(MultiConnector, "_report_loaded", planted)
+    monkeypatch.setattr(WorkerPart, "_report_loaded", planted)
 
 
 def _free_aborted_saves_at_once(monkeypatch: pytest.MonkeyPatch) -> None:

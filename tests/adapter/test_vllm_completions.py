@@ -180,7 +180,7 @@ def test_one_completion_per_request_in_every_order_of_its_reports(model: Path) -
     assert sum(counts["P"].values()) == len(SCENARIOS)
     assert counts["P"][Outcome.phantom] >= 1
     assert counts["S1"][Outcome.duplicate] >= 1
-    assert engine.worker._sent_while_loading == set()
+    assert engine.worker._worker.sent_while_loading == set()
 
 
 # -- children that report on fewer workers than all ----------------------------------------------
@@ -251,7 +251,7 @@ def test_a_child_reporting_on_one_worker_is_counted_once_there(model: Path, plan
     assert held == [True] * freed_at + [False] * (len(steps) - freed_at)
     assert engine.connector.saving == {}
     assert [len(w.ledger) for w in workers] == [0, 0]
-    assert engine.connector._counted_owed == {}
+    assert engine.connector._scheduler.counted_owed == {}
     assert aggregator._send_remaining_count == {}
     assert workers[0].finished_counts == {"h": 1}
 
@@ -286,7 +286,7 @@ def test_a_worker_a_counted_child_never_reports_on_forgets_its_oldest_requests(
             {name: None for name in other.children}, savers={f"r{number}": ("a", "h")}
         )
         other.bind_connector_metadata(shipped)
-    assert list(other._counted_expected) == ["r3", "r4"]
+    assert list(other._worker._counted_expected) == ["r3", "r4"]
 
 
 def test_a_workers_ignored_counted_reports_are_counted_in_a_capped_table(model: Path) -> None:
@@ -297,8 +297,8 @@ def test_a_workers_ignored_counted_reports_are_counted_in_a_capped_table(model: 
     worker = workers[0]
     extra = 100
     for number in range(COUNTER_LIMIT + extra):
-        worker._report_counted(f"made-up-{number}", ["never-finished"])
-    assert len(worker._counted_outcomes) <= COUNTER_LIMIT + 1
+        worker._worker._report_counted(f"made-up-{number}", ["never-finished"])
+    assert len(worker._worker.counted_outcomes) <= COUNTER_LIMIT + 1
     counts = worker.connector_counts()
     assert counts[OTHER_NAMES] == {Outcome.unknown_request: extra}
     assert sum(n for per in counts.values() for n in per.values()) == COUNTER_LIMIT + extra

@@ -192,10 +192,10 @@ def test_a_failing_child_is_still_that_childs_failure(model: Path) -> None:
 
 def test_children_put_in_place_are_fanned_out_anew(model: Path) -> None:
     connector, _, _ = _worker(model)
-    assert connector._fan.of("save_kv_layer") == ("loud",)
+    assert connector._kids.fan.of("save_kv_layer") == ("loud",)
     loud, quiet = connector.sub_connectors
     connector._connectors = [quiet, loud]  # by position: "loud" is now the quiet object
-    assert connector._fan.of("save_kv_layer") == ("quiet",)
+    assert connector._kids.fan.of("save_kv_layer") == ("quiet",)
 
 
 def test_a_class_with_its_own_attribute_lookup_is_called() -> None:

@@ -94,7 +94,7 @@ def test_hit_metrics_are_asked_for_not_reported_by_default(model: Path) -> None:
         "chosen": 1,
         "tokens_chosen": 16,
     }
-    assert engine.connector._hits._unreported == {}  # nothing piles up unreported
+    assert engine.connector._scheduler.hits._unreported == {}  # nothing piles up unreported
 
 
 def test_a_bad_hit_metrics_value_is_refused(model: Path) -> None:

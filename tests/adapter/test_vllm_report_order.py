@@ -27,7 +27,7 @@ import inspect  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.worker import kv_connector_model_runner_mixin as mixin  # noqa: E402
 
-from multiconnector.vllm import connector as adapter  # noqa: E402
+from multiconnector.vllm.worker import WorkerPart  # noqa: E402
 
 
 def _in_order(source: str, *needles: str) -> list[int]:
@@ -76,10 +76,10 @@ def test_a_worker_binds_the_metadata_before_it_loads_or_asks_for_finished_transf
     )
     # The adapter records the loads and savers of the metadata before binding its children's:
     # a child learns of a load or save only from its own part, bound after.
-    bind = inspect.getsource(adapter.MultiConnector.bind_connector_metadata)
+    bind = inspect.getsource(WorkerPart.bind_connector_metadata)
     _in_order(
         bind,
-        "self._ledger.expect(metadata.savers)",
-        "self._loads.match_tokens(request_id, 0)",
+        "self.ledger.expect(metadata.savers)",
+        "loads.choose_loader(request_id, name)",
         "child.bind_connector_metadata(children[name])",
     )

@@ -61,7 +61,7 @@ def test_a_save_only_child_is_never_looked_up_nor_told_to_load(model: Path) -> N
     engine = Engine(
         make_config(model, [with_role("store", store, "save"), with_role("disk", disk, None)])
     )
-    assert engine.connector._roles == {"store": Role.save, "disk": Role.both}
+    assert engine.connector._kids.roles == {"store": Role.save, "disk": Role.both}
     engine.add(make_request("r", num_tokens=PROMPT, max_tokens=2))
     for _ in range(4):
         engine.step()
@@ -103,9 +103,9 @@ def test_roles_reach_the_core_books_and_the_fanout(model: Path) -> None:
         registry = connector.tracker.registry
         assert registry.role("store") is Role.save and registry.role("pd") is Role.load
         assert connector.load_tracker.registry.role("pd") is Role.load
-        assert connector._fan.of("wait_for_layer_load") == ("pd",)
-        assert connector._fan.of("save_kv_layer") == ("store",)
-        assert connector._fan.of("start_load_kv") == ("store", "pd")
+        assert connector._kids.fan.of("wait_for_layer_load") == ("pd",)
+        assert connector._kids.fan.of("save_kv_layer") == ("store",)
+        assert connector._kids.fan.of("start_load_kv") == ("store", "pd")
 
 
 def test_the_role_key_is_not_passed_to_the_child(model: Path) -> None:

@@ -225,8 +225,8 @@ def test_the_scheduler_frees_blocks_only_once_every_saver_reported_on_every_work
 
 
 def test_a_garbage_save_answer_is_awaited_by_the_workers_and_the_scheduler(model: Path) -> None:
-    # A child answering request_finished with garbage may have started a save: the core awaits
-    # it (conservatively) on the scheduler's own books, and the workers are told to await it too.
+    # A child answering request_finished with garbage may have started a save: the core's books
+    # await it (conservatively) beside the true saver, and the workers are told to await both.
     a, b = script(saves=True), script(saves="yes")  # type: ignore[arg-type]
     engine = Engine(make_config(model, [child("a", a), child("b", b)]))
     engine.add(make_request("r1", max_tokens=1))
@@ -235,7 +235,7 @@ def test_a_garbage_save_answer_is_awaited_by_the_workers_and_the_scheduler(model
     assert engine.connector.saving == {"r1": ("a", "b")}
     record = engine.connector.tracker.get("r1")
     assert record.state is State.finishing
-    assert record.awaiting == ("b",)
+    assert record.awaiting == ("a", "b")
     a.sending.add("r1")
     engine.step()  # the workers learn who saves r1; a reports
     assert engine.held("r1")
