@@ -36,7 +36,7 @@ from .children import Children, failed
 from .config import child_specs, connector_class, settings_of, specs_of, without_hma
 from .errors import ChildrenConflictError, HMAUnsupportedError
 from .hits import LOOKUP
-from .scheduler import SchedulerPart
+from .scheduler import WORKERS, SchedulerPart
 from .wire import (
     FAILED,
     NamedHandshakeMetadata,
@@ -202,19 +202,25 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return self._kids.trouble.counts()
 
     def connector_counts(self) -> dict[str, dict[Outcome, int]]:
-        """Outcomes of the children's reports, per child name: ignored ones included."""
+        """Outcomes of the children's reports, per child name: ignored ones included (on the
+        scheduler, a child's reports forwarded by the workers, each under the child's name)."""
         counts: dict[str, dict[Outcome, int]] = {}
-        books: list[Any] = []
+        per_book: list[tuple[dict[str, dict[Outcome, int]], Any]] = []
         tables: list[dict[tuple[Any, str], int]] = []
         if self._sched is not None:
-            books.append(self._sched.tracker)
+            per_book.append((self._sched.tracker.connector_counts(), self._sched.child_of))
             tables.append(self._sched.counted_outcomes)
         if self._work is not None:
-            books += (self._work.ledger, self._work.loads)
+            per_book += (
+                (self._work.ledger.connector_counts(), str),
+                (self._work.loads.connector_counts(), str),
+            )
             tables.append(self._work.counted_outcomes)
-        for book in books:
-            for name, per in book.connector_counts().items():
-                mine = counts.setdefault(name, {})
+        for book, child_of in per_book:
+            for name, per in book.items():
+                if name == WORKERS:
+                    continue  # the workers' confirmation: no child's report
+                mine = counts.setdefault(child_of(name), {})
                 for outcome, n in per.items():
                     mine[outcome] = mine.get(outcome, 0) + n
         for table in tables:

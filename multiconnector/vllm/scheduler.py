@@ -34,9 +34,9 @@ from ..outcome import Outcome
 from ..params import merge_transfer_params
 from ..registry import Role
 from ..rule import count, finish_answer, load_owed, refined, transfer_report
-from .children import Children, Failures, failed
+from .children import Children, Failures, Slot, failed
 from .config import PATIENCE_KEY, Settings, without_hma
-from .errors import HMAUnsupportedError, LookupPatienceError
+from .errors import ChildrenConflictError, HMAUnsupportedError, LookupPatienceError
 from .hits import Hits
 from .wire import (
     NamedHandshakeMetadata,
@@ -45,10 +45,14 @@ from .wire import (
     NamedMultiConnectorWorkerMetadata,
 )
 
-__all__ = ["GAVE_UP", "SchedulerPart"]
+__all__ = ["GAVE_UP", "WORKERS", "SchedulerPart"]
 
 #: In a request's waits: the child answered ``None`` past its patience (not asked again).
 GAVE_UP: Final = -1
+
+#: The name, on the scheduler's core books, of every worker's confirmation of a request whose
+#: savers all report on fewer workers than all (:meth:`SchedulerPart._awaited`).
+WORKERS: Final = "@workers"
 
 _APPLIED: Final = Outcome.applied
 _PENDING: Final = State.pending
@@ -106,35 +110,90 @@ class SchedulerPart:
 
     def _init_counted(self) -> None:
         """The books of the children that report on fewer workers than all (their
-        ``get_finished_count()``): their workers forward their reports, counted here."""
-        #: Per (outcome, name), the forwarded reports: applied up to the count, or why ignored.
+        ``get_finished_count()``): their workers forward their reports to this part."""
+        #: Per such child, the names its reports of one save take on the core books, one per
+        #: worker it reports on (:meth:`_awaited`); each such name's child.
+        self._ranks: dict[str, tuple[str, ...]] = {}
+        self._rank_owner: dict[str, str] = {}
+        #: Per (outcome, name), the forwarded reports of their loads: applied up to the count,
+        #: or why ignored.
         self.counted_outcomes: dict[tuple[Any, str], int] = {}
-        #: Each handed-off request's counted savers with the reports still owed; the requests
-        #: every worker reported, still owed them.
-        self.counted_owed: dict[str, dict[str, int]] = {}
-        self._workers_done: set[str] = set()
-        #: Asynchronous loads by a counted child, with its name and the reports still owed; the
-        #: loads every worker reported, still owed them; those a counted report said failed;
-        #: the saves reported while such a load was still owed.
+        #: Asynchronous loads by such a child, with its name and the reports still owed; the
+        #: loads every worker reported, still owed them; those a counted report said failed.
         self._loads_owed: dict[str, tuple[str, int]] = {}
         self._recv_done: set[str] = set()
         self._counted_failed: set[str] = set()
-        self._sent_while_loading: set[str] = set()
+
+    def _awaited(self, savers: tuple[str, ...]) -> tuple[str, ...]:
+        """The names the core books await for a request ``savers`` save.
+
+        A saver that reports on every worker is awaited by its name, and confirmed once every
+        worker reported the request (vLLM's output aggregator awaits them all). A saver that
+        reports on fewer workers (``get_finished_count()``: ``k``) owes ``k`` reports, which
+        its workers forward: it is awaited under ``k`` names, ``<name>@1`` to ``<name>@k``,
+        one per report, and the workers' own confirmation then under :data:`WORKERS` unless a
+        saver of the first kind stands for it. Every name is the core's to decide.
+        """
+        counted = self._kids.counted()
+        if not counted or all(name not in counted for name in savers):
+            return savers
+        if not self._ranks:
+            self._register_ranks(counted)
+        names = [name for name in savers if name not in counted] or [WORKERS]
+        for name in savers:
+            names += self._ranks.get(name, ())
+        return tuple(names)
+
+    def _register_ranks(self, counted: Mapping[str, int]) -> None:
+        """Register the report names of the children that report on fewer workers
+        (:meth:`_awaited`), and the workers' confirmation, on the core books."""
+        taken = set(self._kids.names)
+        for name, k in counted.items():
+            self._ranks[name] = tuple(f"{name}@{i}" for i in range(1, k + 1))
+            self._rank_owner.update((rank, name) for rank in self._ranks[name])
+        for rank in (WORKERS, *self._rank_owner):
+            if rank in taken:
+                raise ChildrenConflictError(
+                    f"child name {rank!r} is the name a report of another child takes on the "
+                    "scheduler's books: rename that child (multiconnector_name)"
+                )
+            self.tracker.register(rank, Slot(rank), Role.save)
+
+    def child_of(self, name: str) -> str:
+        """The child a name on the core books stands for (itself, or a report's child)."""
+        return self._rank_owner.get(name, name)
 
     @property
     def saving(self) -> dict[str, tuple[str, ...]]:
-        """Each request whose saves the workers await, with those names (a new dict)."""
+        """Each request whose saves the workers await, with its savers (a new dict)."""
         saving: dict[str, tuple[str, ...]] = {}
-        for request_id in self.tracker.request_ids():
-            record = self.tracker.peek(request_id)
+        tracker = self.tracker
+        for request_id in tracker.request_ids():
+            record = tracker.peek(request_id)
             if record is not None and record.state is _FINISHING:
-                saving[request_id] = record.awaiting
+                mine = {self.child_of(name) for name in record.expected}
+                saving[request_id] = tuple(n for n in self._kids.names if n in mine)
         return saving
 
+    @property
+    def counted_owed(self) -> dict[str, dict[str, int]]:
+        """Each request still owed reports by children that report on fewer workers than all,
+        with how many each still owes (a new dict)."""
+        owed: dict[str, dict[str, int]] = {}
+        tracker = self.tracker
+        for request_id in tracker.request_ids():
+            record = tracker.peek(request_id)
+            for name in () if record is None else record.awaiting:
+                child = self._rank_owner.get(name)
+                if child is not None:
+                    mine = owed.setdefault(request_id, {})
+                    mine[child] = mine.get(child, 0) + 1
+        return owed
+
     def _handed_off(self, request_id: str) -> bool:
-        """Whether the workers await saves of ``request_id`` (it finished on the scheduler)."""
+        """Whether ``request_id`` finished with saves: its one completion is their report."""
         record = self.tracker.peek(request_id)
-        return record is not None and record.state is _FINISHING
+        return record is not None and bool(record.expected)
 
     def loader(self, request_id: str) -> str | None:
         record = self.tracker.peek(request_id)
@@ -475,13 +534,14 @@ class SchedulerPart:
 
     def update_connector_output(self, connector_output: Any) -> None:
         """Each child sees the output with its own worker metadata and its own KV cache events
-        (by name); then the completions vLLM acts on next are made one per request, and the
-        core books told which saves and loads the workers reported.
+        (by name); the core books are told which saves and loads the workers reported; then
+        the completions vLLM acts on next are what the books hand back.
 
-        vLLM calls this before it acts on ``finished_sending`` and ``finished_recving``: a
-        request that finished with saves handed off has its load's completion taken here (its
-        save's completion is the one vLLM sees), and one still owed reports by a child that
-        reports on fewer workers than all is held back until they arrived.
+        vLLM calls this before it acts on ``finished_sending`` and ``finished_recving``, and
+        frees a request's blocks when it sees it there. So ``finished_sending`` becomes exactly
+        the requests with saves that :meth:`~multiconnector.MultiConnector.take` hands back in
+        this output (safe to free: nothing of them owed, their load's report included), and a
+        load completion of a request with saves is taken (its one completion is its save's).
         """
         worker_meta = connector_output.kv_connector_worker_meta
         if (
@@ -498,15 +558,70 @@ class SchedulerPart:
         if self._loads_owed or self._counted_failed:
             self._count_loads(connector_output, worker_meta)
         tracker = self.tracker
-        if (len(tracker) and (connector_output.finished_recving or self.counted_owed)) or (
-            worker_meta is not None and worker_meta.sent
-        ):
-            self._one_completion(connector_output, worker_meta)
-        if self._sent_while_loading or (self._loads_owed and len(tracker)):
-            self._hold_for_loads(connector_output)
-        if connector_output.finished_sending:
-            self._saves_reported(connector_output.finished_sending)
-        failed_now = connector_output.failed_recving
+        recving = connector_output.finished_recving
+        if recving and len(tracker):
+            kept = {r for r in recving if not self._handed_off(r)}
+            if len(kept) < len(recving):
+                connector_output.finished_recving = kept or None
+        sending = connector_output.finished_sending
+        sent = None if worker_meta is None else worker_meta.sent
+        unknown = [r for r in sending if r not in tracker] if sending else []
+        if sending:
+            self._saves_confirmed(sending)
+        if sent:
+            self._counted_saves(sent)
+        self._loads_reported(connector_output.failed_recving)
+        handed = [record.request_id for record in tracker.take() if record.expected]
+        if handed or sending:
+            connector_output.finished_sending = {*unknown, *handed} or None
+
+    def _saves_confirmed(self, finished: Any) -> None:
+        """Every worker reported ``finished`` sent (vLLM's output aggregator awaits every
+        worker): each awaited name the workers stand for is confirmed on the core books, the
+        savers that report on every worker, or their confirmation (:data:`WORKERS`)."""
+        tracker = self.tracker
+        confirmed: dict[str, list[str]] = {}
+        owners = self._rank_owner
+        for request_id in finished:
+            record = tracker.peek(request_id)
+            if record is not None and record.awaiting:
+                for name in record.awaiting:
+                    if name not in owners:
+                        confirmed.setdefault(name, []).append(request_id)
+        for name, request_ids in confirmed.items():
+            tracker.transfer_finished_many(name, request_ids)
+
+    def _counted_saves(self, sent: Mapping[str, Mapping[str, int]]) -> None:
+        """``sent[name][r]`` workers reported ``name``, a child that reports on fewer workers
+        than all, finished sending ``r``: each report is one of the report names the core books
+        await for it (:meth:`_awaited`), the next one ``r`` still awaits (the last when none
+        is: a duplicate, or why ignored). Any other name's report is none the books await (a
+        worker forwards only those children's): counted as the report rule says of a name no
+        request awaits (the workers' metadata may name anything, even what is no name)."""
+        tracker = self.tracker
+        ranks = self._ranks
+        for name, counts in sent.items():
+            mine = ranks.get(name)
+            for request_id, n in counts.items():
+                for _ in range(n):
+                    if mine is None:
+                        self._stranger(name, request_id)
+                        continue
+                    record = tracker.peek(request_id)
+                    owed = () if record is None else record.awaiting
+                    rank = next((r for r in mine if r in owed), mine[-1])
+                    tracker.transfer_finished(request_id, rank)
+
+    def _stranger(self, name: str, request_id: str) -> None:
+        """Count a forwarded save report of ``name``, which no request awaits here."""
+        record = self.tracker.peek(request_id)
+        verdict = transfer_report(None if record is None else record.state, (), (), (), name)
+        self._tally(refined(verdict[0], name in self._kids.by_name, True), name, 1)
+
+    def _loads_reported(self, failed_now: Any) -> None:
+        """The loads of this output's completions reported to the core books, by their
+        loaders."""
+        tracker = self.tracker
         for request_id in self._recving:
             self.loads_in_flight.discard(request_id)
             self._load_since.pop(request_id, None)
@@ -518,21 +633,6 @@ class SchedulerPart:
             ):
                 self.hits.add(loader, "loads_completed")
         self._recving = ()
-        tracker.take()
-
-    def _saves_reported(self, finished: Any) -> None:
-        """The workers reported ``finished`` sent: every worker's every saver confirmed each
-        (vLLM's output aggregator awaits every worker), so the core books apply each awaited
-        saver's report."""
-        tracker = self.tracker
-        confirmed: dict[str, list[str]] = {}
-        for request_id in finished:
-            record = tracker.peek(request_id)
-            if record is not None and record.awaiting:
-                for name in record.awaiting:
-                    confirmed.setdefault(name, []).append(request_id)
-        for name, request_ids in confirmed.items():
-            tracker.transfer_finished_many(name, request_ids)
 
     def _mark_failed(self, request_ids: Any) -> None:
         """The loads of ``request_ids`` failed: their loaders are not asked again for them."""
@@ -562,34 +662,6 @@ class SchedulerPart:
             connector_output.kv_cache_events = events
         if failures is not None:
             self._kids.absorb("update_connector_output", failures)
-
-    def _one_completion(self, connector_output: Any, worker_meta: Any) -> None:
-        """Make ``connector_output``'s completions one per request for the requests handed off.
-
-        A load completion of a request whose saves were handed off is taken (the core books'
-        record of the load still drains): the request's one completion is its save's, which
-        each worker holds back until its load reported. A request every worker reported while
-        counted savers still owe reports is held back; it is passed on in the step their last
-        report arrives. Every forwarded report is counted, whatever else is owed.
-        """
-        recving = connector_output.finished_recving
-        if recving:
-            kept = {r for r in recving if not self._handed_off(r)}
-            if len(kept) < len(recving):
-                connector_output.finished_recving = kept or None
-        sent = None if worker_meta is None else worker_meta.sent
-        if not self.counted_owed and not sent:
-            return
-        owed = self.counted_owed
-        done = self._workers_done
-        sending = set(connector_output.finished_sending or ())
-        for request_id in [r for r in sending if r in owed]:
-            sending.discard(request_id)
-            done.add(request_id)
-        if sent:
-            for name, counts in sent.items():
-                self._count_sent(name, counts, sending)
-        connector_output.finished_sending = sending or None
 
     def _count_loads(self, connector_output: Any, worker_meta: Any) -> None:
         """Hold back the load completions of the loads a counted child owes reports of; pass
@@ -637,67 +709,10 @@ class SchedulerPart:
             self._recv_done.discard(request_id)
             recving.add(request_id)
 
-    def _hold_for_loads(self, connector_output: Any) -> None:
-        """One completion per request: a request's save completion is held back while a
-        counted child still owes reports of its load (its workers do not hold it back: they
-        do not await such a load), and passed on once the last of them arrived."""
-        owed = self._loads_owed
-        held = self._sent_while_loading
-        sending = set(connector_output.finished_sending or ())
-        for request_id in [r for r in held if r not in owed]:
-            held.discard(request_id)
-            sending.add(request_id)
-        for request_id in [r for r in sending if r in owed]:
-            sending.discard(request_id)
-            held.add(request_id)
-        connector_output.finished_sending = sending or None
-
     def _tally(self, outcome: Outcome, name: str, n: int) -> None:
         """Count ``n`` forwarded reports of ``name`` as ``outcome`` (capped: the workers'
         metadata may name anything; :func:`~multiconnector.rule.count`)."""
         count(self.counted_outcomes, outcome, name, n)
-
-    def _count_sent(self, name: str, counts: Mapping[str, int], sending: set[str]) -> None:
-        """``counts[r]`` workers reported counted saver ``name`` finished sending ``r``;
-        ``sending`` holds the requests passed on to vLLM in this output (so far)."""
-        owed = self.counted_owed
-        for request_id, n in counts.items():
-            mine = owed.get(request_id)
-            if mine is None or name not in mine:
-                self._ignore_sent(name, request_id, n, sending)
-                continue
-            left = mine[name]
-            self._tally(Outcome.applied, name, min(n, left))
-            if n < left:
-                mine[name] = left - n
-                continue
-            del mine[name]
-            if not mine:
-                del owed[request_id]
-                if request_id in self._workers_done:
-                    self._workers_done.discard(request_id)
-                    sending.add(request_id)
-            if n > left:
-                self._ignore_sent(name, request_id, n - left, sending)
-
-    def _ignore_sent(self, name: str, request_id: str, n: int, sending: set[str]) -> None:
-        """Count ``n`` forwarded reports of ``name`` that ``request_id`` does not await, under
-        the outcome :func:`~multiconnector.rule.transfer_report` gives them on these books: a
-        handed-off request awaits the reports its counted savers still owe, and is finished
-        once it is passed on to vLLM (in this output); any other request is unknown here."""
-        record = self.tracker.peek(request_id)
-        if record is None or record.state is not _FINISHING:
-            verdict = transfer_report(None, (), (), (), name)
-        else:
-            counted = self._kids.counted()
-            verdict = transfer_report(
-                State.finished if request_id in sending else State.finishing,
-                tuple(self.counted_owed.get(request_id, ())),
-                tuple([saver for saver in record.expected if saver in counted]),
-                (),
-                name,
-            )
-        self._tally(refined(verdict[0], name in self._kids.by_name, True), name, n)
 
     # -- a request finished --------------------------------------------------------------------
 
@@ -746,8 +761,8 @@ class SchedulerPart:
         record = self.tracker.peek(request_id)
         if record is not None and record.state is not _PENDING:
             # Finished before: a duplicate, which asks nobody (as the core refuses a second
-            # request_finished); while its saves are handed off vLLM still holds the blocks.
-            return record.state is _FINISHING, None
+            # request_finished); until its saves are handed back vLLM still holds the blocks.
+            return bool(record.expected), None
         self._ensure(request)
         savers: tuple[str, ...] = ()
         params: dict[str, Any] | None = None
@@ -807,13 +822,9 @@ class SchedulerPart:
         ``request_id``, and forget its lookups; its record is handed back once nothing of it
         is owed."""
         tracker = self.tracker
-        tracker.request_finished_by(request_id, savers)
+        tracker.request_finished_by(request_id, self._awaited(savers))
         if savers:
             self._new_savers[request_id] = savers
-            counted = self._kids.counted()
-            owed = {name: counted[name] for name in savers if name in counted}
-            if owed:
-                self.counted_owed[request_id] = owed
         self.forget(request_id)
         record = tracker.peek(request_id)
         if (

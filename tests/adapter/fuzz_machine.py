@@ -319,7 +319,15 @@ class World:
         if not self.ours:
             return
         counted = getattr(self.workers[0], "finished_counts", {})
-        at_scheduler = self.connector._scheduler.counted_outcomes
+        part = self.connector._scheduler
+        # At the scheduler: the forwarded reports of their loads (and of made-up names), and
+        # those of their saves, which the core books count under one name per report owed.
+        at_scheduler = dict(part.counted_outcomes)
+        for rank, per in part.tracker.connector_counts().items():
+            if part.child_of(rank) != rank:
+                for outcome, n in per.items():
+                    key = (outcome, part.child_of(rank))
+                    at_scheduler[key] = at_scheduler.get(key, 0) + n
         per_worker = [worker.connector_counts() for worker in self.workers]
         for name, child in self.boards.items():
             got = 0

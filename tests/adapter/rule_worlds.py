@@ -405,14 +405,17 @@ class SchedulerWorld(World):
 Book = dict[str, tuple[tuple[str, ...], tuple[str, ...]]]
 
 
-def apply_rule(book: Book, request_id: str, name: str, released: set[str]) -> Outcome:
+def apply_rule(
+    book: Book, request_id: str, name: str, released: set[str], *, pending: bool = False
+) -> Outcome:
     """``name``'s report for ``request_id`` on ``book`` (request id -> awaited and expected
     names), as :func:`transfer_report` decides it: a request not held is ``finished`` when it
-    was ``released`` in this step (the adapter hands it back at the end of the step), else
-    unknown; a completed request leaves ``book`` and joins ``released``."""
+    was ``released`` in this step (the adapter hands it back at the end of the step),
+    ``pending`` when it is held otherwise (arrived, not finished), else unknown; a completed
+    request leaves ``book`` and joins ``released``."""
     entry = book.get(request_id)
     if entry is None:
-        state = State.finished if request_id in released else None
+        state = State.finished if request_id in released else State.pending if pending else None
         awaiting = expected = ()
     else:
         state = State.finishing
@@ -451,16 +454,23 @@ class Reference:
         self.ledgers: list[Book] = [{} for _ in range(setup.workers)]
         self.counted_books: list[Book] = [{} for _ in range(setup.workers)]
         self.scheduler_counts: dict[str, dict[Outcome, int]] = {}
-        #: Each held request's savers: once vLLM frees it, the scheduler's core books apply
-        #: each saver's report, confirmed by every worker, once.
+        #: Each held request's savers until every worker confirmed it: the scheduler's core
+        #: books then apply the report of each saver that reports on every worker, once.
         self.savers_of: dict[str, tuple[str, ...]] = {}
         self.worker_counts: list[dict[str, dict[Outcome, int]]] = [{} for _ in range(setup.workers)]
+        #: The requests the scheduler's books hold from their arrival, not finished yet.
+        self.arrived: set[str] = set()
+
+    def arrive(self, event: Arrive) -> None:
+        if event.request_id not in self.held:
+            self.arrived.add(event.request_id)
 
     def finish(self, event: Finish) -> bool:
         """Whether vLLM keeps the blocks."""
         request_id = event.request_id
         if request_id in self.held:
             return True  # a duplicate: changes nothing, the blocks stay held
+        self.arrived.discard(request_id)
         savers = tuple(n for n in self.children if n in event.savers)
         if not savers:
             return False  # nothing owed: freed at once
@@ -509,24 +519,30 @@ class Reference:
             for request_id in sorted(released[w]):
                 outcome = apply_rule(self.scheduler, request_id, f"worker {w}", freed)
                 assert outcome is Outcome.applied, (w, request_id, outcome)
+        for request_id in sorted({r for w in workers for r in released[w]}):
+            awaiting = self.scheduler.get(request_id, ((), ()))[0]
+            if not any(n.startswith("worker ") for n in awaiting):
+                # Every worker confirmed it: the scheduler's books apply each saver's report
+                # that the workers stand for (a counted saver's own reports are counted below).
+                for name in self.savers_of.pop(request_id, ()):
+                    if name not in self.counted:
+                        _count(self.scheduler_counts, name, Outcome.applied)
         reports = [(name, r, n) for name, per in forwarded.items() for r, n in per.items()]
         reports += [(STRANGER, r, 1) for r in event.stranger]
         for name, request_id, n in reports:
             for _ in range(n):
-                outcome = apply_rule(self.scheduler, request_id, name, freed)
+                pending = request_id in self.arrived  # held from its arrival, awaiting nothing
+                outcome = apply_rule(self.scheduler, request_id, name, freed, pending=pending)
                 if outcome is Outcome.phantom and name not in self.children:
                     outcome = Outcome.unknown_connector
                 _count(self.scheduler_counts, name, outcome)
         assert freed <= self.held
         self.held -= freed
-        for request_id in freed:
-            for name in self.savers_of.pop(request_id):
-                _count(self.scheduler_counts, name, Outcome.applied)
         return freed
 
     def key(self) -> tuple[Any, ...]:
         return (
-            _frozen([self.held, self.untold, self.scheduler]),
+            _frozen([self.held, self.untold, self.scheduler, self.arrived]),
             _frozen(self.ledgers),
             _frozen(self.counted_books),
         )
@@ -570,6 +586,7 @@ class Pair:
                 raise Mismatch(self.path, f"request_finished answered keep={keep}, the rule {says}")
         elif isinstance(event, Arrive):
             world.arrive(event)
+            ref.arrive(event)
             self.freed = False
         else:
             freed, says = world.step(event), ref.step(event)
