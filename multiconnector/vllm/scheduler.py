@@ -1,21 +1,21 @@
 """The scheduler's part of the vLLM-facing connector: :class:`SchedulerPart`.
 
 The calls vLLM makes on the scheduler's connector. The part asks its children itself (they want
-vLLM's ``Request``), judges their answers by the core's pure rules
-(:func:`~multiconnector.lookup.choose`, :func:`~multiconnector.rule.finish_answer`) and *tells*
-its core books what they decided: the loader (:meth:`~multiconnector.MultiConnector.choose_loader`)
-and the savers (:meth:`~multiconnector.MultiConnector.request_finished_by`). The books then hold
-each request from its arrival until every saver's report came back from the workers, by the
-report rule the model checker explores. Each step's metadata tells the workers, by name, who
-loads and who saves what.
+vLLM's ``Request``), judges their answers by the core's pure rules (through
+:class:`~multiconnector.vllm.lookups.Lookups`, and :func:`~multiconnector.rule.finish_answer`)
+and *tells* its core books what they decided: the loader
+(:meth:`~multiconnector.MultiConnector.choose_loader`) and the savers
+(:meth:`~multiconnector.MultiConnector.request_finished_by`). The books then hold each request
+from its arrival until :meth:`~multiconnector.MultiConnector.take` hands it back, which is
+when vLLM may free its blocks. Each step's metadata tells the workers, by name, who loads and
+who saves what.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from contextlib import suppress
-from numbers import Integral
 from typing import Any, Final
 
 from .._validate import shown
@@ -23,21 +23,20 @@ from ..aggregator import MultiConnector as Aggregator
 from ..errors import (
     InvalidArgumentError,
     InvalidParamsError,
-    InvalidValueError,
     KeyClashError,
     ShutDownError,
 )
 from ..ledger import take_older
-from ..lookup import Lookup, choose
 from ..machine import State
 from ..outcome import Outcome
 from ..params import merge_transfer_params
 from ..registry import Role
 from ..rule import count, finish_answer, load_owed, refined, transfer_report
 from .children import Children, Failures, Slot, failed
-from .config import PATIENCE_KEY, Settings, without_hma
-from .errors import ChildrenConflictError, HMAUnsupportedError, LookupPatienceError
+from .config import Settings, without_hma
+from .errors import ChildrenConflictError, HMAUnsupportedError
 from .hits import Hits
+from .lookups import Lookups
 from .wire import (
     NamedHandshakeMetadata,
     NamedKVEvents,
@@ -45,10 +44,7 @@ from .wire import (
     NamedMultiConnectorWorkerMetadata,
 )
 
-__all__ = ["GAVE_UP", "WORKERS", "SchedulerPart"]
-
-#: In a request's waits: the child answered ``None`` past its patience (not asked again).
-GAVE_UP: Final = -1
+__all__ = ["WORKERS", "SchedulerPart"]
 
 #: The name, on the scheduler's core books, of every worker's confirmation of a request whose
 #: savers all report on fewer workers than all (:meth:`SchedulerPart._awaited`).
@@ -82,12 +78,8 @@ class SchedulerPart:
         self._all_support_hma = not without_hma(tuple(children.specs.values()))
         self._block_size = int(getattr(vllm_config.cache_config, "block_size", 16) or 16)
         self.live: dict[str, Any] = {}
-        #: Per request, what its lookups left: whether the loader loads asynchronously, the
-        #: children whose load failed (not asked again), the ``None`` answers in a row per child
-        #: under ``longest`` (:data:`GAVE_UP` past its patience).
-        self._load_async: set[str] = set()
-        self._failed_by: dict[str, set[str]] = {}
-        self._waits: dict[str, dict[str, int]] = {}
+        #: Which child loads each request, and what later lookups need of it.
+        self.lookups = Lookups(children, settings, self.hits)
         #: Each request's computed tokens when its loader was chosen, until vLLM allocates.
         self._matched_at: dict[str, int] = {}
         self._tail_savers: dict[str, tuple[str, ...]] = {}
@@ -206,11 +198,7 @@ class SchedulerPart:
             self._matched_at.pop(request_id, None)
         if self._tail_savers:
             self._tail_savers.pop(request_id, None)
-        self._load_async.discard(request_id)
-        if self._failed_by:
-            self._failed_by.pop(request_id, None)
-        if self._waits:
-            self._waits.pop(request_id, None)
+        self.lookups.forget(request_id)
 
     def _ensure(self, request: Any) -> str:
         request_id: str = request.request_id
@@ -238,145 +226,20 @@ class SchedulerPart:
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        """Ask the children that may load, as the lookup policy reads their answers
-        (:func:`~multiconnector.lookup.choose`), and tell the core books the loader chosen.
-
-        As in vLLM's: a child answering ``None`` (still looking up) makes the answer
-        ``(None, False)``, and under ``first`` the children after it are not asked; unless a
-        child asked before it already covers every token the request has left but its last.
-        A child that raises or answers what cannot be true (a negative count, more tokens than
-        the request has left, ...) counts as no hit; the others' answers stand.
-        """
+        """Ask the children that may load (:meth:`Lookups.match`) and tell the core books the
+        loader chosen; ``(None, False)`` while a child still looking up holds the lookup."""
         request_id = self._ensure(request)
         record = self.tracker.peek(request_id)
         if record is None or record.state is not _PENDING:
             return 0, False
-        # What a hit can cover: every token left but the last, which vLLM computes to sample
-        # the next token from (its prefix cache's hits stop there too).
-        total = getattr(request, "num_tokens", None)  # an int on vLLM's Request
-        remaining = (
-            total - num_computed_tokens - 1
-            if total.__class__ is int and 0 <= num_computed_tokens < total
-            else None
-        )
-        flags: dict[str, bool] = {}
-        failures: list[tuple[str, Exception]] = []
-        loader, tokens, held = choose(
-            self._settings.lookup,
-            self._answers(request, num_computed_tokens, flags, failures),
-            remaining,
-        )
-        if failures:
-            self._kids.absorb("get_num_new_matched_tokens", failures, "counted as no hit")
+        loader, tokens, held = self.lookups.match(request, num_computed_tokens)
         if held:
             return None, False
         self.tracker.choose_loader(request_id, loader)
         if loader is None:
             return 0, False
         self._matched_at[request_id] = num_computed_tokens
-        if flags[loader]:
-            self._load_async.add(request_id)
-            return tokens, True
-        self._load_async.discard(request_id)
-        return tokens, False
-
-    def _answers(
-        self,
-        request: Any,
-        num_computed_tokens: int,
-        flags: dict[str, bool],
-        failures: list[tuple[str, Exception]],
-    ) -> Iterator[tuple[str, int | None]]:
-        """Each child that may load, asked when read, with its token count (its load flag in
-        ``flags``); under ``first`` no child after a ``None`` is asked (as in vLLM's). A
-        failure is that child's, in ``failures``, not an answer."""
-        request_id = request.request_id
-        first = self._settings.lookup is Lookup.first
-        failed_here = self._failed_by.get(request_id, ()) if self._failed_by else ()
-        waits = self._waits.get(request_id) if self._waits else None
-        for name, child in self._kids.items:
-            if self._kids.roles[name] is Role.save:
-                continue  # never looked up
-            if name in failed_here or (waits is not None and waits.get(name) == GAVE_UP):
-                yield name, 0
-                continue
-            self.hits.add(name, "asked")
-            try:
-                tokens, load_async = self._asked(name, child, request, num_computed_tokens)
-            except Exception as exc:
-                failures.append((name, exc))
-                continue
-            if tokens is None:
-                yield name, None
-                if first:
-                    return
-                continue
-            self.hits.answered(name, tokens)
-            flags[name] = load_async
-            yield name, tokens
-
-    def _asked(
-        self, name: str, child: Any, request: Any, num_computed_tokens: int
-    ) -> tuple[int | None, bool]:
-        """Child ``name``'s answer, checked: ``(tokens, load_async)``; what cannot be true
-        raises (the caller counts it as that child's failure)."""
-        answer = child.get_num_new_matched_tokens(request, num_computed_tokens)
-        if answer.__class__ is not tuple or len(answer) != 2:
-            raise InvalidArgumentError(
-                f"child {name!r} answered get_num_new_matched_tokens with {shown(answer)}; "
-                "must be a (tokens, load_async) pair"
-            )
-        tokens, load_async = answer
-        request_id = request.request_id
-        if tokens is None:
-            if self._settings.lookup is Lookup.longest:
-                self._wait(name, request_id)
-            return None, False
-        if self._waits and request_id in self._waits:
-            self._waits[request_id].pop(name, None)
-        if tokens.__class__ is not int:
-            if isinstance(tokens, bool) or not isinstance(tokens, Integral):
-                raise InvalidArgumentError(
-                    f"child {name!r} answered tokens={shown(tokens)}; must be an int or None"
-                )
-            tokens = int(tokens)
-        if tokens < 0:
-            raise InvalidValueError(f"child {name!r} answered tokens={tokens}; must be >= 0")
-        if tokens == 0:
-            return 0, False
-        total = getattr(request, "num_tokens", None)  # an int on vLLM's Request
-        if total.__class__ is int and tokens > total - num_computed_tokens:
-            raise InvalidValueError(
-                f"child {name!r} answered tokens={tokens} for a request with "
-                f"{total - num_computed_tokens} token(s) left to compute"
-            )
-        if load_async is not True and load_async is not False:
-            raise InvalidArgumentError(
-                f"child {name!r} answered load_async={shown(load_async)}; must be a bool"
-            )
-        return tokens, load_async
-
-    def _wait(self, name: str, request_id: str) -> None:
-        """One more ``None`` answer of child ``name`` for ``request_id``; past the patience in
-        a row, a :class:`LookupPatienceError` (the child's failure: no hit) and no more
-        asking it for that request."""
-        waits = self._waits.setdefault(request_id, {})
-        waited = waits.get(name, 0) + 1
-        patience = self._settings.patience
-        if waited <= patience:
-            waits[name] = waited
-            return
-        waits[name] = GAVE_UP
-        raise LookupPatienceError(
-            f"child {name!r} answered None (still looking up) for request {request_id!r} "
-            f"{patience} times in a row: the lookup goes on without it for this request "
-            f"(kv_connector_extra_config[{PATIENCE_KEY!r}])"
-        )
-
-    def _loader_fails(self, name: str, request_id: str) -> None:
-        """Child ``name``'s load of ``request_id`` failed: it is not asked again for it (vLLM
-        reschedules the request, which would otherwise fail the same way)."""
-        self._failed_by.setdefault(request_id, set()).add(name)
+        return tokens, self.lookups.loads_async(request_id)
 
     def get_loaded_kv_cache_group_ids(self, request: Any, default: Any) -> Any:
         loader = self.loader(request.request_id)
@@ -433,13 +296,13 @@ class SchedulerPart:
                 "its load reported failed, recomputed by vLLM",
             )
         self.hits.chosen(loader, num_external_tokens)
-        if request_id in self._load_async:
+        if self.lookups.loads_async(request_id):
             self._load_started(request_id, loader, loader_failed)
             return
         external = self._external_blocks(blocks, matched_at, num_external_tokens)
         if loader_failed:
             self._load_errors.extend(external)
-            self._loader_fails(loader, request_id)
+            self.lookups.failed(loader, request_id)
         else:
             self._sync_loads[request_id] = (loader, external)
 
@@ -450,7 +313,7 @@ class SchedulerPart:
         self._load_since[request_id] = time.monotonic()
         if loader_failed:
             self._failed_loads[request_id] = loader
-            self._loader_fails(loader, request_id)
+            self.lookups.failed(loader, request_id)
             return
         self._new_loads[request_id] = loader
         counted = self._kids.counted()
@@ -523,12 +386,12 @@ class SchedulerPart:
                 del self._new_loads[request_id]
                 self._loads_owed.pop(request_id, None)
                 self._failed_loads[request_id] = name
-                self._loader_fails(name, request_id)
+                self.lookups.failed(name, request_id)
         for request_id, (name, external) in list(self._sync_loads.items()):
             if name in names:
                 del self._sync_loads[request_id]
                 self._load_errors.extend(external)
-                self._loader_fails(name, request_id)
+                self.lookups.failed(name, request_id)
 
     # -- what the workers report ---------------------------------------------------------------
 
@@ -639,7 +502,7 @@ class SchedulerPart:
         for request_id in request_ids:
             loader = self.loader(request_id)
             if loader is not None:
-                self._loader_fails(loader, request_id)
+                self.lookups.failed(loader, request_id)
                 self.hits.add(loader, "loads_failed")
 
     def _route_output(self, connector_output: Any, worker_meta: Any, events: Any) -> None:

@@ -331,6 +331,8 @@ def _frozen(value: Any) -> Any:
         return ("trouble", _frozen(value.counts()))
     if type(value).__name__ == "NamedMultiConnectorMetadata":
         return ("metadata", _frozen(value._fields()))
+    if type(value).__name__ == "Lookups":
+        return ("lookups", _frozen([value._load_async, value._failed_by, value._waits]))
     if type(value).__name__ == "KVConnectorTransferResults":
         return ("results", _frozen(vars(value)))
     raise AssertionError(f"the test does not know how to compare a {type(value).__name__}")

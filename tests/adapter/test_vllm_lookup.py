@@ -105,7 +105,7 @@ def test_longest_gives_a_child_looking_up_forever_its_patience_then_goes_on(mode
     assert e.connector.child_failures() == {"c1": {"get_num_new_matched_tokens": 1}}
     e.step()
     assert "r" in e.outputs
-    assert e.connector._scheduler._waits == {}  # nothing outlives it
+    assert e.connector._scheduler.lookups.held() == 0  # nothing outlives it
 
 
 def test_a_child_answering_before_its_patience_runs_out_is_waited_for(model: Path) -> None:

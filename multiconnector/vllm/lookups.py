@@ -1,0 +1,202 @@
+"""Which child loads each request, as the scheduler asks them: :class:`Lookups`.
+
+vLLM asks the scheduler's connector ``get_num_new_matched_tokens`` for each request it would
+schedule, again each step while the answer is ``None`` ("still looking up"). :class:`Lookups`
+asks the children that may load (not the save-only ones), checks each answer (what cannot be
+true is that child's failure, counted as no hit), and feeds them lazily to the one lookup rule,
+:func:`~multiconnector.lookup.choose`, so that under ``first`` no child is asked past vLLM's
+point. It keeps, per request, only what later lookups need: whether the chosen loader loads
+asynchronously, the children whose load of it failed (not asked again), and under ``longest``
+the ``None`` answers in a row per child (past the patience, :data:`GAVE_UP`: the lookup goes
+on without that child, a :class:`~multiconnector.vllm.LookupPatienceError` counted once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from numbers import Integral
+from typing import Any, Final
+
+from .._validate import shown
+from ..errors import InvalidArgumentError, InvalidValueError
+from ..lookup import Lookup, choose
+from ..registry import Role
+from .children import Children
+from .config import PATIENCE_KEY, Settings
+from .errors import LookupPatienceError
+from .hits import Hits
+
+__all__ = ["GAVE_UP", "Lookups"]
+
+#: In a request's waits: the child answered ``None`` past its patience (not asked again).
+GAVE_UP: Final = -1
+
+
+class Lookups:
+    """The scheduler's lookups: each request's children asked, and what later ones need."""
+
+    __slots__ = (
+        "_failed_by",
+        "_hits",
+        "_kids",
+        "_load_async",
+        "_patience",
+        "_policy",
+        "_waits",
+    )
+
+    def __init__(self, children: Children, settings: Settings, hits: Hits) -> None:
+        self._kids = children
+        self._policy = settings.lookup
+        self._patience = settings.patience
+        self._hits = hits
+        #: The requests whose chosen loader loads asynchronously.
+        self._load_async: set[str] = set()
+        #: Per request, the children whose load of it failed.
+        self._failed_by: dict[str, set[str]] = {}
+        #: Per request, per child, its ``None`` answers in a row (:data:`GAVE_UP` past them).
+        self._waits: dict[str, dict[str, int]] = {}
+
+    def match(self, request: Any, num_computed_tokens: int) -> tuple[str | None, int, bool]:
+        """``(loader, tokens, held)``: the child chosen to load ``request`` (``None``: none has
+        tokens) and its count, or whether a ``None`` answer holds the lookup.
+
+        As in vLLM's: a child answering ``None`` holds the lookup, and under ``first`` the
+        children after it are not asked; unless a child asked before it already covers every
+        token the request has left but its last (which vLLM computes to sample the next token
+        from: its prefix cache's hits stop there too). A child that raises or answers what
+        cannot be true (a negative count, more tokens than the request has left, ...) counts
+        as no hit; the others' answers stand.
+        """
+        total = getattr(request, "num_tokens", None)  # an int on vLLM's Request
+        remaining = (
+            total - num_computed_tokens - 1
+            if total.__class__ is int and 0 <= num_computed_tokens < total
+            else None
+        )
+        flags: dict[str, bool] = {}
+        failures: list[tuple[str, Exception]] = []
+        loader, tokens, held = choose(
+            self._policy, self._answers(request, num_computed_tokens, flags, failures), remaining
+        )
+        if failures:
+            self._kids.absorb("get_num_new_matched_tokens", failures, "counted as no hit")
+        if loader is not None and not held and flags[loader]:
+            self._load_async.add(request.request_id)
+        else:
+            self._load_async.discard(request.request_id)
+        return loader, tokens, held
+
+    def loads_async(self, request_id: str) -> bool:
+        """Whether the loader last chosen for ``request_id`` loads asynchronously."""
+        return request_id in self._load_async
+
+    def failed(self, name: str, request_id: str) -> None:
+        """Child ``name``'s load of ``request_id`` failed: it is not asked again for it (vLLM
+        reschedules the request, which would otherwise fail the same way)."""
+        self._failed_by.setdefault(request_id, set()).add(name)
+
+    def forget(self, request_id: str) -> None:
+        """``request_id`` finished: nothing of its lookups is kept."""
+        self._load_async.discard(request_id)
+        if self._failed_by:
+            self._failed_by.pop(request_id, None)
+        if self._waits:
+            self._waits.pop(request_id, None)
+
+    def held(self) -> int:
+        """How many requests something of their lookups is kept for."""
+        return len(self._load_async | self._failed_by.keys() | self._waits.keys())
+
+    def _answers(
+        self,
+        request: Any,
+        num_computed_tokens: int,
+        flags: dict[str, bool],
+        failures: list[tuple[str, Exception]],
+    ) -> Iterator[tuple[str, int | None]]:
+        """Each child that may load, asked when read, with its token count (its load flag in
+        ``flags``); under ``first`` no child after a ``None`` is asked (as in vLLM's). A
+        failure is that child's, in ``failures``, not an answer."""
+        request_id = request.request_id
+        first = self._policy is Lookup.first
+        failed_here = self._failed_by.get(request_id, ()) if self._failed_by else ()
+        waits = self._waits.get(request_id) if self._waits else None
+        for name, child in self._kids.items:
+            if self._kids.roles[name] is Role.save:
+                continue  # never looked up
+            if name in failed_here or (waits is not None and waits.get(name) == GAVE_UP):
+                yield name, 0
+                continue
+            self._hits.add(name, "asked")
+            try:
+                tokens, load_async = self._asked(name, child, request, num_computed_tokens)
+            except Exception as exc:
+                failures.append((name, exc))
+                continue
+            if tokens is None:
+                yield name, None
+                if first:
+                    return
+                continue
+            self._hits.answered(name, tokens)
+            flags[name] = load_async
+            yield name, tokens
+
+    def _asked(
+        self, name: str, child: Any, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        """Child ``name``'s answer, checked: ``(tokens, load_async)``; what cannot be true
+        raises (the caller counts it as that child's failure)."""
+        answer = child.get_num_new_matched_tokens(request, num_computed_tokens)
+        if answer.__class__ is not tuple or len(answer) != 2:
+            raise InvalidArgumentError(
+                f"child {name!r} answered get_num_new_matched_tokens with {shown(answer)}; "
+                "must be a (tokens, load_async) pair"
+            )
+        tokens, load_async = answer
+        request_id = request.request_id
+        if tokens is None:
+            if self._policy is Lookup.longest:
+                self._wait(name, request_id)
+            return None, False
+        if self._waits and request_id in self._waits:
+            self._waits[request_id].pop(name, None)
+        if tokens.__class__ is not int:
+            if isinstance(tokens, bool) or not isinstance(tokens, Integral):
+                raise InvalidArgumentError(
+                    f"child {name!r} answered tokens={shown(tokens)}; must be an int or None"
+                )
+            tokens = int(tokens)
+        if tokens < 0:
+            raise InvalidValueError(f"child {name!r} answered tokens={tokens}; must be >= 0")
+        if tokens == 0:
+            return 0, False
+        total = getattr(request, "num_tokens", None)  # an int on vLLM's Request
+        if total.__class__ is int and tokens > total - num_computed_tokens:
+            raise InvalidValueError(
+                f"child {name!r} answered tokens={tokens} for a request with "
+                f"{total - num_computed_tokens} token(s) left to compute"
+            )
+        if load_async is not True and load_async is not False:
+            raise InvalidArgumentError(
+                f"child {name!r} answered load_async={shown(load_async)}; must be a bool"
+            )
+        return tokens, load_async
+
+    def _wait(self, name: str, request_id: str) -> None:
+        """One more ``None`` answer of child ``name`` for ``request_id``; past the patience in
+        a row, a :class:`LookupPatienceError` (the child's failure: no hit) and no more
+        asking it for that request."""
+        waits = self._waits.setdefault(request_id, {})
+        waited = waits.get(name, 0) + 1
+        patience = self._patience
+        if waited <= patience:
+            waits[name] = waited
+            return
+        waits[name] = GAVE_UP
+        raise LookupPatienceError(
+            f"child {name!r} answered None (still looking up) for request {request_id!r} "
+            f"{patience} times in a row: the lookup goes on without it for this request "
+            f"(kv_connector_extra_config[{PATIENCE_KEY!r}])"
+        )
