@@ -103,22 +103,20 @@ def check_aggregator(
 ) -> CheckReport:
     """Model-check the real aggregator on a bounded scenario: every reachable state, every event.
 
-    ``connectors`` maps each name to its kind: ``"saver"`` (a scripted connector; every subset
-    of the registered savers is tried at ``request_finished``), ``"raises"`` (its calls raise),
-    ``"garbage"`` (it answers a bare ``True``), ``"store"`` (a saver registered with
-    ``Role.save``), ``"loader"`` (registered with ``Role.load``: it answers ``match_tokens`` as
-    a saver does and promises a save it must not be awaited for) or ``None`` (a slot that is
-    not ready); with a store or a loader the report adds :data:`ROLES_KEPT` after the others.
-    Use your own names: ranks of one connector are names such as ``"pd@0"``, ``"pd@1"``.
-    Default: :data:`DEFAULT_CONNECTORS`. ``unknown``
-    names are never registered; reports under them are events too. ``requests`` is how many
-    request ids take part. ``events`` chooses the alphabet among :data:`ALPHABET` (the default)
-    and :data:`LOAD_EVENTS`; with a load event, scripted savers also answer ``match_tokens``
-    (0, 1 or ``None`` each, every combination tried) and the report adds :data:`LOAD_ONCE`.
-    ``factory(registry, trace=True, stripes=1)`` builds the aggregator: pass a subclass, or a
-    ``functools.partial`` with your options. ``max_states``/``max_depth``/``max_seconds`` bound
-    the search (default: none, so it finishes) and ``progress`` shows it, or ``config`` (a
-    :class:`SearchConfig`: the checker sets its reductions, title and bounds shown) holds them.
+    ``connectors`` maps each name (your own: ranks of one connector are ``"pd@0"``, ``"pd@1"``)
+    to its kind: ``"saver"`` (scripted; every subset of the savers is tried at
+    ``request_finished``), ``"raises"`` (its calls raise), ``"garbage"`` (it answers a bare
+    ``True``), ``"store"`` (a saver with ``Role.save``), ``"loader"`` (``Role.load``: it answers
+    ``match_tokens`` and promises a save it must not be awaited for) or ``None`` (not ready);
+    with a store or a loader the report adds :data:`ROLES_KEPT`. Default:
+    :data:`DEFAULT_CONNECTORS`. ``unknown`` names are never registered; their reports are
+    events. ``requests`` request ids take part. ``events`` chooses the alphabet among
+    :data:`ALPHABET` (the default) and :data:`LOAD_EVENTS`; with a load event, savers also
+    answer ``match_tokens`` (0, 1 or ``None``, every combination) and the report adds
+    :data:`LOAD_ONCE` after ``no leak``. ``factory(registry, trace=True, stripes=1)`` builds the
+    aggregator (a subclass, or a ``functools.partial``). ``max_states``, ``max_depth``,
+    ``max_seconds`` (default: none, so it finishes) and ``progress``, or a ``config``
+    (:class:`SearchConfig`), bound and show the search.
 
     Coverage (``states reached``, ``transitions fired``) fails only for what the configuration
     can reach (:func:`reachable_in`); ``strict_coverage=True`` requires every declared state and
@@ -130,20 +128,18 @@ def check_aggregator(
     event also picks, for every ready saver, one of :data:`PARAM_CHOICES`, and the report adds
     :data:`PARAMS_MERGED`: the merged params equal the checker's reference merge (which follows
     ``allow_equal_params``), a ``KeyClashError`` is raised exactly when it says so, once the
-    answers were applied, and no saver's dict is changed (4 times the ``request_finished``
-    events per ready saver). ``per_request=True`` checks each request's *view* (the registry
-    and its own record) once, instead of every combination of the requests' states: two
-    requests then cost about what one costs, with the same verdicts and counterexample lengths
-    as long as requests interact only through the registry, ``take()`` and batches; it replaces
-    the sleep sets (docs/check.md, "Requests apart"). ``early_reports`` chooses which reports
-    that come while a ``request_finished`` still asks (:attr:`~multiconnector.Outcome.early`)
-    are explored, one of :data:`EARLY_REPORTS`: ``"savers"`` (the default: the report of the
-    very save each saver asked promises), ``"all"`` (from every ready connector the request
-    does not await) or ``"off"`` (docs/check.md, "Early reports").
+    answers were applied, and no saver's dict is changed; after ``callbacks``.
+    ``per_request=True`` checks each request's *view* (the registry and its own record) once,
+    not every combination of the requests' states: two requests cost about what one costs, with
+    the same verdicts and counterexample lengths while requests interact only through the
+    registry, ``take()`` and batches (docs/check.md, "Requests apart"). ``early_reports``, one
+    of :data:`EARLY_REPORTS`, chooses the reports explored while a ``request_finished`` still
+    asks (:attr:`~multiconnector.Outcome.early`): ``"savers"`` (the default: of the save each
+    saver asked promises), ``"all"`` (from every ready connector the request does not await) or
+    ``"off"`` (docs/check.md, "Early reports").
 
-    Returns a :class:`CheckReport` with one result per name in :data:`PROPERTIES` (and
-    :data:`LOAD_ONCE` after ``no leak`` when the alphabet has a load event, and
-    :data:`PARAMS_MERGED` after ``callbacks`` with ``params``).
+    Returns a :class:`CheckReport`: one result per name in :data:`PROPERTIES` (with
+    :data:`LOAD_ONCE` and :data:`PARAMS_MERGED` as said above).
 
     .. versionadded:: 0.1.0
     """
