@@ -1,12 +1,13 @@
 """The adapter's scheduler side against the transfer report rule, on every sequence of a bounded
 alphabet.
 
-The scheduler side keeps its own light books of the saves it hands off (``_saving``,
-``_new_savers``, ``_counted_owed``, ``_workers_done``, ...) rather than the core aggregator's
-records (docs/vllm.md, "One completion per request"). This test checks those books, with the
-workers' ledgers and vLLM's ``KVOutputAggregator`` beneath them, against
-:func:`multiconnector.rule.transfer_report`, on every sequence of up to :data:`DEPTH` events of
-an alphabet of what the scheduler side meets:
+The scheduler side tells its core books (the aggregator's records) who saves each finished
+request, under the names its reports take there: a saver that reports on every worker by its
+name, a child counted on fewer workers under one name per report owed, and the workers' own
+confirmation (docs/vllm.md, "One completion per request"); vLLM frees what ``take()`` hands
+back. This test checks that translation, with the workers' ledgers and vLLM's
+``KVOutputAggregator`` beneath it, against :func:`multiconnector.rule.transfer_report`, on
+every sequence of up to :data:`DEPTH` events of an alphabet of what the scheduler side meets:
 
 - ``finish r {savers}``: vLLM's ``request_finished`` for request ``r`` (``r1`` or ``r2``), each
   saving child answering ``True`` when it is in ``savers`` (every subset) and ``False`` else.
@@ -78,10 +79,12 @@ require_vllm()
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 from rule_worlds import (  # noqa: E402
     Arrive,
+    Mismatch,
     SchedulerWorld,
     Setup,
     World,
@@ -96,6 +99,7 @@ import multiconnector.rule as rule_module  # noqa: E402
 from multiconnector import Outcome  # noqa: E402
 from multiconnector.rule import OTHER_NAMES  # noqa: E402
 from multiconnector.vllm import NamedMultiConnectorWorkerMetadata  # noqa: E402
+from multiconnector.vllm.scheduler import SchedulerPart  # noqa: E402
 
 # vLLM logs every connector it builds: thousands here.
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300), pytest.mark.usefixtures("quiet")]
@@ -161,3 +165,42 @@ def test_forwarded_reports_from_made_up_names_are_counted_in_bounded_memory(
     assert len(counts) == 4
     assert counts[OTHER_NAMES] == {Outcome.unknown_request: 2 * 7}
     assert sum(n for per in counts.values() for n in per.values()) == 2 * 10
+
+
+# -- planted bugs in the counted path: the enumeration must find each ------------------------------
+
+
+def _one_report_enough(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The books await no report of a counted child: the workers' confirmation frees it."""
+    awaited = SchedulerPart._awaited
+
+    def planted(part: SchedulerPart, savers: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(name for name in awaited(part, savers) if name not in part._rank_owner)
+
+    monkeypatch.setattr(SchedulerPart, "_awaited", planted)
+
+
+def _workers_confirm_every_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers' confirmation is applied to every name the books await, a counted child's
+    reports included."""
+
+    def planted(part: SchedulerPart, finished: Any) -> None:
+        for request_id in finished:
+            record = part.tracker.peek(request_id)
+            for name in () if record is None else record.awaiting:
+                part.tracker.transfer_finished(request_id, name)
+
+    monkeypatch.setattr(SchedulerPart, "_saves_confirmed", planted)
+
+
+@pytest.mark.parametrize(
+    "plant", [_one_report_enough, _workers_confirm_every_name], ids=lambda f: f.__name__[1:]
+)
+def test_a_planted_bug_in_the_counted_path_is_found(
+    model: Path, monkeypatch: pytest.MonkeyPatch, plant: Callable[[pytest.MonkeyPatch], None]
+) -> None:
+    """The translation of a counted child's reports onto the core books is checked, not
+    trusted: a wrong one frees a request before every report it owes came."""
+    plant(monkeypatch)
+    with pytest.raises(Mismatch, match=r"vLLM frees|counted owed"):
+        explore(prepare(two_workers(), model), DEPTH)
