@@ -177,7 +177,7 @@ class Loading(Books):
         """
         if request_id.__class__ is not str or not request_id:
             request_id = check_request_id(request_id)
-        chooser = None if name is None else self._loader_entry(check_name(name, "name"))
+        chooser = None if name is None else self._loader_entry(name)
         if self._closed:
             self._shut("choose_loader")
         record = self._requests.get(request_id)
@@ -193,8 +193,10 @@ class Loading(Books):
         """The registry's entry of ``name``, which :meth:`choose_loader` records as the loader
         (``None`` for a name registered with ``None``: its load report is then refused)."""
         registry = self._registry
-        if name not in registry.entries:
-            raise UnknownConnectorError(f"name={name!r} is not registered")
+        if name.__class__ is not str or name not in registry.entries:  # registered: a name
+            name = check_name(name, "name")
+            if name not in registry.entries:
+                raise UnknownConnectorError(f"name={name!r} is not registered")
         if registry.role(name) is Role.save:
             raise RoleError(
                 f"name={name!r} is registered with role=Role.save: it never loads",

@@ -150,13 +150,7 @@ class Children:
             except Exception as exc:
                 failures = failed(failures, name, exc)
         if failures is not None:
-            raise ConnectorFailures(
-                f"{len(failures)} child connector(s) raised in {what}: "
-                + ", ".join(name for name, _ in failures),
-                [exc for _, exc in failures],
-                failed=[name for name, _ in failures],
-                result=results,
-            )
+            raise _all(f"{len(failures)} child connector(s) raised in {what}", failures, results)
         return results
 
     def gather_soft(
@@ -226,12 +220,7 @@ class Children:
             except Exception as exc:
                 failures = failed(failures, name, exc)
         if failures is not None:
-            raise ConnectorFailures(
-                f"{len(failures)} connector(s) failed to shut down: "
-                + ", ".join(name for name, _ in failures),
-                [exc for _, exc in failures],
-                failed=[name for name, _ in failures],
-            )
+            raise _all(f"{len(failures)} connector(s) failed to shut down", failures, None)
 
     def check_metadata(self, metadata: Any) -> NamedMultiConnectorMetadata:
         """``metadata`` if it is this connector's kind and names exactly these children."""
@@ -251,6 +240,14 @@ class Children:
                 "scheduler and the workers must be configured with the same children"
             )
         return metadata
+
+
+def _all(what: str, failures: list[tuple[str, Exception]], result: Any) -> ConnectorFailures:
+    """Every failure of ``failures`` together, ``what`` happened to the children named."""
+    names = [name for name, _ in failures]
+    return ConnectorFailures(
+        f"{what}: {', '.join(names)}", [exc for _, exc in failures], failed=names, result=result
+    )
 
 
 def _all_known(metadata: NamedMultiConnectorMetadata, known: Mapping[str, Any]) -> bool:

@@ -46,9 +46,10 @@ from .wire import (
 
 __all__ = ["WORKERS", "SchedulerPart"]
 
-#: The name, on the scheduler's core books, of every worker's confirmation of a request whose
-#: savers all report on fewer workers than all (:meth:`SchedulerPart._awaited`).
+#: The name, on the scheduler's core books, of every worker's confirmation that a request's
+#: saves are done there (:meth:`SchedulerPart._awaited`).
 WORKERS: Final = "@workers"
+_WORKERS_ONLY: Final = (WORKERS,)
 
 _APPLIED: Final = Outcome.applied
 _PENDING: Final = State.pending
@@ -62,6 +63,16 @@ def _named(value: Any, kind: type[Any], what: str) -> Any:
     return value
 
 
+def _not_taken(name: str, children: set[str]) -> None:
+    """A :class:`ChildrenConflictError` when a child bears ``name``, a name the scheduler's
+    books give a report (:data:`WORKERS`, a counted child's ``<name>@<i>``)."""
+    if name in children:
+        raise ChildrenConflictError(
+            f"child name {name!r} is a name the scheduler's books give a report: rename that "
+            "child (multiconnector_name)"
+        )
+
+
 class SchedulerPart:
     """The scheduler-side calls of vLLM's connector interface, over one :class:`Children`."""
 
@@ -71,6 +82,10 @@ class SchedulerPart:
         #: Every request from its arrival until vLLM may free its blocks: its loader, and the
         #: savers the workers await (the core's books, told by this part).
         self.tracker = Aggregator(children.registry(), lookup=settings.lookup)
+        _not_taken(WORKERS, set(children.names))
+        self.tracker.register(WORKERS, Slot(WORKERS), Role.save)
+        #: Each request the workers await saves of, with its savers, until handed back.
+        self._savers_of: dict[str, tuple[str, ...]] = {}
         #: Each child's lookups, hits and loads, by name.
         self.hits = Hits(report=settings.hit_metrics)
         #: Whether every child supports HMA: request_finished_all_groups then asks each child
@@ -119,36 +134,34 @@ class SchedulerPart:
     def _awaited(self, savers: tuple[str, ...]) -> tuple[str, ...]:
         """The names the core books await for a request ``savers`` save.
 
-        A saver that reports on every worker is awaited by its name, and confirmed once every
-        worker reported the request (vLLM's output aggregator awaits them all). A saver that
-        reports on fewer workers (``get_finished_count()``: ``k``) owes ``k`` reports, which
-        its workers forward: it is awaited under ``k`` names, ``<name>@1`` to ``<name>@k``,
-        one per report, and the workers' own confirmation then under :data:`WORKERS` unless a
-        saver of the first kind stands for it. Every name is the core's to decide.
+        Every worker's confirmation, :data:`WORKERS`: a worker reports the request once every
+        saver that reports on every worker reported there, and vLLM's output aggregator passes
+        it on once every worker did. A saver that reports on fewer workers
+        (``get_finished_count()``: ``k``) owes ``k`` reports of its own, which its workers
+        forward: it is awaited under ``k`` names more, ``<name>@1`` to ``<name>@k``, one per
+        report. Every name is the core's to decide.
         """
+        if not savers:
+            return ()
         counted = self._kids.counted()
         if not counted or all(name not in counted for name in savers):
-            return savers
+            return _WORKERS_ONLY
         if not self._ranks:
             self._register_ranks(counted)
-        names = [name for name in savers if name not in counted] or [WORKERS]
+        names = [WORKERS]
         for name in savers:
             names += self._ranks.get(name, ())
         return tuple(names)
 
     def _register_ranks(self, counted: Mapping[str, int]) -> None:
         """Register the report names of the children that report on fewer workers
-        (:meth:`_awaited`), and the workers' confirmation, on the core books."""
+        (:meth:`_awaited`) on the core books."""
         taken = set(self._kids.names)
         for name, k in counted.items():
             self._ranks[name] = tuple(f"{name}@{i}" for i in range(1, k + 1))
             self._rank_owner.update((rank, name) for rank in self._ranks[name])
-        for rank in (WORKERS, *self._rank_owner):
-            if rank in taken:
-                raise ChildrenConflictError(
-                    f"child name {rank!r} is the name a report of another child takes on the "
-                    "scheduler's books: rename that child (multiconnector_name)"
-                )
+        for rank in self._rank_owner:
+            _not_taken(rank, taken)
             self.tracker.register(rank, Slot(rank), Role.save)
 
     def child_of(self, name: str) -> str:
@@ -158,13 +171,12 @@ class SchedulerPart:
     @property
     def saving(self) -> dict[str, tuple[str, ...]]:
         """Each request whose saves the workers await, with its savers (a new dict)."""
-        saving: dict[str, tuple[str, ...]] = {}
         tracker = self.tracker
-        for request_id in tracker.request_ids():
+        saving: dict[str, tuple[str, ...]] = {}
+        for request_id, savers in self._savers_of.items():
             record = tracker.peek(request_id)
             if record is not None and record.state is _FINISHING:
-                mine = {self.child_of(name) for name in record.expected}
-                saving[request_id] = tuple(n for n in self._kids.names if n in mine)
+                saving[request_id] = savers
         return saving
 
     @property
@@ -435,24 +447,17 @@ class SchedulerPart:
             self._counted_saves(sent)
         self._loads_reported(connector_output.failed_recving)
         handed = [record.request_id for record in tracker.take() if record.expected]
+        savers_of = self._savers_of
+        for request_id in handed:
+            savers_of.pop(request_id, None)
         if handed or sending:
             connector_output.finished_sending = {*unknown, *handed} or None
 
     def _saves_confirmed(self, finished: Any) -> None:
         """Every worker reported ``finished`` sent (vLLM's output aggregator awaits every
-        worker): each awaited name the workers stand for is confirmed on the core books, the
-        savers that report on every worker, or their confirmation (:data:`WORKERS`)."""
+        worker): their confirmation, :data:`WORKERS`, applied on the core books."""
         tracker = self.tracker
-        confirmed: dict[str, list[str]] = {}
-        owners = self._rank_owner
-        for request_id in finished:
-            record = tracker.peek(request_id)
-            if record is not None and record.awaiting:
-                for name in record.awaiting:
-                    if name not in owners:
-                        confirmed.setdefault(name, []).append(request_id)
-        for name, request_ids in confirmed.items():
-            tracker.transfer_finished_many(name, request_ids)
+        self.tracker.transfer_finished_many(WORKERS, [r for r in finished if r in tracker])
 
     def _counted_saves(self, sent: Mapping[str, Mapping[str, int]]) -> None:
         """``sent[name][r]`` workers reported ``name``, a child that reports on fewer workers
@@ -661,11 +666,11 @@ class SchedulerPart:
                 savers.append(name)
             if error is not None:
                 failures.append((name, error))
-            else:
+            elif params is not None:  # None contributes nothing: most children's answer
                 contributions.append((name, params))
         merged: dict[str, Any] | None = None
         try:
-            merged = merge_transfer_params(contributions)
+            merged = merge_transfer_params(contributions) if contributions else None
         except KeyClashError as clash:  # the later children that supplied a key
             later = {name for names in clash.clashes.values() for name in names[1:]}
             failures += [(name, clash) for name in self._kids.names if name in later]
@@ -688,6 +693,7 @@ class SchedulerPart:
         tracker.request_finished_by(request_id, self._awaited(savers))
         if savers:
             self._new_savers[request_id] = savers
+            self._savers_of[request_id] = savers
         self.forget(request_id)
         record = tracker.peek(request_id)
         if (

@@ -408,6 +408,7 @@ class World:
             held["connector.saving"] = dict(c.saving)
             held["connector loads in flight"] = sorted(c._scheduler.loads_in_flight)
             held["connector live"] = sorted(c._scheduler.live)
+            held["connector savers"] = dict(c._scheduler._savers_of)
             for rank, w in enumerate(self.workers):
                 held[f"worker {rank} ledger"] = w.ledger.held()
                 held[f"worker {rank} loads"] = len(w.load_tracker)

@@ -126,8 +126,6 @@ def one_worker() -> Setup:
         *(("worker", n, o) for n in ("S1", "S2") for o in WORKER_SAVER_OUTCOMES),
         *(("worker", "N", o) for o in ("phantom", "terminal", "unknown_request")),
         *(("scheduler", STRANGER, o) for o in ("terminal", "unknown_connector", "unknown_request")),
-        # The scheduler's core books apply each saver's report once every worker confirmed it.
-        *(("scheduler", n, "applied") for n in ("S1", "S2")),
     }
     # S1 never reports after its request was released in the same step: no event has it.
     setup.outcomes.discard(("worker", "S1", "terminal"))
@@ -163,7 +161,6 @@ def two_workers() -> Setup:
             for o in ("applied", "duplicate", "phantom", "terminal", "unknown_request")
         ),
         *(("scheduler", STRANGER, o) for o in ("unknown_connector", "unknown_request")),
-        *(("scheduler", n, "applied") for n in ("S1", "S2")),
     }
     return setup
 
@@ -456,9 +453,6 @@ class Reference:
         self.ledgers: list[Book] = [{} for _ in range(setup.workers)]
         self.counted_books: list[Book] = [{} for _ in range(setup.workers)]
         self.scheduler_counts: dict[str, dict[Outcome, int]] = {}
-        #: Each held request's savers until every worker confirmed it: the scheduler's core
-        #: books then apply the report of each saver that reports on every worker, once.
-        self.savers_of: dict[str, tuple[str, ...]] = {}
         self.worker_counts: list[dict[str, dict[Outcome, int]]] = [{} for _ in range(setup.workers)]
         #: The requests the scheduler's books hold from their arrival, not finished yet.
         self.arrived: set[str] = set()
@@ -481,7 +475,6 @@ class Reference:
         owed = workers + tuple(n for n in savers if n in self.counted)
         self.scheduler[request_id] = (owed, owed)
         self.untold[request_id] = savers
-        self.savers_of[request_id] = savers
         return True
 
     def step(self, event: Step) -> set[str]:
@@ -521,14 +514,6 @@ class Reference:
             for request_id in sorted(released[w]):
                 outcome = apply_rule(self.scheduler, request_id, f"worker {w}", freed)
                 assert outcome is Outcome.applied, (w, request_id, outcome)
-        for request_id in sorted({r for w in workers for r in released[w]}):
-            awaiting = self.scheduler.get(request_id, ((), ()))[0]
-            if not any(n.startswith("worker ") for n in awaiting):
-                # Every worker confirmed it: the scheduler's books apply each saver's report
-                # that the workers stand for (a counted saver's own reports are counted below).
-                for name in self.savers_of.pop(request_id, ()):
-                    if name not in self.counted:
-                        _count(self.scheduler_counts, name, Outcome.applied)
         reports = [(name, r, n) for name, per in forwarded.items() for r, n in per.items()]
         reports += [(STRANGER, r, 1) for r in event.stranger]
         for name, request_id, n in reports:

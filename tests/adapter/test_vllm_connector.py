@@ -72,6 +72,7 @@ from multiconnector.vllm import (  # noqa: E402
     msgspec_dec_hook,
     msgspec_enc_hook,
 )
+from multiconnector.vllm.scheduler import WORKERS  # noqa: E402
 from multiconnector.vllm.wire import ADAPTER_KEY  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]  # vLLM engine start-up
@@ -682,7 +683,7 @@ def test_a_child_that_takes_the_partial_tail_is_awaited(model: Path) -> None:
     assert s.saving == {"r1": ("a",)}  # handed off to the workers, which await it
     record = s.tracker.get("r1")  # and the core's books, until the workers report it
     assert record is not None and record.state is State.finishing
-    assert record.awaiting == ("a",)
+    assert record.awaiting == (WORKERS,)
 
 
 def test_scheduler_fan_outs(model: Path) -> None:
