@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ._validate import check_name, shown
+from ._validate import check_name, name_problem, shown
 from .errors import DuplicateConnectorError, InvalidArgumentError, InvalidParamsError, KeyClashError
 
 __all__ = ["merge_transfer_params"]
@@ -70,13 +70,14 @@ def merge_transfer_params(
                 f"contributions[{index}]={shown(item)} must be a (name, params) tuple"
             )
         name, params = item
-        name = check_name(name, f"contributions[{index}][0]")
+        if name.__class__ is not str or name_problem(name) is not None:
+            name = check_name(name, f"contributions[{index}][0]")
         if name in names:
             raise DuplicateConnectorError(f"connector name={name!r} contributes twice")
         names.add(name)
         if params is None:
             continue
-        if not isinstance(params, Mapping):
+        if params.__class__ is not dict and not isinstance(params, Mapping):
             raise InvalidParamsError(
                 f"params of connector {name!r}={shown(params)} must be a Mapping or None"
             )
