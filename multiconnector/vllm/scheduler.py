@@ -111,8 +111,6 @@ class SchedulerPart:
         self.loads_in_flight: set[str] = set()
         self._load_since: dict[str, float] = {}
         self._saver_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
-        #: This output's load completions, read before vLLM's own handling.
-        self._recving: Any = ()
         self._init_counted()
 
     def _init_counted(self) -> None:
@@ -427,11 +425,12 @@ class SchedulerPart:
         events = connector_output.kv_cache_events
         if events is not None and events.__class__ is not NamedKVEvents:
             _named(events, NamedKVEvents, "kv_cache_events")
+        loaded = connector_output.finished_recving or ()  # as the workers reported them
         self._route_output(connector_output, worker_meta, events)
         if connector_output.failed_recving:
             self._mark_failed(connector_output.failed_recving)
         if self._loads_owed or self._counted_failed:
-            self._count_loads(connector_output, worker_meta)
+            loaded = self._count_loads(connector_output, worker_meta)
         tracker = self.tracker
         recving = connector_output.finished_recving
         if recving and len(tracker):
@@ -445,7 +444,7 @@ class SchedulerPart:
             self._saves_confirmed(sending)
         if sent:
             self._counted_saves(sent)
-        self._loads_reported(connector_output.failed_recving)
+        self._loads_reported(loaded, connector_output.failed_recving)
         handed = [record.request_id for record in tracker.take() if record.expected]
         savers_of = self._savers_of
         for request_id in handed:
@@ -486,11 +485,10 @@ class SchedulerPart:
         verdict = transfer_report(None if record is None else record.state, (), (), (), name)
         self._tally(refined(verdict[0], name in self._kids.by_name, True), name, 1)
 
-    def _loads_reported(self, failed_now: Any) -> None:
-        """The loads of this output's completions reported to the core books, by their
-        loaders."""
+    def _loads_reported(self, loaded: Any, failed_now: Any) -> None:
+        """The loads of ``loaded`` reported to the core books, by their loaders."""
         tracker = self.tracker
-        for request_id in self._recving:
+        for request_id in loaded:
             self.loads_in_flight.discard(request_id)
             self._load_since.pop(request_id, None)
             loader = self.loader(request_id)
@@ -500,7 +498,6 @@ class SchedulerPart:
                 and not (failed_now and request_id in failed_now)  # counted by _mark_failed
             ):
                 self.hits.add(loader, "loads_completed")
-        self._recving = ()
 
     def _mark_failed(self, request_ids: Any) -> None:
         """The loads of ``request_ids`` failed: their loaders are not asked again for them."""
@@ -514,7 +511,6 @@ class SchedulerPart:
         """Every child's ``update_connector_output``, with its own entries of ``worker_meta``
         and ``events`` in place of ours (put back afterwards); failures absorbed."""
         failures: Failures = None
-        self._recving = connector_output.finished_recving or ()
         try:
             for name, child in self._kids.fan.update_connector_output:
                 try:
@@ -531,10 +527,10 @@ class SchedulerPart:
         if failures is not None:
             self._kids.absorb("update_connector_output", failures)
 
-    def _count_loads(self, connector_output: Any, worker_meta: Any) -> None:
+    def _count_loads(self, connector_output: Any, worker_meta: Any) -> Any:
         """Hold back the load completions of the loads a counted child owes reports of; pass
         each on (with its failure, if a counted report said so) once every worker reported it
-        and the child's reports reached its count, in the step the last of those arrived."""
+        and the child's reports reached its count, in the step the last of those arrived; returns the loads passed on."""
         owed = self._loads_owed
         done = self._recv_done
         recving = set(connector_output.finished_recving or ())
@@ -551,7 +547,7 @@ class SchedulerPart:
             self._counted_failed -= failed_now
             connector_output.failed_recving = set(connector_output.failed_recving) | failed_now
         connector_output.finished_recving = recving or None
-        self._recving = connector_output.finished_recving or ()
+        return connector_output.finished_recving or ()
 
     def _count_loaded(
         self, name: str, request_id: str, n: int, recving: set[str], load_failed: bool
