@@ -92,11 +92,16 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 f"support it: {lacking}; set --disable-hybrid-kv-cache-manager or remove them"
             )
         self._vllm_config = vllm_config
+        #: Whether every child supports HMA (vLLM's class's attribute, which its tests read):
+        #: request_finished_all_groups then asks each child for every group's blocks.
+        self._all_support_hma = not lacking
         self._kids = Children(specs, vllm_config, role, kv_cache_config)
         self._sched: SchedulerPart | None = None
         self._work: WorkerPart | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._sched = SchedulerPart(self._kids, self._settings, vllm_config)
+            self._sched = SchedulerPart(
+                self._kids, self._settings, vllm_config, all_support_hma=self._all_support_hma
+            )
         else:
             self._work = WorkerPart(self._kids, self._settings)
 
@@ -105,7 +110,12 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         """The scheduler's part (built on first use on a worker's connector)."""
         part = self._sched
         if part is None:
-            part = self._sched = SchedulerPart(self._kids, self._settings, self._vllm_config)
+            part = self._sched = SchedulerPart(
+                self._kids,
+                self._settings,
+                self._vllm_config,
+                all_support_hma=self._all_support_hma,
+            )
         return part
 
     @property

@@ -76,7 +76,9 @@ def _not_taken(name: str, children: set[str]) -> None:
 class SchedulerPart:
     """The scheduler-side calls of vLLM's connector interface, over one :class:`Children`."""
 
-    def __init__(self, children: Children, settings: Settings, vllm_config: Any) -> None:
+    def __init__(
+        self, children: Children, settings: Settings, vllm_config: Any, *, all_support_hma: bool
+    ) -> None:
         self._kids = children
         self._settings = settings
         #: Every request from its arrival until vLLM may free its blocks: its loader, and the
@@ -90,7 +92,7 @@ class SchedulerPart:
         self.hits = Hits(report=settings.hit_metrics)
         #: Whether every child supports HMA: request_finished_all_groups then asks each child
         #: for every group's blocks (vLLM's rule), otherwise the one group's.
-        self._all_support_hma = not without_hma(tuple(children.specs.values()))
+        self._all_support_hma = all_support_hma
         self._block_size = int(getattr(vllm_config.cache_config, "block_size", 16) or 16)
         self.live: dict[str, Any] = {}
         #: Which child loads each request, and what later lookups need of it.
@@ -530,7 +532,8 @@ class SchedulerPart:
     def _count_loads(self, connector_output: Any, worker_meta: Any) -> Any:
         """Hold back the load completions of the loads a counted child owes reports of; pass
         each on (with its failure, if a counted report said so) once every worker reported it
-        and the child's reports reached its count, in the step the last of those arrived; returns the loads passed on."""
+        and the child's reports reached its count, in the step the last of those arrived.
+        Returns the load completions passed on."""
         owed = self._loads_owed
         done = self._recv_done
         recving = set(connector_output.finished_recving or ())

@@ -149,7 +149,8 @@ class WorkerPart:
         """Learn who saves and who loads what from the scheduler's metadata (the core books
         are told), then give each child its own metadata."""
         metadata = self._kids.check_metadata(connector_metadata)
-        counted = self._kids.counted()
+        # The children's counts are asked when first needed (as vLLM's class asks them).
+        counted = self._kids.counted() if metadata.savers or metadata.loads else {}
         if metadata.savers:
             # These requests finished on the scheduler; each awaits exactly these names now.
             if counted:
