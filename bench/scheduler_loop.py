@@ -164,9 +164,11 @@ def make_requests(tag: str, n: int, rng: random.Random) -> list[Request]:
     return out
 
 
-#: A regression guard, not a target: today's figure (about 1.12) plus a margin. The performance
-#: headline is the engine row (bench/engine_row.py); docs/bench.md says why.
-LOOP_GUARD = 1.15
+#: A regression guard, not a target: today's figure (about 1.23, since the scheduler's saves are
+#: on the core's books: docs/bench.md, "The scheduler's saves on the core's books") plus a
+#: margin. The performance headline is the engine row (bench/engine_row.py); docs/bench.md says
+#: why.
+LOOP_GUARD = 1.30
 
 #: (label, max_num_seqs, max_num_batched_tokens): the harness's config, then batches that fill
 #: max_num_seqs (every request's prompt fits the token budget of one step).

@@ -108,5 +108,5 @@ def test_vllm_rows_and_scheduler_loop_rows_run(tmp_path: Path) -> None:
     for entry in sizes.values():
         assert entry["vllm_us"] > 0 and entry["ours_us"] > 0
         assert entry["vllm_iqr_us"][0] <= entry["vllm_iqr_us"][1]
-    for row in ("scheduler loop, 16 seqs", "scheduler loop, full batches of 128", "≤ 1.15"):
+    for row in ("scheduler loop, 16 seqs", "scheduler loop, full batches of 128", "≤ 1.3"):
         assert row in table

@@ -3,8 +3,10 @@
 One object per role and process, as vLLM builds them: the connector holds the children
 (:class:`~multiconnector.vllm.children.Children`) and the part of its role, a
 :class:`~multiconnector.vllm.scheduler.SchedulerPart` or a
-:class:`~multiconnector.vllm.worker.WorkerPart`, each with only its own books; every hook of
-vLLM's interface is a method here that hands the call to its part. (vLLM's own tests call a
+:class:`~multiconnector.vllm.worker.WorkerPart`, each with only its own books. Every hook of
+vLLM's interface is a method here: one that only fans out to the children calls them through
+:class:`~multiconnector.vllm.children.Children`; one that reads or writes a role's books hands
+the call to that role's part. (vLLM's own tests call a
 scheduler's hook on a worker's connector now and then: the other part is then built on first
 use.) Here too are the introspection, the class-level queries and the calls both roles get.
 """
@@ -32,7 +34,7 @@ from ..aggregator import MultiConnector as Aggregator
 from ..errors import InvalidArgumentError
 from ..ledger import SaveLedger
 from ..outcome import Outcome
-from .children import Children, failed
+from .children import Children, Failures, failed
 from .config import child_specs, connector_class, settings_of, specs_of, without_hma
 from .errors import ChildrenConflictError, HMAUnsupportedError
 from .hits import LOOKUP
@@ -50,6 +52,8 @@ from .wire import (
 from .worker import WorkerPart
 
 __all__ = ["MultiConnector"]
+
+_SAVE_DEGRADED: Final = "its save of this step may be incomplete; its report is still awaited"
 
 logger: Final = logging.getLogger("multiconnector")
 
@@ -370,7 +374,7 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._scheduler.bind_kv_cache_manager(kv_cache_manager)
 
     def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
-        self._scheduler.bind_gpu_block_pool(gpu_block_pool)
+        self._kids.gather("bind_gpu_block_pool", lambda _, c: c.bind_gpu_block_pool(gpu_block_pool))
 
     def on_new_request(self, request: Any) -> None:
         self._scheduler.on_new_request(request)
@@ -454,20 +458,31 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return self._scheduler.request_finished(request, block_ids, all_groups=True)
 
     def take_events(self) -> list[Any]:
-        return self._scheduler.take_events()
+        events: list[Any] = []
+        failures: Failures = None
+        for name, child in self._kids.fan.take_events:  # every step: no helper
+            try:
+                found = list(child.take_events())
+            except Exception as exc:
+                failures = failed(failures, name, exc)
+                continue
+            events.extend(found)
+        if failures is not None:
+            self._kids.absorb("take_events", failures, "its events of this step dropped")
+        return events
 
     def has_pending_block_frees(self) -> bool:
-        return self._scheduler.has_pending("has_pending_block_frees")
+        return self._has_pending("has_pending_block_frees")
 
     def has_pending_push_work(self) -> bool:
-        return self._scheduler.has_pending("has_pending_push_work")
+        return self._has_pending("has_pending_push_work")
 
     def set_xfer_handshake_metadata(self, metadata: dict[int, Any]) -> None:
         """Each child gets its own entries of :class:`NamedHandshakeMetadata`, by name."""
-        self._scheduler.route_handshake(metadata, "set_xfer_handshake_metadata")
+        self._route_handshake(metadata, "set_xfer_handshake_metadata")
 
     def set_xfer_handshake_metadata_pp_aware(self, metadata: dict[tuple[int, int], Any]) -> None:
-        self._scheduler.route_handshake(metadata, "set_xfer_handshake_metadata_pp_aware")
+        self._route_handshake(metadata, "set_xfer_handshake_metadata_pp_aware")
 
     # -- the worker's hooks --------------------------------------------------------------------
 
@@ -480,28 +495,49 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         super().clear_connector_metadata()
 
     def get_mem_pool_context(self) -> AbstractContextManager[Any] | None:
-        return self._worker.get_mem_pool_context()
+        contexts = self._kids.present("get_mem_pool_context")
+        if len(contexts) > 1:
+            raise ChildrenConflictError(
+                f"Multiple connectors provide a KV cache memory pool {list(contexts)}: child "
+                f"connectors {', '.join(map(repr, contexts))} each provide one; the KV cache is "
+                "allocated once, in one pool: configure custom_mem_pool on at most one"
+            )
+        return next(iter(contexts.values()), None)
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
-        self._worker.register_kv_caches(kv_caches)
+        self._kids.gather("register_kv_caches", lambda _, c: c.register_kv_caches(kv_caches))
 
+    # vLLM 0.33 added these two to the base class (a no-op there); a child built for 0.32 lacks
+    # them, and then gets that default: nothing is called.
     def unregister_kv_caches(self) -> None:
-        self._worker.unregister_kv_caches()
+        self._kids.gather(
+            "unregister_kv_caches", lambda _, c: _call_if_present(c, "unregister_kv_caches")
+        )
 
     def restore_kv_caches(self) -> None:
-        self._worker.restore_kv_caches()
+        self._kids.gather(
+            "restore_kv_caches", lambda _, c: _call_if_present(c, "restore_kv_caches")
+        )
 
     def set_host_xfer_buffer_ops(self, copy_operation: Any) -> None:
-        self._worker.set_host_xfer_buffer_ops(copy_operation)
+        self._kids.gather(
+            "set_host_xfer_buffer_ops", lambda _, c: c.set_host_xfer_buffer_ops(copy_operation)
+        )
 
     def finish_forward(self) -> None:
-        self._worker.finish_forward()
+        self._kids.each("finish_forward")
 
     def reset_capture_state(self) -> None:
-        self._worker.reset_capture_state()
+        self._kids.gather("reset_capture_state", lambda _, c: c.reset_capture_state())
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
-        self._worker.handle_preemptions(kv_connector_metadata)
+        children = self._kids.check_metadata(kv_connector_metadata).children
+        self._kids.gather_soft(
+            "handle_preemptions",
+            lambda name, c: c.handle_preemptions(children[name]),
+            "ignored for this step",
+            self._kids.fan.handle_preemptions,
+        )
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         self._worker.start_load_kv(forward_context, **kwargs)
@@ -512,10 +548,24 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     def save_kv_layer(
         self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
     ) -> None:
-        self._worker.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+        failures: Failures = None
+        for name, child in self._kids.fan.save_kv_layer:  # every layer: no helper
+            try:
+                child.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+            except Exception as exc:
+                failures = failed(failures, name, exc)
+        if failures is not None:
+            self._kids.absorb("save_kv_layer", failures, _SAVE_DEGRADED)
 
     def wait_for_save(self) -> None:
-        self._worker.wait_for_save()
+        failures: Failures = None
+        for name, child in self._kids.fan.wait_for_save:
+            try:
+                child.wait_for_save()
+            except Exception as exc:
+                failures = failed(failures, name, exc)
+        if failures is not None:
+            self._kids.absorb("wait_for_save", failures, _SAVE_DEGRADED)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return self._worker.get_finished(finished_req_ids)
@@ -537,10 +587,12 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         """Every child's KV cache events object, by name, in one :class:`NamedKVEvents`
         (``None`` when no child has one): vLLM's output aggregator merges it across workers
         child by child, and the scheduler hands each child back its own."""
-        return self._worker.get_kv_connector_kv_cache_events()
+        found = self._kids.present("get_kv_connector_kv_cache_events", soft=True)
+        return NamedKVEvents(found) if found else None
 
     def get_handshake_metadata(self) -> NamedHandshakeMetadata | None:
-        return self._worker.get_handshake_metadata()
+        found = self._kids.present("get_handshake_metadata")
+        return NamedHandshakeMetadata(found) if found else None
 
     def build_connector_worker_meta(self) -> NamedMultiConnectorWorkerMetadata | None:
         """Each child's worker metadata by name, and the reports of the children that report on
@@ -566,6 +618,26 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     def finished_counts(self) -> dict[str, int]:
         """The children that report a transfer on fewer workers than all, with how many."""
         return dict(self._kids.counted())
+
+    def _has_pending(self, method: str) -> bool:
+        """Whether any child answers ``method()`` (``has_pending_block_frees``,
+        ``has_pending_push_work``) truly; a child that raises counts as no."""
+        answers = self._kids.gather_soft(method, lambda _, c: getattr(c, method)(), "counted as no")
+        return any(answers.values())
+
+    def _route_handshake(self, metadata: Mapping[Any, Any], method: str) -> None:
+        """Every child, in order, gets its own entries of :class:`NamedHandshakeMetadata`
+        (``{}`` when it has none: vLLM's class calls every child too)."""
+
+        def route(name: str, child: Any) -> None:
+            mine = {
+                rank: meta.children[name]
+                for rank, meta in metadata.items()
+                if isinstance(meta, NamedHandshakeMetadata) and name in meta.children
+            }
+            getattr(child, method)(mine)
+
+        self._kids.gather(method, route)
 
     # -- both roles ----------------------------------------------------------------------------
 
@@ -635,3 +707,11 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 def _sleeps(kv_transfer_config: Any) -> bool:
     """vLLM 0.33's ``KVConnectorBase_V1.supports_sleep_mode`` default, for a child without it."""
     return True
+
+
+def _call_if_present(child: Any, method: str) -> None:
+    """``child.<method>()``, or nothing for a child whose vLLM has no such method (the base
+    class's default in the version that added it)."""
+    found = getattr(child, method, None)
+    if found is not None:
+        found()

@@ -38,7 +38,6 @@ from .errors import ChildrenConflictError, HMAUnsupportedError
 from .hits import Hits
 from .lookups import Lookups
 from .wire import (
-    NamedHandshakeMetadata,
     NamedKVEvents,
     NamedMultiConnectorMetadata,
     NamedMultiConnectorWorkerMetadata,
@@ -225,9 +224,6 @@ class SchedulerPart:
         self._kids.gather(
             "bind_kv_cache_manager", lambda _, c: c.bind_kv_cache_manager(kv_cache_manager)
         )
-
-    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
-        self._kids.gather("bind_gpu_block_pool", lambda _, c: c.bind_gpu_block_pool(gpu_block_pool))
 
     def on_new_request(self, request: Any) -> None:
         self._ensure(request)
@@ -719,37 +715,3 @@ class SchedulerPart:
         return shared
 
     # -- the rest of the scheduler's hooks -----------------------------------------------------
-
-    def take_events(self) -> list[Any]:
-        events: list[Any] = []
-        failures: Failures = None
-        for name, child in self._kids.fan.take_events:  # every step: no helper
-            try:
-                found = list(child.take_events())
-            except Exception as exc:
-                failures = failed(failures, name, exc)
-                continue
-            events.extend(found)
-        if failures is not None:
-            self._kids.absorb("take_events", failures, "its events of this step dropped")
-        return events
-
-    def has_pending(self, method: str) -> bool:
-        """Whether any child answers ``method()`` (``has_pending_block_frees``,
-        ``has_pending_push_work``) truly; a child that raises counts as no."""
-        answers = self._kids.gather_soft(method, lambda _, c: getattr(c, method)(), "counted as no")
-        return any(answers.values())
-
-    def route_handshake(self, metadata: Mapping[Any, Any], method: str) -> None:
-        """Every child, in order, gets its own entries of :class:`NamedHandshakeMetadata`
-        (``{}`` when it has none: vLLM's class calls every child too)."""
-
-        def route(name: str, child: Any) -> None:
-            mine = {
-                rank: meta.children[name]
-                for rank, meta in metadata.items()
-                if isinstance(meta, NamedHandshakeMetadata) and name in meta.children
-            }
-            getattr(child, method)(mine)
-
-        self._kids.gather(method, route)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
 from dataclasses import fields
 from functools import cache
 from typing import Any, Final
@@ -30,8 +29,6 @@ from .children import Children, Failures, failed
 from .config import Settings
 from .errors import ChildrenConflictError
 from .wire import (
-    NamedHandshakeMetadata,
-    NamedKVEvents,
     NamedMultiConnectorMetadata,
     NamedMultiConnectorWorkerMetadata,
 )
@@ -97,9 +94,6 @@ def _merged(mine: Any, theirs: Any) -> Any:
         f"a transfer-results field holds {shown(mine)} from one child and {shown(theirs)} from "
         "another: they do not merge"
     )
-
-
-_SAVE_DEGRADED: Final = "its save of this step may be incomplete; its report is still awaited"
 
 
 class WorkerPart:
@@ -194,51 +188,6 @@ class WorkerPart:
 
     # -- the KV caches and the forward pass ----------------------------------------------------
 
-    def get_mem_pool_context(self) -> AbstractContextManager[Any] | None:
-        contexts = self._kids.present("get_mem_pool_context")
-        if len(contexts) > 1:
-            raise ChildrenConflictError(
-                f"Multiple connectors provide a KV cache memory pool {list(contexts)}: child "
-                f"connectors {', '.join(map(repr, contexts))} each provide one; the KV cache is "
-                "allocated once, in one pool: configure custom_mem_pool on at most one"
-            )
-        return next(iter(contexts.values()), None)
-
-    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
-        self._kids.gather("register_kv_caches", lambda _, c: c.register_kv_caches(kv_caches))
-
-    # vLLM 0.33 added these two to the base class (a no-op there); a child built for 0.32 lacks
-    # them, and then gets that default: nothing is called.
-    def unregister_kv_caches(self) -> None:
-        self._kids.gather(
-            "unregister_kv_caches", lambda _, c: _call_if_present(c, "unregister_kv_caches")
-        )
-
-    def restore_kv_caches(self) -> None:
-        self._kids.gather(
-            "restore_kv_caches", lambda _, c: _call_if_present(c, "restore_kv_caches")
-        )
-
-    def set_host_xfer_buffer_ops(self, copy_operation: Any) -> None:
-        self._kids.gather(
-            "set_host_xfer_buffer_ops", lambda _, c: c.set_host_xfer_buffer_ops(copy_operation)
-        )
-
-    def finish_forward(self) -> None:
-        self._kids.each("finish_forward")
-
-    def reset_capture_state(self) -> None:
-        self._kids.gather("reset_capture_state", lambda _, c: c.reset_capture_state())
-
-    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
-        children = self._kids.check_metadata(kv_connector_metadata).children
-        self._kids.gather_soft(
-            "handle_preemptions",
-            lambda name, c: c.handle_preemptions(children[name]),
-            "ignored for this step",
-            self._kids.fan.handle_preemptions,
-        )
-
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         failures: Failures = None
         for name, child in self._kids.fan.start_load_kv:
@@ -260,18 +209,6 @@ class WorkerPart:
                 failures = failed(failures, name, exc)
         if failures is not None:
             self._loader_failed("wait_for_layer_load", failures)
-
-    def save_kv_layer(
-        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
-    ) -> None:
-        failures: Failures = None
-        for name, child in self._kids.fan.save_kv_layer:  # every layer: no helper
-            try:
-                child.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
-            except Exception as exc:
-                failures = failed(failures, name, exc)
-        if failures is not None:
-            self._kids.absorb("save_kv_layer", failures, _SAVE_DEGRADED)
 
     def _loader_failed(self, what: str, failures: list[tuple[str, Exception]]) -> None:
         """The children of ``failures`` failed in ``what``, a hook of this step's loads: each
@@ -311,16 +248,6 @@ class WorkerPart:
         for loader, blocks in bound.sync_loads.values():
             if loader == name:
                 self._load_errors_due.update(blocks)
-
-    def wait_for_save(self) -> None:
-        failures: Failures = None
-        for name, child in self._kids.fan.wait_for_save:
-            try:
-                child.wait_for_save()
-            except Exception as exc:
-                failures = failed(failures, name, exc)
-        if failures is not None:
-            self._kids.absorb("wait_for_save", failures, _SAVE_DEGRADED)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         results = self.get_transfer_results(finished_req_ids)
@@ -535,17 +462,6 @@ class WorkerPart:
             self._kids.absorb("get_block_ids_with_load_errors", failures)
         return blocks
 
-    def get_kv_connector_kv_cache_events(self) -> NamedKVEvents | None:
-        """Every child's KV cache events object, by name, in one :class:`NamedKVEvents`
-        (``None`` when no child has one): vLLM's output aggregator merges it across workers
-        child by child, and the scheduler hands each child back its own."""
-        found = self._kids.present("get_kv_connector_kv_cache_events", soft=True)
-        return NamedKVEvents(found) if found else None
-
-    def get_handshake_metadata(self) -> NamedHandshakeMetadata | None:
-        found = self._kids.present("get_handshake_metadata")
-        return NamedHandshakeMetadata(found) if found else None
-
     def build_connector_worker_meta(self) -> NamedMultiConnectorWorkerMetadata | None:
         """Each child's worker metadata by name, and the reports of the children that report on
         fewer workers than all (:meth:`get_finished_count`), for the scheduler to count."""
@@ -580,11 +496,3 @@ class WorkerPart:
             load_failed=load_failed,
             order=self._kids.names,
         )
-
-
-def _call_if_present(child: Any, method: str) -> None:
-    """``child.<method>()``, or nothing for a child whose vLLM has no such method (the base
-    class's default in the version that added it)."""
-    found = getattr(child, method, None)
-    if found is not None:
-        found()
