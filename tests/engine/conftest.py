@@ -5,6 +5,10 @@ The engine, the tiny model and the children are ``bench.engine_harness`` and
 the repository's root makes them importable (``engine_environment`` sets ``PYTHONPATH`` for the
 processes the engine spawns).
 
+``block_children`` (the per-block child of ``test_engine_lookup.py``) is loaded by vLLM through
+``kv_connector_module_path="block_children"``: this folder is put on ``sys.path`` whatever
+pytest's import mode.
+
 Without a vLLM whose engine runs here the tests skip, with the reason; with
 ``MULTICONNECTOR_REQUIRE_ENGINE=1`` (``make test`` sets it for this step) they fail instead, so
 a broken engine environment never passes as a green run of nothing.
@@ -16,10 +20,15 @@ a broken engine environment never passes as a green run of nothing.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from pathlib import Path
 
 import pytest
+
+HERE = str(Path(__file__).resolve().parent)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
 
 REQUIRED = os.environ.get("MULTICONNECTOR_REQUIRE_ENGINE") == "1"
 
