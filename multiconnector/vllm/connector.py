@@ -540,10 +540,26 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         )
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        self._worker.start_load_kv(forward_context, **kwargs)
+        failures: Failures = None
+        for name, child in self._kids.fan.start_load_kv:
+            try:
+                child.start_load_kv(forward_context, **kwargs)
+            except Exception as exc:
+                failures = failed(failures, name, exc)
+        if failures is not None:
+            self._worker.loader_failed("start_load_kv", failures)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        self._worker.wait_for_layer_load(layer_name)
+        # Called for every attention layer of every step: a plain loop over the children that
+        # wait per layer (most often none); a failure is the worker's books' to settle.
+        failures: Failures = None
+        for name, child in self._kids.fan.wait_for_layer_load:
+            try:
+                child.wait_for_layer_load(layer_name)
+            except Exception as exc:
+                failures = failed(failures, name, exc)
+        if failures is not None:
+            self._worker.loader_failed("wait_for_layer_load", failures)
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any

@@ -68,7 +68,11 @@ class Hits:
 
     def take_unreported(self) -> dict[str, dict[str, int]]:
         """The counts since the last call, per child (empty when none)."""
-        if not self._unreported:
+        unreported = self._unreported
+        if not unreported:
             return {}
-        taken, self._unreported = self._unreported, {}
+        # Copied, then emptied in place: add() writes through self._tables, which holds this
+        # very dict (rebinding the name would leave add() writing to the one handed out).
+        taken = {name: dict(per) for name, per in unreported.items()}
+        unreported.clear()
         return taken

@@ -170,7 +170,7 @@ class WorkerPart:
             except Exception as exc:
                 failures = failed(failures, name, exc)
         if failures is not None:
-            self._loader_failed("bind_connector_metadata", failures)
+            self.loader_failed("bind_connector_metadata", failures)
 
     def _fail_loads_known(self, metadata: NamedMultiConnectorMetadata) -> None:
         """The loads the scheduler knows failed (its child failed there): reported failed by
@@ -188,29 +188,7 @@ class WorkerPart:
 
     # -- the KV caches and the forward pass ----------------------------------------------------
 
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        failures: Failures = None
-        for name, child in self._kids.fan.start_load_kv:
-            try:
-                child.start_load_kv(forward_context, **kwargs)
-            except Exception as exc:
-                failures = failed(failures, name, exc)
-        if failures is not None:
-            self._loader_failed("start_load_kv", failures)
-
-    def wait_for_layer_load(self, layer_name: str) -> None:
-        # Called for every attention layer of every step: a plain loop, no helper, over the
-        # children that wait per layer.
-        failures: Failures = None
-        for name, child in self._kids.fan.wait_for_layer_load:
-            try:
-                child.wait_for_layer_load(layer_name)
-            except Exception as exc:
-                failures = failed(failures, name, exc)
-        if failures is not None:
-            self._loader_failed("wait_for_layer_load", failures)
-
-    def _loader_failed(self, what: str, failures: list[tuple[str, Exception]]) -> None:
+    def loader_failed(self, what: str, failures: list[tuple[str, Exception]]) -> None:
         """The children of ``failures`` failed in ``what``, a hook of this step's loads: each
         one's loads of this step are reported failed (vLLM recomputes them)."""
         self._kids.absorb(what, failures, "its loads of this step reported failed")

@@ -24,6 +24,7 @@ from multiconnector.vllm import (  # noqa: E402
     MultiConnector,
     NamedPromMetrics,
 )
+from multiconnector.vllm.hits import Hits  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
@@ -100,3 +101,16 @@ def test_hit_metrics_are_asked_for_not_reported_by_default(model: Path) -> None:
 def test_a_bad_hit_metrics_value_is_refused(model: Path) -> None:
     with pytest.raises(InvalidArgumentError, match=rf"\['{HIT_METRICS_KEY}'\]"):
         Engine(make_config(model, [child("a", script())], extra={HIT_METRICS_KEY: "yes"}))
+
+
+def test_every_steps_new_counts_are_reported_not_only_the_first() -> None:
+    """Each take of the unreported counts hands out what came since the last one, step after
+    step (the taken dict used to stay the one written to: later steps reported nothing)."""
+    hits = Hits(report=True)
+    hits.add("a", "asked")
+    assert hits.take_unreported() == {"a": {"asked": 1}}
+    assert hits.take_unreported() == {}
+    hits.add("a", "asked")
+    hits.chosen("b", 16)
+    assert hits.take_unreported() == {"a": {"asked": 1}, "b": {"chosen": 1, "tokens_chosen": 16}}
+    assert hits.counts() == {"a": {"asked": 2}, "b": {"chosen": 1, "tokens_chosen": 16}}

@@ -8,8 +8,8 @@ KV per block, so two of them can hold prefixes of different lengths of one promp
 ``ExampleConnector`` answers a whole prompt or nothing). Each engine is in-process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the test reads the scheduler's connector
 (``child_hits()``) and the children's own counters (``block_children.CALLS``) in its process.
-The last test, ``xfail``, holds a bug these runs found: the per-child lookup counts reach vLLM's
-Prometheus metrics for the first step that has any, never after.
+The last test holds a bug these runs found (fixed): the per-child lookup counts reached vLLM's
+Prometheus metrics for the first step that had any, never after.
 """
 
 # vLLM is imported inside functions: the main environment collects this folder and has no engine.
@@ -256,13 +256,6 @@ def _lookup_metrics(llm: Any) -> dict[str, dict[str, int]]:
     return found
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Hits.take_unreported (multiconnector/vllm/hits.py) rebinds self._unreported to a new "
-    "dict, but add() writes through self._tables, which still holds the dict taken at the first "
-    "report: after the first step whose stats carried lookup counts, none reaches vLLM's stats "
-    "payload or Prometheus again (child_hits() totals stay right)",
-)
 def test_hit_counts_reach_prometheus_on_every_step(tiny_model: Path, tmp_path: Path) -> None:
     """With ``child_hit_metrics: true`` and vLLM's stats on, Prometheus's
     ``vllm:multiconnector_child_lookups{child, count}`` adds up to the scheduler's
