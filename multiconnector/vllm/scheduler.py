@@ -437,9 +437,7 @@ class SchedulerPart:
                 connector_output.finished_recving = kept or None
         sending = connector_output.finished_sending
         sent = None if worker_meta is None else worker_meta.sent
-        unknown = [r for r in sending if r not in tracker] if sending else []
-        if sending:
-            self._saves_confirmed(sending)
+        unknown = self._saves_confirmed(sending) if sending else ()
         if sent:
             self._counted_saves(sent)
         self._loads_reported(loaded, connector_output.failed_recving)
@@ -450,11 +448,17 @@ class SchedulerPart:
         if handed or sending:
             connector_output.finished_sending = {*unknown, *handed} or None
 
-    def _saves_confirmed(self, finished: Any) -> None:
+    def _saves_confirmed(self, finished: Any) -> list[str]:
         """Every worker reported ``finished`` sent (vLLM's output aggregator awaits every
-        worker): their confirmation, :data:`WORKERS`, applied on the core books."""
+        worker): their confirmation, :data:`WORKERS`, applied on the core books. Returns the
+        requests the books do not hold (passed on to vLLM as they are)."""
         tracker = self.tracker
-        self.tracker.transfer_finished_many(WORKERS, [r for r in finished if r in tracker])
+        held: list[str] = []
+        unknown: list[str] = []
+        for request_id in finished:
+            (held if request_id in tracker else unknown).append(request_id)
+        tracker.transfer_finished_many(WORKERS, held)
+        return unknown
 
     def _counted_saves(self, sent: Mapping[str, Mapping[str, int]]) -> None:
         """``sent[name][r]`` workers reported ``name``, a child that reports on fewer workers

@@ -184,11 +184,12 @@ def _workers_confirm_every_name(monkeypatch: pytest.MonkeyPatch) -> None:
     """The workers' confirmation is applied to every name the books await, a counted child's
     reports included."""
 
-    def planted(part: SchedulerPart, finished: Any) -> None:
+    def planted(part: SchedulerPart, finished: Any) -> list[str]:
         for request_id in finished:
             record = part.tracker.peek(request_id)
             for name in () if record is None else record.awaiting:
                 part.tracker.transfer_finished(request_id, name)
+        return [r for r in finished if r not in part.tracker]
 
     monkeypatch.setattr(SchedulerPart, "_saves_confirmed", planted)
 
