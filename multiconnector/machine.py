@@ -134,7 +134,8 @@ class RequestTransferState:
     to them. Read them, don't mutate them.
 
     Records compare by value: two records are equal when every field is (the request id, the
-    state, the names awaited, expected and abandoned, the loader, the params and the history),
+    state, the names awaited, expected and abandoned, the loader and the parts of a split load,
+    the params and the history),
     so a snapshot of ``records()`` or ``take()`` compares with ``==``. A record changes as its
     request does, so it is not hashable (``hash(record)`` raises ``TypeError``): key a table by
     ``record.request_id``.
@@ -159,6 +160,12 @@ class RequestTransferState:
     #: unreported; ``loaded`` stays false), or while the request was live. A load report under
     #: its name (even from a new connector) is then ignored as ``unregistered``.
     loader_gone: bool = False
+    #: A split load's further loaders, in the order of their token ranges (the first range is
+    #: ``loader``'s): each owes a load report of its own. Empty for a load from one connector.
+    parts: tuple[str, ...] = ()
+    #: Those of ``parts`` that have neither reported (applied, or drained once the request was
+    #: terminal) nor been unregistered.
+    parts_owed: tuple[str, ...] = ()
     #: The merged transfer params returned at request finished.
     params: dict[str, Any] | None = None
     #: Applied transitions, when the aggregator traces; ``None`` otherwise.
@@ -181,9 +188,19 @@ class RequestTransferState:
     @property
     def in_flight(self) -> bool:
         """Whether a connector may still touch the request's blocks: it awaits a save, or its
-        chosen loader has neither reported nor been unregistered. A terminal request is handed
-        back by ``take()`` only once this is false; until then it is *draining*."""
-        return bool(self.awaiting) or load_owed(self.loader, self.loaded, self.loader_gone)
+        load is :attr:`loading`. A terminal request is handed back by ``take()`` only once this
+        is false; until then it is *draining*."""
+        return bool(self.awaiting) or self.loading
+
+    @property
+    def loading(self) -> bool:
+        """Whether a loader still owes its report: the chosen loader has neither reported nor
+        been unregistered (:func:`load_owed`), or a split load's further part is owed
+        (:attr:`parts_owed`). Until then the request's load has not all arrived.
+
+        .. versionadded:: 0.1.0
+        """
+        return bool(self.parts_owed) or load_owed(self.loader, self.loaded, self.loader_gone)
 
     @property
     def terminal(self) -> bool:

@@ -9,7 +9,8 @@ The decisions held here:
   it into a terminal state). The state it moves to comes from
   :data:`multiconnector.machine.DECISIONS`, so from the one declaration the model checker
   explores.
-* :func:`load_report`: what "connector ``name`` finished loading" does.
+* :func:`load_report`: what "connector ``name`` finished loading" does; :func:`part_report`,
+  when ``name`` loads a further part of a split load.
 * :func:`refined`: why a stranger's report is ignored (``phantom`` refined into
   ``unknown_connector`` or ``not_ready`` by what the caller knows of the name).
 * :func:`count`: the capped counter every table of outcomes per name is kept with.
@@ -69,6 +70,7 @@ __all__ = [
     "finish_answer",
     "load_owed",
     "load_report",
+    "part_report",
     "refined",
     "safe_to_hand_back",
     "transfer_report",
@@ -191,11 +193,18 @@ def safe_to_hand_back(
     loader: str | None,
     loaded: bool,
     loader_gone: bool,
+    parts_owed: tuple[str, ...] = (),
 ) -> bool:
     """Whether :meth:`~multiconnector.MultiConnector.take` may hand back a record with these
-    fields: it is terminal, it awaits no save, and its load is not owed (:func:`load_owed`). No
-    connector touches its blocks then. (A terminal record that is not is *draining*.)"""
-    return state in TERMINAL and not awaiting and not load_owed(loader, loaded, loader_gone)
+    fields: it is terminal, it awaits no save, its load is not owed (:func:`load_owed`) and no
+    part of a split load is (``parts_owed``). No connector touches its blocks then. (A terminal
+    record that is not is *draining*.)"""
+    return (
+        state in TERMINAL
+        and not awaiting
+        and not parts_owed
+        and not load_owed(loader, loaded, loader_gone)
+    )
 
 
 _DECIDE: Final = DECISIONS["transfer_finished"]
@@ -311,6 +320,33 @@ def load_report(
             return (Outcome.unregistered, loaded)
         return (Outcome.duplicate, loaded)
     return (Outcome.phantom, loaded)
+
+
+def part_report(
+    state: State,
+    parts_owed: tuple[str, ...],
+    abandoned: Collection[str],
+    name: str,
+) -> tuple[Outcome, tuple[str, ...]]:
+    """The verdict on the load report of ``name``, a further loader of a held request's split
+    load (one of its record's ``parts``), whose ``parts_owed`` are still owed: the outcome, and
+    the parts owed after it.
+
+    Each part is its own load: its first report is ``applied`` while the request is live and
+    its drain (``drained``) once it is terminal; either way it is owed no more. A part
+    unregistered before it reported (its name ``abandoned``, no longer owed) is
+    ``unregistered``; a part that reported already is a ``duplicate`` while live and
+    ``terminal`` once terminal. (:func:`load_report` decides the first part, the loader's, and
+    the reports that cannot be decided yet.)
+    """
+    if name in parts_owed:
+        rest = tuple([n for n in parts_owed if n != name])
+        return (_DRAINED if state in TERMINAL else _APPLIED, rest)
+    if state in TERMINAL:
+        return (Outcome.terminal, parts_owed)
+    if name in abandoned:
+        return (Outcome.unregistered, parts_owed)
+    return (Outcome.duplicate, parts_owed)
 
 
 _UNKNOWN_LOAD: Final[LoadVerdict] = (Outcome.unknown_request, False)

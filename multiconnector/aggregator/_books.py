@@ -164,6 +164,13 @@ class Books:
                             self._settle(record)  # a drain: take() may hand it back now
                     elif record.state not in TERMINAL:
                         record.loader_gone = True  # a load report can never be applied now
+                if record.parts_owed and name in record.parts_owed:
+                    # A split load's part whose loader is gone: over, unreported.
+                    record.parts_owed = tuple([n for n in record.parts_owed if n != name])
+                    if name not in record.abandoned and name not in record.awaiting:
+                        record.abandoned = (*record.abandoned, name)
+                    if record.state in TERMINAL:
+                        self._settle(record)
                 if name not in record.awaiting:
                     continue
                 # A record awaits names only in finishing or cancelled, and DECISIONS (complete)
@@ -188,7 +195,12 @@ class Books:
         overtook is still asking (its connectors may be promising saves, or reporting loads
         early): then it is parked, and the call's release settles it."""
         if not safe_to_hand_back(
-            record.state, record.awaiting, record.loader, record.loaded, record.loader_gone
+            record.state,
+            record.awaiting,
+            record.loader,
+            record.loaded,
+            record.loader_gone,
+            record.parts_owed,
         ):
             return
         if record.state is _CANCELLED and (

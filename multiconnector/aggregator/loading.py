@@ -11,16 +11,22 @@ decided once the loader is recorded.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from .._validate import bad_argument, check_int, check_name, check_request_id, shown
-from ..errors import ConnectorFailures, RoleError, UnknownConnectorError, UnknownRequestError
+from ..errors import (
+    ConnectorFailures,
+    InvalidArgumentError,
+    RoleError,
+    UnknownConnectorError,
+    UnknownRequestError,
+)
 from ..lookup import choose
 from ..machine import RequestTransferState
 from ..outcome import Outcome
 from ..registry import Entry, Role
-from ..rule import load_report
+from ..rule import load_report, part_report
 from ._books import (
     _APPLIED,
     _DRAINED,
@@ -158,7 +164,9 @@ class Loading(Books):
                 continue
             yield entry, tokens
 
-    def choose_loader(self, request_id: str, name: str | None) -> None:
+    def choose_loader(
+        self, request_id: str, name: str | None, *, parts: Sequence[str] = ()
+    ) -> None:
         """The caller chose ``name`` to load a pending request (``None``: nobody loads it).
 
         The same decision as :meth:`match_tokens`' second half, for a side that asks its
@@ -168,16 +176,25 @@ class Loading(Books):
         :meth:`load_finished` as if :meth:`match_tokens` had chosen it. No connector is called.
         A request that is no longer pending keeps what it had.
 
+        A *split load* reads a request's tokens from several connectors, each a range of them:
+        ``name`` loads the first range and ``parts`` names the loaders of the next ranges, in
+        order. Each owes a load report of its own (:func:`multiconnector.rule.part_report`
+        decides those of ``parts``), and the record is :attr:`~RequestTransferState.loading`
+        until every one reported or was unregistered: :meth:`take` hands it back only then.
+
         Raises :class:`UnknownRequestError` for a request that is not held,
-        :class:`~multiconnector.UnknownConnectorError` for a name that is not registered and
+        :class:`~multiconnector.UnknownConnectorError` for a name that is not registered,
         :class:`~multiconnector.RoleError` for one registered with ``role=Role.save`` (it never
-        loads); nothing changes then.
+        loads) and :class:`~multiconnector.InvalidArgumentError` for ``parts`` that are not
+        distinct names other than ``name`` (or any when ``name`` is ``None``); nothing changes
+        then.
 
         .. versionadded:: 0.1.0
         """
         if request_id.__class__ is not str or not request_id:
             request_id = check_request_id(request_id)
         chooser = None if name is None else self._loader_entry(name)
+        further = self._part_entries(name, parts) if parts else ()
         if self._closed:
             self._shut("choose_loader")
         record = self._requests.get(request_id)
@@ -187,7 +204,26 @@ class Loading(Books):
         with self._locks[index]:
             matching = self._matching
             matching[id(record)] = matching.get(id(record), 0) + 1
-        self._record_match(record, index, chooser, 0 if chooser is None else 1, False, [], [])
+        self._record_match(
+            record, index, chooser, 0 if chooser is None else 1, False, [], [], further
+        )
+
+    def _part_entries(
+        self, name: str | None, parts: Any
+    ) -> tuple[tuple[str, Entry | None], ...]:
+        """The entries of a split load's further loaders ``parts`` (see :meth:`choose_loader`),
+        each checked as the loader is."""
+        if isinstance(parts, str) or not isinstance(parts, Sequence):
+            raise InvalidArgumentError(
+                f"parts={shown(parts)} must be a sequence of connector names"
+            )
+        names = [check_name(part, "parts") for part in parts]
+        if name is None or name in names or len(set(names)) < len(names):
+            raise InvalidArgumentError(
+                f"parts={shown(parts)} must be distinct names other than the loader "
+                f"name={name!r}, and a split load needs a loader"
+            )
+        return tuple((part, self._loader_entry(part)) for part in names)
 
     def _loader_entry(self, name: str) -> Entry | None:
         """The registry's entry of ``name``, which :meth:`choose_loader` records as the loader
@@ -232,17 +268,20 @@ class Loading(Books):
         unknown: bool,
         errors: list[Exception],
         failed: list[str],
+        parts: tuple[tuple[str, Entry | None], ...] = (),
     ) -> int | None:
-        """match_tokens' second half: record the loader under the request's lock, drop the
-        mark, decide the load reports that came early, and return (or raise) the result."""
+        """match_tokens' second half: record the loader (and a split load's ``parts``) under
+        the request's lock, drop the mark, decide the load reports that came early, and
+        return (or raise) the result."""
         with self._locks[index]:
             if not unknown and record.state is _PENDING:
+                entry = self._registry.entry
                 record.loader = chooser.name if chooser is not None else None
                 record.loaded = False
                 # Unregistered while we asked: its load report can never be applied.
-                record.loader_gone = (
-                    chooser is not None and self._registry.entry(chooser.name) is not chooser
-                )
+                record.loader_gone = chooser is not None and entry(chooser.name) is not chooser
+                if parts or record.parts:
+                    self._record_parts(record, parts)
             applied = self._drop_match(record, index)
         result = None if unknown else tokens
         if applied is not None:
@@ -259,6 +298,22 @@ class Loading(Books):
                 result=result,
             )
         return result
+
+    def _record_parts(
+        self, record: RequestTransferState, parts: tuple[tuple[str, Entry | None], ...]
+    ) -> None:
+        """Record a split load's further loaders on ``record`` (the caller holds its lock):
+        each is owed its report, but one unregistered meanwhile (or registered with ``None``),
+        whose report can never be applied: that one is abandoned."""
+        entry = self._registry.entry
+        names = tuple([name for name, _ in parts])
+        record.parts = names
+        record.parts_owed = tuple(
+            [name for name, e in parts if e is not None and e.connector is not None and entry(name) is e]
+        )
+        gone = [n for n in names if n not in record.parts_owed and n not in record.abandoned]
+        if gone:
+            record.abandoned = (*record.abandoned, *gone)
 
     def _drop_match(self, record: RequestTransferState, index: int) -> str | None:
         """Drop one match_tokens' mark on ``record`` under lock ``index``; when it was the
@@ -332,6 +387,14 @@ class Loading(Books):
         early = None
         if self._matching and id(record) in self._matching and self._stranger(name) is _PHANTOM:
             early = self._early_loads.get(id(record), ())
+        if record.parts and early is None and name in record.parts and name != record.loader:
+            outcome, record.parts_owed = part_report(
+                record.state, record.parts_owed, record.abandoned, name
+            )
+            if outcome is _DRAINED:
+                self._settle(record)
+            self._count(index, outcome, name)
+            return outcome
         outcome, loaded = load_report(
             record.state,
             record.loader,
