@@ -193,6 +193,7 @@ def safe_to_hand_back(
     loader: str | None,
     loaded: bool,
     loader_gone: bool,
+    *,
     parts_owed: tuple[str, ...] = (),
 ) -> bool:
     """Whether :meth:`~multiconnector.MultiConnector.take` may hand back a record with these

@@ -29,9 +29,7 @@ from tests.connectors import Scripted
 
 
 def make(*names: str, roles: dict[str, Role] | None = None) -> MultiConnector:
-    registry = ConnectorRegistry(
-        {name: Scripted(saves=False) for name in names}, roles=roles or {}
-    )
+    registry = ConnectorRegistry({name: Scripted(saves=False) for name in names}, roles=roles or {})
     return MultiConnector(registry)
 
 
@@ -41,7 +39,11 @@ def test_every_part_owes_its_report_and_the_record_is_loading_until_the_last() -
     mc.choose_loader("r", "fast", parts=("slow", "far"))
     record = mc.peek("r")
     assert record is not None
-    assert (record.loader, record.parts, record.parts_owed) == ("fast", ("slow", "far"), ("slow", "far"))
+    assert (record.loader, record.parts, record.parts_owed) == (
+        "fast",
+        ("slow", "far"),
+        ("slow", "far"),
+    )
     assert record.loading and record.in_flight
     assert mc.load_finished("r", "far") is Outcome.applied
     assert mc.load_finished("r", "far") is Outcome.duplicate
@@ -97,7 +99,9 @@ def test_a_part_registered_with_none_owes_nothing() -> None:
         (["store"], RoleError, "'store'"),
     ],
 )
-def test_bad_parts_are_refused_and_change_nothing(parts: Any, error: type[Exception], match: str) -> None:
+def test_bad_parts_are_refused_and_change_nothing(
+    parts: Any, error: type[Exception], match: str
+) -> None:
     mc = make("fast", "slow", "store", roles={"store": Role.save})
     mc.begin("r")
     before = mc.peek("r")

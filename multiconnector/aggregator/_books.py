@@ -200,7 +200,7 @@ class Books:
             record.loader,
             record.loaded,
             record.loader_gone,
-            record.parts_owed,
+            parts_owed=record.parts_owed,
         ):
             return
         if record.state is _CANCELLED and (

@@ -208,9 +208,7 @@ class Loading(Books):
             record, index, chooser, 0 if chooser is None else 1, False, [], [], further
         )
 
-    def _part_entries(
-        self, name: str | None, parts: Any
-    ) -> tuple[tuple[str, Entry | None], ...]:
+    def _part_entries(self, name: str | None, parts: Any) -> tuple[tuple[str, Entry | None], ...]:
         """The entries of a split load's further loaders ``parts`` (see :meth:`choose_loader`),
         each checked as the loader is."""
         if isinstance(parts, str) or not isinstance(parts, Sequence):
@@ -309,7 +307,11 @@ class Loading(Books):
         names = tuple([name for name, _ in parts])
         record.parts = names
         record.parts_owed = tuple(
-            [name for name, e in parts if e is not None and e.connector is not None and entry(name) is e]
+            [
+                name
+                for name, e in parts
+                if e is not None and e.connector is not None and entry(name) is e
+            ]
         )
         gone = [n for n in names if n not in record.parts_owed and n not in record.abandoned]
         if gone:

@@ -223,7 +223,12 @@ class Reports(Books):
                 if record.history is not None:
                     record.history.append(Step("transfer_finished", source, dest, name))
                 if completes and safe_to_hand_back(
-                    dest, rest, record.loader, record.loaded, record.loader_gone, record.parts_owed
+                    dest,
+                    rest,
+                    record.loader,
+                    record.loaded,
+                    record.loader_gone,
+                    parts_owed=record.parts_owed,
                 ):
                     # Else its load is in flight: load_finished or connector_gone settles it.
                     self._done.append(record)  # last: take() may hand it over at once

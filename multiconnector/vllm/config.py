@@ -42,6 +42,7 @@ __all__ = [
     "PATIENCE_KEY",
     "PATIENCE_STEPS",
     "ROLE_KEY",
+    "SPLIT_KEY",
     "ChildSpec",
     "Settings",
     "child_specs",
@@ -51,6 +52,7 @@ __all__ = [
     "overdue_seconds",
     "patience_steps",
     "settings_of",
+    "split_loads",
 ]
 
 #: The ``kv_connector_extra_config`` key listing the children (the key vLLM's own uses too).
@@ -78,6 +80,10 @@ OVERDUE_SECONDS: Final = 600.0
 #: The ``kv_connector_extra_config`` key of the lookup policy: ``"first"`` (vLLM's rule, the
 #: default) or ``"longest"`` (:class:`multiconnector.Lookup`).
 LOOKUP_KEY: Final = "lookup"
+#: The key of whether a request's load may be split across the children that load token ranges
+#: (``update_state_after_alloc_range``): after the lookup policy chose the loader, the tokens
+#: past its hit are looked up in the others. ``False`` by default.
+SPLIT_KEY: Final = "split_loads"
 #: The key of whether each child's lookup counts go into vLLM's stats and Prometheus metrics
 #: (a bool, false by default: vLLM's class reports none).
 HIT_METRICS_KEY: Final = "child_hit_metrics"
@@ -261,6 +267,16 @@ def hit_metrics(extra_config: Mapping[str, Any]) -> bool:
     return value
 
 
+def split_loads(extra_config: Mapping[str, Any]) -> bool:
+    """``kv_connector_extra_config[SPLIT_KEY]``, checked (a bool), or ``False``."""
+    value = extra_config.get(SPLIT_KEY, False)
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(
+            f"kv_connector_extra_config[{SPLIT_KEY!r}]={shown(value)} must be a bool"
+        )
+    return value
+
+
 def patience_steps(extra_config: Mapping[str, Any]) -> int:
     """``kv_connector_extra_config[PATIENCE_KEY]``, checked (an int >= 1), or
     :data:`PATIENCE_STEPS`."""
@@ -282,6 +298,8 @@ class Settings:
     patience: int
     #: Whether the lookups per child go into vLLM's stats payload and Prometheus.
     hit_metrics: bool
+    #: Whether a load may be split across the children that load token ranges.
+    split: bool = False
 
 
 def settings_of(extra_config: Mapping[str, Any]) -> Settings:
@@ -291,6 +309,7 @@ def settings_of(extra_config: Mapping[str, Any]) -> Settings:
         lookup=lookup_policy(extra_config),
         patience=patience_steps(extra_config),
         hit_metrics=hit_metrics(extra_config),
+        split=split_loads(extra_config),
     )
 
 

@@ -26,10 +26,18 @@ from .config import PATIENCE_KEY, Settings
 from .errors import LookupPatienceError
 from .hits import Hits
 
-__all__ = ["GAVE_UP", "Lookups"]
+__all__ = ["GAVE_UP", "RANGE_HOOK", "Lookups"]
 
 #: In a request's waits: the child answered ``None`` past its patience (not asked again).
 GAVE_UP: Final = -1
+
+#: The method by which a child declares that it loads token ranges, so a load may be split
+#: across it and others (``split_loads``): ``update_state_after_alloc_range(request, blocks,
+#: start, num_tokens)``, called instead of ``update_state_after_alloc`` when it loads the
+#: tokens ``[start, start + num_tokens)`` of a split load. Such a child is also asked
+#: ``get_num_new_matched_tokens(request, start)`` with ``start`` past the request's computed
+#: tokens, and answers the tokens it holds from ``start`` on.
+RANGE_HOOK: Final = "update_state_after_alloc_range"
 
 
 class Lookups:
@@ -42,6 +50,7 @@ class Lookups:
         "_load_async",
         "_patience",
         "_policy",
+        "_ranged",
         "_waits",
     )
 
@@ -56,6 +65,18 @@ class Lookups:
         self._failed_by: dict[str, set[str]] = {}
         #: Per request, per child, its ``None`` answers in a row (:data:`GAVE_UP` past them).
         self._waits: dict[str, dict[str, int]] = {}
+        #: The children a load may be split across (``split_loads``), in configuration order:
+        #: those that may load and load token ranges (:data:`RANGE_HOOK`).
+        self._ranged: tuple[str, ...] = (
+            tuple(
+                name
+                for name, child in children.items
+                if children.roles[name] is not Role.save
+                and callable(getattr(child, RANGE_HOOK, None))
+            )
+            if settings.split
+            else ()
+        )
 
     def match(self, request: Any, num_computed_tokens: int) -> tuple[str | None, int, bool]:
         """``(loader, tokens, held)``: the child chosen to load ``request`` (``None``: none has
@@ -86,6 +107,60 @@ class Lookups:
         else:
             self._load_async.discard(request.request_id)
         return loader, tokens, held
+
+    def further(self, request: Any, start: int, loader: str) -> tuple[tuple[str, int, int], ...]:
+        """The further parts of a split load of ``request`` whose ``loader`` holds its tokens
+        up to ``start``: ``(name, start, tokens)`` each, in token order; empty when the load
+        is not split (splits are off, ``loader`` loads no ranges, or no other child holds the
+        tokens from ``start`` on).
+
+        Each further part is the child that holds the most tokens from where the parts so far
+        end (ties in configuration order), among the children that load ranges, load as the
+        loader does (both asynchronously, or both not) and were not asked for this load yet.
+        A ``None`` answer is no hit here (the request is not held for it); a failure is that
+        child's, counted as no hit.
+        """
+        ranged = self._ranged
+        if loader not in ranged or len(ranged) < 2:
+            return ()
+        request_id = request.request_id
+        load_async = request_id in self._load_async
+        counted = self._kids.counted()
+        failed_here = self._failed_by.get(request_id, ()) if self._failed_by else ()
+        waits = self._waits.get(request_id, {}) if self._waits else {}
+        left = [
+            name
+            for name in ranged
+            if name != loader
+            and name not in counted
+            and name not in failed_here
+            and waits.get(name) != GAVE_UP
+        ]
+        parts: list[tuple[str, int, int]] = []
+        failures: list[tuple[str, Exception]] = []
+        while left:
+            best: tuple[str, int] | None = None
+            for name in left:
+                self._hits.add(name, "asked")
+                try:
+                    tokens, flag = self._asked(
+                        name, self._kids.by_name[name], request, start, waits=False
+                    )
+                except Exception as exc:
+                    failures.append((name, exc))
+                    continue
+                if tokens:
+                    self._hits.answered(name, tokens)
+                    if flag is load_async and (best is None or tokens > best[1]):
+                        best = (name, tokens)
+            if best is None:
+                break
+            parts.append((best[0], start, best[1]))
+            start += best[1]
+            left = [name for name in left if name != best[0] and name not in dict(failures)]
+        if failures:
+            self._kids.absorb("get_num_new_matched_tokens", failures, "counted as no hit")
+        return tuple(parts)
 
     def loads_async(self, request_id: str) -> bool:
         """Whether the loader last chosen for ``request_id`` loads asynchronously."""
@@ -144,10 +219,11 @@ class Lookups:
             yield name, tokens
 
     def _asked(
-        self, name: str, child: Any, request: Any, num_computed_tokens: int
+        self, name: str, child: Any, request: Any, num_computed_tokens: int, *, waits: bool = True
     ) -> tuple[int | None, bool]:
         """Child ``name``'s answer, checked: ``(tokens, load_async)``; what cannot be true
-        raises (the caller counts it as that child's failure)."""
+        raises (the caller counts it as that child's failure). ``waits``: a ``None`` answer
+        counts against the child's patience (under ``longest``)."""
         answer = child.get_num_new_matched_tokens(request, num_computed_tokens)
         if answer.__class__ is not tuple or len(answer) != 2:
             raise InvalidArgumentError(
@@ -157,7 +233,7 @@ class Lookups:
         tokens, load_async = answer
         request_id = request.request_id
         if tokens is None:
-            if self._policy is Lookup.longest:
+            if waits and self._policy is Lookup.longest:
                 self._wait(name, request_id)
             return None, False
         if self._waits and request_id in self._waits:

@@ -36,7 +36,7 @@ from .children import Children, Failures, Slot, failed
 from .config import Settings, without_hma
 from .errors import ChildrenConflictError, HMAUnsupportedError
 from .hits import Hits
-from .lookups import Lookups
+from .lookups import RANGE_HOOK, Lookups
 from .wire import (
     NamedKVEvents,
     NamedMultiConnectorMetadata,
@@ -98,12 +98,16 @@ class SchedulerPart:
         self.lookups = Lookups(children, settings, self.hits)
         #: Each request's computed tokens when its loader was chosen, until vLLM allocates.
         self._matched_at: dict[str, int] = {}
+        #: Each split load's parts, ``(name, start, tokens)`` in token order, until vLLM
+        #: allocates (``split_loads``: :meth:`Lookups.further`).
+        self._parts: dict[str, tuple[tuple[str, int, int], ...]] = {}
         self._tail_savers: dict[str, tuple[str, ...]] = {}
         #: This step's news for the workers: who saves, who loads asynchronously, the
         #: synchronous loads (loader, blocks), the asynchronous loads known failed, the blocks
         #: of the synchronous loads known failed.
         self._new_savers: dict[str, tuple[str, ...]] = {}
         self._new_loads: dict[str, str] = {}
+        self._new_splits: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = {}
         self._sync_loads: dict[str, tuple[str, tuple[int, ...]]] = {}
         self._failed_loads: dict[str, str] = {}
         self._load_errors: list[int] = []
@@ -207,6 +211,8 @@ class SchedulerPart:
         self.live.pop(request_id, None)
         if self._matched_at:
             self._matched_at.pop(request_id, None)
+        if self._parts:
+            self._parts.pop(request_id, None)
         if self._tail_savers:
             self._tail_savers.pop(request_id, None)
         self.lookups.forget(request_id)
@@ -243,7 +249,19 @@ class SchedulerPart:
         loader, tokens, held = self.lookups.match(request, num_computed_tokens)
         if held:
             return None, False
-        self.tracker.choose_loader(request_id, loader)
+        parts = (
+            self.lookups.further(request, num_computed_tokens + tokens, loader)
+            if loader is not None and self._settings.split
+            else ()
+        )
+        if parts and loader is not None:
+            self._parts[request_id] = ((loader, num_computed_tokens, tokens), *parts)
+            self.tracker.choose_loader(request_id, loader, parts=[name for name, _, _ in parts])
+            tokens += sum(n for _, _, n in parts)
+        else:
+            if self._parts:
+                self._parts.pop(request_id, None)
+            self.tracker.choose_loader(request_id, loader)
         if loader is None:
             return 0, False
         self._matched_at[request_id] = num_computed_tokens
@@ -282,6 +300,9 @@ class SchedulerPart:
         reported failed (through the workers, in vLLM's own terms), so vLLM recomputes.
         """
         request_id = request.request_id
+        if self._parts and request_id in self._parts:
+            self._split_alloc(request, blocks, num_external_tokens)
+            return
         loader = self.loader(request_id)
         failures: Failures = None
         for name, child in self._kids.items:  # once per scheduled request: no helper
@@ -313,6 +334,58 @@ class SchedulerPart:
             self.lookups.failed(loader, request_id)
         else:
             self._sync_loads[request_id] = (loader, external)
+
+    def _split_alloc(self, request: Any, blocks: Any, granted: int) -> None:
+        """A split load's allocation: each part's child is told its token range
+        (:data:`~multiconnector.vllm.lookups.RANGE_HOOK`), every other child 0 tokens. The
+        workers learn each part's blocks; a part whose child raises here is that child's
+        failure: its blocks are reported as load errors (vLLM recomputes from the first of
+        them), and the other parts load."""
+        request_id = request.request_id
+        self._matched_at.pop(request_id, None)
+        parts: list[tuple[str, int, int]] = []
+        left = granted
+        for name, start, tokens in self._parts.pop(request_id):
+            if left > 0:  # vLLM granted less than asked: the later parts shrink first
+                parts.append((name, start, min(tokens, left)))
+                left -= tokens
+        ranges = {name: (start, tokens) for name, start, tokens in parts}
+        failures: Failures = None
+        for name, child in self._kids.items:
+            try:
+                if name in ranges:
+                    getattr(child, RANGE_HOOK)(request, blocks, *ranges[name])
+                else:
+                    child.update_state_after_alloc(request, blocks, 0)
+            except Exception as exc:
+                failures = failed(failures, name, exc)
+        bad = set() if failures is None else {name for name, _ in failures}
+        if failures is not None:
+            self._kids.absorb(
+                "update_state_after_alloc",
+                failures,
+                "its part of a load (if any) reported failed, recomputed by vLLM",
+            )
+        shares: list[tuple[str, tuple[int, ...]]] = []
+        for name, start, tokens in parts:
+            self.hits.chosen(name, tokens)
+            external = self._external_blocks(blocks, start, tokens)
+            if name in bad:
+                self._load_errors.extend(external)
+                self.lookups.failed(name, request_id)
+            else:
+                shares.append((name, external))
+        if not parts:
+            return
+        if not self.lookups.loads_async(request_id):
+            self._new_splits[request_id] = tuple(shares)  # for a child failing on a worker
+        elif shares:
+            self.loads_in_flight.add(request_id)
+            self._load_since[request_id] = time.monotonic()
+            self._new_loads[request_id] = shares[0][0]
+            self._new_splits[request_id] = tuple(shares)
+        else:  # every part failed: the load, as one
+            self._load_started(request_id, parts[0][0], True)
 
     def _load_started(self, request_id: str, loader: str, loader_failed: bool) -> None:
         """An asynchronous load of ``request_id`` by ``loader`` is in flight from now on:
@@ -367,6 +440,9 @@ class SchedulerPart:
         metadata = NamedMultiConnectorMetadata.owning(children, self._new_savers, self._new_loads)
         self._new_savers = {}
         self._new_loads = {}
+        if self._new_splits:
+            metadata.split_loads = self._new_splits
+            self._new_splits = {}
         if self._sync_loads or self._failed_loads or self._load_errors:
             metadata.sync_loads = self._sync_loads
             metadata.failed_loads = self._failed_loads
@@ -388,7 +464,10 @@ class SchedulerPart:
 
     def _fail_step_loads(self, names: set[str]) -> None:
         """The loads of this step by the children ``names`` (which sent their workers no
-        metadata) are reported failed: vLLM recomputes them."""
+        metadata) are reported failed: vLLM recomputes them (a split load's parts by them
+        alone, from their first block: the other parts load)."""
+        if self._new_splits:
+            self._fail_step_parts(names)
         for request_id, name in list(self._new_loads.items()):
             if name in names:
                 del self._new_loads[request_id]
@@ -400,6 +479,27 @@ class SchedulerPart:
                 del self._sync_loads[request_id]
                 self._load_errors.extend(external)
                 self.lookups.failed(name, request_id)
+
+    def _fail_step_parts(self, names: set[str]) -> None:
+        """The parts of this step's split loads by the children ``names``: their blocks
+        reported as load errors, the other parts still sent (an asynchronous load whose every
+        part failed is reported failed as one)."""
+        for request_id, shares in list(self._new_splits.items()):
+            if all(name not in names for name, _ in shares):
+                continue
+            kept = tuple(share for share in shares if share[0] not in names)
+            for name, external in shares:
+                if name in names:
+                    self._load_errors.extend(external)
+                    self.lookups.failed(name, request_id)
+            self._new_splits[request_id] = kept
+            if request_id in self._new_loads:
+                if kept:
+                    self._new_loads[request_id] = kept[0][0]
+                else:
+                    del self._new_splits[request_id]
+                    del self._new_loads[request_id]
+                    self._failed_loads[request_id] = shares[0][0]
 
     # -- what the workers report ---------------------------------------------------------------
 
@@ -427,6 +527,8 @@ class SchedulerPart:
         self._route_output(connector_output, worker_meta, events)
         if connector_output.failed_recving:
             self._mark_failed(connector_output.failed_recving)
+        if worker_meta is not None and worker_meta.load_failed:
+            self._parts_failed(worker_meta.load_failed)
         if self._loads_owed or self._counted_failed:
             loaded = self._count_loads(connector_output, worker_meta)
         tracker = self.tracker
@@ -493,13 +595,14 @@ class SchedulerPart:
         for request_id in loaded:
             self.loads_in_flight.discard(request_id)
             self._load_since.pop(request_id, None)
-            loader = self.loader(request_id)
-            if (
-                loader is not None
-                and tracker.load_finished(request_id, loader) is _APPLIED
-                and not (failed_now and request_id in failed_now)  # counted by _mark_failed
-            ):
-                self.hits.add(loader, "loads_completed")
+            record = tracker.peek(request_id)
+            if record is None or record.loader is None:
+                continue
+            for loader in (record.loader, *record.parts):
+                if tracker.load_finished(request_id, loader) is _APPLIED and not (
+                    failed_now and request_id in failed_now  # counted by _mark_failed
+                ):
+                    self.hits.add(loader, "loads_completed")
 
     def _mark_failed(self, request_ids: Any) -> None:
         """The loads of ``request_ids`` failed: their loaders are not asked again for them."""
@@ -508,6 +611,21 @@ class SchedulerPart:
             if loader is not None:
                 self.lookups.failed(loader, request_id)
                 self.hits.add(loader, "loads_failed")
+
+    def _parts_failed(self, load_failed: Mapping[str, Mapping[str, int]]) -> None:
+        """The workers reported these children's parts of split loads failed (their blocks
+        came as load errors): those children are not asked to load those requests again."""
+        tracker = self.tracker
+        for name, request_ids in load_failed.items():
+            for request_id in request_ids:
+                record = tracker.peek(request_id)
+                if (
+                    record is not None
+                    and (name in record.parts or name == record.loader)
+                    and name not in self._kids.counted()  # counted loaders': _count_loads
+                ):
+                    self.lookups.failed(name, request_id)
+                    self.hits.add(name, "loads_failed")
 
     def _route_output(self, connector_output: Any, worker_meta: Any, events: Any) -> None:
         """Every child's ``update_connector_output``, with its own entries of ``worker_meta``
@@ -695,18 +813,19 @@ class SchedulerPart:
             self._savers_of[request_id] = savers
         self.forget(request_id)
         record = tracker.peek(request_id)
-        if (
-            record is not None
-            and load_owed(record.loader, record.loaded, record.loader_gone)
-            and request_id not in self.loads_in_flight
-        ):
+        if record is not None and record.loading and request_id not in self.loads_in_flight:
             # No load of it is in flight, and no report of one will come: a synchronous load
             # ends within the step that scheduled it (vLLM reports none), and a load never
-            # started never ends. The record would otherwise be held forever. Counted as the
+            # started never ends. The record would otherwise be held forever. Counted as each
             # loader's drained load; after shutdown nothing is (the books stay as they are).
-            assert record.loader is not None  # owed: a loader was chosen
+            owed = record.parts_owed
+            if record.loader is not None and load_owed(
+                record.loader, record.loaded, record.loader_gone
+            ):
+                owed = (record.loader, *owed)
             with suppress(ShutDownError):
-                tracker.load_finished(request_id, record.loader)
+                for name in owed:
+                    tracker.load_finished(request_id, name)
         tracker.take()
 
     def _shared_savers(self, names: tuple[str, ...]) -> tuple[str, ...]:

@@ -56,6 +56,12 @@ class NamedMultiConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
     the step to its loader and the blocks its external tokens fill (a worker on which that
     loader fails reports them as load errors). vLLM then recomputes those tokens.
 
+    ``split_loads`` maps each request whose load this step is split across children
+    (``split_loads`` in the configuration) to its parts: ``(name, blocks)`` each, in token
+    order, the first the loader named in ``loads`` (when asynchronous). A worker passes on one
+    load completion once every part reported, and reports the blocks of a part that failed as
+    load errors, so vLLM recomputes from that part's first block on.
+
     vLLM sends it to workers with pickle. For msgspec, encode with :func:`msgspec_enc_hook` and
     decode with ``type=NamedMultiConnectorMetadata, dec_hook=msgspec_dec_hook``: the children's
     metadata types are recorded, so each comes back as its own type.
@@ -72,6 +78,7 @@ class NamedMultiConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
         sync_loads: Mapping[str, tuple[str, Iterable[int]]] | None = None,
         failed_loads: Mapping[str, str] | None = None,
         load_errors: Iterable[int] = (),
+        split_loads: Mapping[str, Iterable[tuple[str, Iterable[int]]]] | None = None,
     ) -> None:
         self.children: dict[str, Any] = dict(children or {})
         self.savers: dict[str, tuple[str, ...]] = {
@@ -84,8 +91,14 @@ class NamedMultiConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
         }
         self.failed_loads = dict(failed_loads or {})
         self.load_errors = tuple(load_errors)
+        if split_loads:
+            self.split_loads = {
+                request_id: tuple((str(name), tuple(blocks)) for name, blocks in parts)
+                for request_id, parts in split_loads.items()
+            }
 
     # Most steps have none of these: read from the class, not stored per instance.
+    split_loads: Mapping[str, tuple[tuple[str, tuple[int, ...]], ...]] = MappingProxyType({})
     sync_loads: Mapping[str, tuple[str, tuple[int, ...]]] = MappingProxyType({})
     failed_loads: Mapping[str, str] = MappingProxyType({})
     load_errors: tuple[int, ...] = ()
@@ -110,6 +123,8 @@ class NamedMultiConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
         mentioned.update(self.loads.values())
         mentioned.update(self.failed_loads.values())
         mentioned.update(name for name, _ in self.sync_loads.values())
+        for parts in self.split_loads.values():
+            mentioned.update(name for name, _ in parts)
         for names in self.savers.values():
             mentioned.update(names)
         return mentioned
@@ -127,6 +142,7 @@ class NamedMultiConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
             dict(self.sync_loads),
             dict(self.failed_loads),
             self.load_errors,
+            dict(self.split_loads),
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -141,6 +157,7 @@ class NamedMultiConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
                 if self.sync_loads or self.failed_loads or self.load_errors
                 else ")"
             )
+            + (f"[split_loads={dict(self.split_loads)!r}]" if self.split_loads else "")
         )
 
 
@@ -179,6 +196,9 @@ def msgspec_enc_hook(obj: Any) -> Any:
             "sync_loads": {r: [name, list(b)] for r, (name, b) in obj.sync_loads.items()},
             "failed_loads": dict(obj.failed_loads),
             "load_errors": list(obj.load_errors),
+            "split_loads": {
+                r: [[name, list(b)] for name, b in parts] for r, parts in obj.split_loads.items()
+            },
         }
     raise NotImplementedError(f"msgspec_enc_hook cannot encode type {type(obj).__name__}")
 
@@ -208,6 +228,7 @@ def msgspec_dec_hook(type_: type[Any], obj: Any) -> Any:
         sync_loads=obj.get("sync_loads", {}),
         failed_loads=obj.get("failed_loads", {}),
         load_errors=obj.get("load_errors", ()),
+        split_loads=obj.get("split_loads", {}),
     )
 
 

@@ -113,6 +113,8 @@ class WorkerPart:
         self._bound: NamedMultiConnectorMetadata | None = None
         #: Blocks of failed synchronous loads, for get_block_ids_with_load_errors.
         self._load_errors_due: set[int] = set()
+        #: Each asynchronous split load in flight here: its parts' blocks, by child.
+        self._split_of: dict[str, dict[str, tuple[int, ...]]] = {}
         #: Requests vLLM finished while their load was in flight here.
         self._finished_while_loading: set[str] = set()
         #: Requests whose saves all reported here while their load was still in flight here:
@@ -158,7 +160,12 @@ class WorkerPart:
                 continue
             if request_id not in loads:
                 loads.begin(request_id)
-            loads.choose_loader(request_id, name)
+            parts = metadata.split_loads.get(request_id) if metadata.split_loads else None
+            if parts:
+                self._split_of[request_id] = dict(parts)
+                loads.choose_loader(request_id, name, parts=[n for n, _ in parts if n != name])
+            else:
+                loads.choose_loader(request_id, name)
         if metadata.failed_loads or metadata.load_errors:
             self._fail_loads_known(metadata)
         self._bound = metadata
@@ -202,8 +209,10 @@ class WorkerPart:
         bound = self._bound
         if bound is None:
             return
+        if bound.split_loads:
+            self._fail_parts_of(name, bound)
         for request_id, loader in bound.loads.items():
-            if loader != name:
+            if loader != name or request_id in bound.split_loads:
                 continue
             if name in self._kids.counted():
                 # This worker reported its part already; the scheduler counts the child's own
@@ -226,6 +235,42 @@ class WorkerPart:
         for loader, blocks in bound.sync_loads.values():
             if loader == name:
                 self._load_errors_due.update(blocks)
+
+    def _fail_parts_of(self, name: str, bound: NamedMultiConnectorMetadata) -> None:
+        """Child ``name`` failed in this step's load hooks: the blocks of its parts of this
+        step's split loads are reported as load errors; an asynchronous part is over (applied
+        on the load books for it: its own report, if one comes, is a duplicate), and the load
+        completes when its last part does."""
+        for request_id, parts in bound.split_loads.items():
+            for part, blocks in parts:
+                if part != name:
+                    continue
+                self._part_failed(request_id, name, blocks)
+                if request_id in self._split_of:
+                    self._part_arrived(request_id, name, self._due_results())
+
+    def _part_failed(self, request_id: str, name: str, blocks: tuple[int, ...]) -> None:
+        """Child ``name``'s part of split load ``request_id`` failed: its blocks are load
+        errors (vLLM recomputes from the first of them on, the other parts' tokens stand), and
+        the scheduler learns whose part it was (the worker metadata's ``load_failed``), so it
+        does not ask that child to load the request again."""
+        self._load_errors_due.update(blocks)
+        self._forward_failed.setdefault(name, {})[request_id] = 1
+
+    def _part_arrived(self, request_id: str, name: str, results: Any) -> bool:
+        """Child ``name``'s part of split load ``request_id`` reported (or failed): applied on
+        the load books; once no part is owed, its one completion goes into ``results``.
+        Whether the report was applied."""
+        if self.loads.load_finished(request_id, name) is not Outcome.applied:
+            return False
+        record = self.loads.peek(request_id)
+        if record is None or not record.loading:
+            del self._split_of[request_id]
+            results.finished_recving.add(request_id)
+            if request_id in self._finished_while_loading:
+                self._finished_while_loading.discard(request_id)
+                self.loads.cancel(request_id)
+        return True
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         results = self.get_transfer_results(finished_req_ids)
@@ -357,6 +402,12 @@ class WorkerPart:
                 if request_id in failed:
                     self._forward_failed.setdefault(name, {})[request_id] = 1
                 continue
+            split = self._split_of.get(request_id) if self._split_of else None
+            if split is not None and name in split:
+                if request_id in failed:
+                    self._part_failed(request_id, name, split[name])
+                self._part_arrived(request_id, name, results)
+                continue
             outcome = loads.load_finished(request_id, name)
             if outcome is not Outcome.applied:
                 if outcome is Outcome.phantom:
@@ -402,11 +453,7 @@ class WorkerPart:
 
     def _load_pending(self, request_id: str) -> bool:
         record = self.loads.peek(request_id)
-        return (
-            record is not None
-            and record.state is State.pending
-            and load_owed(record.loader, record.loaded, record.loader_gone)
-        )
+        return record is not None and record.state is State.pending and record.loading
 
     def _finish_loads(self, finished_req_ids: set[str]) -> None:
         loads = self.loads
@@ -414,7 +461,7 @@ class WorkerPart:
             record = loads.peek(request_id)
             if record is None or record.state is not State.pending:
                 continue  # (a failed load, cancelled here: taken once its loader drained it)
-            if not load_owed(record.loader, record.loaded, record.loader_gone):
+            if not record.loading:
                 loads.cancel(request_id)
             else:  # aborted while loading: the scheduler still needs that one completion
                 self._finished_while_loading.add(request_id)
@@ -460,12 +507,13 @@ class WorkerPart:
                 "build_connector_worker_meta", failures, "its worker metadata dropped"
             )
         forward, loaded, load_failed = self.forward, self.forward_loads, self._forward_failed
-        if found is None and not forward and not loaded:
+        if found is None and not forward and not loaded and not load_failed:
             return None
         if forward:
             self.forward = {}
         if loaded:
             self.forward_loads = {}
+        if load_failed:
             self._forward_failed = {}
         return NamedMultiConnectorWorkerMetadata(
             found or {},

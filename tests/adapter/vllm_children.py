@@ -36,6 +36,9 @@ class Script:
 
     label: str
     tokens: int | None = 0
+    #: When set, the tokens held from the prompt's start: asked from ``num_computed_tokens``,
+    #: the child answers what it holds past them (a child that loads token ranges).
+    holds: int | None = None
     load_async: bool = False
     saves: bool = False
     params: dict[str, Any] | None = None
@@ -150,6 +153,8 @@ class ScriptedConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
         self._call("get_num_new_matched_tokens", request.request_id, num_computed_tokens)
         tokens = self.script.tokens
+        if self.script.holds is not None:
+            tokens = max(0, self.script.holds - num_computed_tokens)
         return tokens, bool(tokens) and self.script.load_async
 
     def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
@@ -252,6 +257,16 @@ class ScriptedConnector(KVConnectorBase_V1):
         self.script.shutdowns += 1
         if self.script.shutdown_error is not None:
             raise self.script.shutdown_error
+
+
+class RangeConnector(ScriptedConnector):
+    """A scripted child that loads token ranges: a load may be split across it and others
+    (``split_loads``)."""
+
+    def update_state_after_alloc_range(
+        self, request: Any, blocks: Any, start: int, num_tokens: int
+    ) -> None:
+        self._call("update_state_after_alloc_range", request.request_id, start, num_tokens)
 
 
 class LMCacheEventsConnector(ScriptedConnector):

@@ -209,7 +209,8 @@ def builtin_config(
 
 
 def worker_output(worker: Any, finished_req_ids: Any, *, extra: Any = None) -> KVConnectorOutput:
-    """A worker connector's part of a step's output: its transfer results and its metadata,
+    """A worker connector's part of a step's output: its transfer results, its load errors
+    and its metadata (as vLLM's model runner gathers them),
     with ``extra`` worker metadata aggregated into it when given."""
     results = worker.get_transfer_results(finished_req_ids)
     meta = worker.build_connector_worker_meta()
@@ -219,5 +220,6 @@ def worker_output(worker: Any, finished_req_ids: Any, *, extra: Any = None) -> K
         finished_sending=results.finished_sending or None,
         finished_recving=results.finished_recving or None,
         failed_recving=results.failed_recving,
+        invalid_block_ids=worker.get_block_ids_with_load_errors(),
         kv_connector_worker_meta=meta,
     )
