@@ -36,9 +36,10 @@ from ..ledger import SaveLedger
 from ..outcome import Outcome
 from .children import Children, Failures, failed
 from .config import child_specs, connector_class, settings_of, specs_of, without_hma
+from .counted import WORKERS
 from .errors import ChildrenConflictError, HMAUnsupportedError
 from .hits import LOOKUP
-from .scheduler import WORKERS, SchedulerPart
+from .scheduler import SchedulerPart
 from .wire import (
     FAILED,
     NamedHandshakeMetadata,

@@ -31,10 +31,11 @@ from ..machine import State
 from ..outcome import Outcome
 from ..params import merge_transfer_params
 from ..registry import Role
-from ..rule import count, finish_answer, load_owed, refined, transfer_report
+from ..rule import finish_answer, load_owed
 from .children import Children, Failures, Slot, failed
 from .config import Settings, without_hma
-from .errors import ChildrenConflictError, HMAUnsupportedError
+from .counted import WORKERS, Counted, not_taken
+from .errors import HMAUnsupportedError
 from .hits import Hits
 from .lookups import RANGE_HOOK, Lookups
 from .wire import (
@@ -43,12 +44,7 @@ from .wire import (
     NamedMultiConnectorWorkerMetadata,
 )
 
-__all__ = ["WORKERS", "SchedulerPart"]
-
-#: The name, on the scheduler's core books, of every worker's confirmation that a request's
-#: saves are done there (:meth:`SchedulerPart._awaited`).
-WORKERS: Final = "@workers"
-_WORKERS_ONLY: Final = (WORKERS,)
+__all__ = ["SchedulerPart"]
 
 _APPLIED: Final = Outcome.applied
 _PENDING: Final = State.pending
@@ -62,16 +58,6 @@ def _named(value: Any, kind: type[Any], what: str) -> Any:
     return value
 
 
-def _not_taken(name: str, children: set[str]) -> None:
-    """A :class:`ChildrenConflictError` when a child bears ``name``, a name the scheduler's
-    books give a report (:data:`WORKERS`, a counted child's ``<name>@<i>``)."""
-    if name in children:
-        raise ChildrenConflictError(
-            f"child name {name!r} is a name the scheduler's books give a report: rename that "
-            "child (multiconnector_name)"
-        )
-
-
 class SchedulerPart:
     """The scheduler-side calls of vLLM's connector interface, over one :class:`Children`."""
 
@@ -83,8 +69,10 @@ class SchedulerPart:
         #: Every request from its arrival until vLLM may free its blocks: its loader, and the
         #: savers the workers await (the core's books, told by this part).
         self.tracker = Aggregator(children.registry(), lookup=settings.lookup)
-        _not_taken(WORKERS, set(children.names))
+        not_taken(WORKERS, set(children.names))
         self.tracker.register(WORKERS, Slot(WORKERS), Role.save)
+        #: The report names of the children counted on fewer workers than all.
+        self.counted = Counted(children, self.tracker)
         #: Each request the workers await saves of, with its savers, until handed back.
         self._savers_of: dict[str, tuple[str, ...]] = {}
         #: Each child's lookups, hits and loads, by name.
@@ -116,60 +104,15 @@ class SchedulerPart:
         self.loads_in_flight: set[str] = set()
         self._load_since: dict[str, float] = {}
         self._saver_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
-        self._init_counted()
 
-    def _init_counted(self) -> None:
-        """The books of the children that report on fewer workers than all (their
-        ``get_finished_count()``): their workers forward their reports to this part."""
-        #: Per such child, the names its reports of one save take on the core books, one per
-        #: worker it reports on (:meth:`_awaited`); each such name's child.
-        self._ranks: dict[str, tuple[str, ...]] = {}
-        self._rank_owner: dict[str, str] = {}
-        #: Per (outcome, name), the forwarded reports of their loads: applied up to the count,
-        #: or why ignored.
-        self.counted_outcomes: dict[tuple[Any, str], int] = {}
-        #: Asynchronous loads by such a child, with its name and the reports still owed; the
-        #: loads every worker reported, still owed them; those a counted report said failed.
-        self._loads_owed: dict[str, tuple[str, int]] = {}
-        self._recv_done: set[str] = set()
-        self._counted_failed: set[str] = set()
-
-    def _awaited(self, savers: tuple[str, ...]) -> tuple[str, ...]:
-        """The names the core books await for a request ``savers`` save.
-
-        Every worker's confirmation, :data:`WORKERS`: a worker reports the request once every
-        saver that reports on every worker reported there, and vLLM's output aggregator passes
-        it on once every worker did. A saver that reports on fewer workers
-        (``get_finished_count()``: ``k``) owes ``k`` reports of its own, which its workers
-        forward: it is awaited under ``k`` names more, ``<name>@1`` to ``<name>@k``, one per
-        report. Every name is the core's to decide.
-        """
-        if not savers:
-            return ()
-        counted = self._kids.counted()
-        if not counted or all(name not in counted for name in savers):
-            return _WORKERS_ONLY
-        if not self._ranks:
-            self._register_ranks(counted)
-        names = [WORKERS]
-        for name in savers:
-            names += self._ranks.get(name, ())
-        return tuple(names)
-
-    def _register_ranks(self, counted: Mapping[str, int]) -> None:
-        """Register the report names of the children that report on fewer workers
-        (:meth:`_awaited`) on the core books."""
-        taken = set(self._kids.names)
-        for name, k in counted.items():
-            self._ranks[name] = tuple(f"{name}@{i}" for i in range(1, k + 1))
-            self._rank_owner.update((rank, name) for rank in self._ranks[name])
-        for rank in self._rank_owner:
-            _not_taken(rank, taken)
-            self.tracker.register(rank, Slot(rank), Role.save)
+    @property
+    def counted_outcomes(self) -> dict[tuple[Any, str], int]:
+        """Per (outcome, name), forwarded reports of names that are no counted child's."""
+        return self.counted.outcomes
 
     def child_of(self, name: str) -> str:
         """The child a name on the core books stands for (itself, or a report's child)."""
-        return self._rank_owner.get(name, name)
+        return self.counted.child_of(name)
 
     @property
     def saving(self) -> dict[str, tuple[str, ...]]:
@@ -186,16 +129,7 @@ class SchedulerPart:
     def counted_owed(self) -> dict[str, dict[str, int]]:
         """Each request still owed reports by children that report on fewer workers than all,
         with how many each still owes (a new dict)."""
-        owed: dict[str, dict[str, int]] = {}
-        tracker = self.tracker
-        for request_id in tracker.request_ids():
-            record = tracker.peek(request_id)
-            for name in () if record is None else record.awaiting:
-                child = self._rank_owner.get(name)
-                if child is not None:
-                    mine = owed.setdefault(request_id, {})
-                    mine[child] = mine.get(child, 0) + 1
-        return owed
+        return self.counted.owed()
 
     def _handed_off(self, request_id: str) -> bool:
         """Whether ``request_id`` finished with saves: its one completion is their report."""
@@ -203,8 +137,9 @@ class SchedulerPart:
         return record is not None and bool(record.expected)
 
     def loader(self, request_id: str) -> str | None:
+        """The child chosen to load ``request_id`` (the first part's, of a split load)."""
         record = self.tracker.peek(request_id)
-        return None if record is None else record.loader
+        return None if record is None or record.loader is None else self.child_of(record.loader)
 
     def forget(self, request_id: str) -> None:
         """``request_id`` finished: nothing of its lookups is kept."""
@@ -397,9 +332,8 @@ class SchedulerPart:
             self.lookups.failed(loader, request_id)
             return
         self._new_loads[request_id] = loader
-        counted = self._kids.counted()
-        if loader in counted:
-            self._loads_owed[request_id] = (loader, counted[loader])
+        if loader in self._kids.counted():
+            self.counted.load_started(request_id, loader)
 
     def _external_blocks(self, blocks: Any, matched_at: int, tokens: int) -> tuple[int, ...]:
         """The ids of the blocks that hold a request's ``tokens`` external tokens, after the
@@ -471,7 +405,8 @@ class SchedulerPart:
         for request_id, name in list(self._new_loads.items()):
             if name in names:
                 del self._new_loads[request_id]
-                self._loads_owed.pop(request_id, None)
+                if name in self._kids.counted():
+                    self.counted.load_failed(request_id, name)
                 self._failed_loads[request_id] = name
                 self.lookups.failed(name, request_id)
         for request_id, (name, external) in list(self._sync_loads.items()):
@@ -529,8 +464,10 @@ class SchedulerPart:
             self._mark_failed(connector_output.failed_recving)
         if worker_meta is not None and worker_meta.load_failed:
             self._parts_failed(worker_meta.load_failed)
-        if self._loads_owed or self._counted_failed:
-            loaded = self._count_loads(connector_output, worker_meta)
+        if self._kids.counted() and (
+            loaded or self.counted.active() or (worker_meta is not None and worker_meta.loaded)
+        ):
+            loaded = self.counted.loads(connector_output, worker_meta)
         tracker = self.tracker
         recving = connector_output.finished_recving
         if recving and len(tracker):
@@ -541,7 +478,7 @@ class SchedulerPart:
         sent = None if worker_meta is None else worker_meta.sent
         unknown = self._saves_confirmed(sending) if sending else ()
         if sent:
-            self._counted_saves(sent)
+            self.counted.saves(sent)
         self._loads_reported(loaded, connector_output.failed_recving)
         handed = [record.request_id for record in tracker.take() if record.expected]
         savers_of = self._savers_of
@@ -562,33 +499,6 @@ class SchedulerPart:
         tracker.transfer_finished_many(WORKERS, held)
         return unknown
 
-    def _counted_saves(self, sent: Mapping[str, Mapping[str, int]]) -> None:
-        """``sent[name][r]`` workers reported ``name``, a child that reports on fewer workers
-        than all, finished sending ``r``: each report is one of the report names the core books
-        await for it (:meth:`_awaited`), the next one ``r`` still awaits (the last when none
-        is: a duplicate, or why ignored). Any other name's report is none the books await (a
-        worker forwards only those children's): counted as the report rule says of a name no
-        request awaits (the workers' metadata may name anything, even what is no name)."""
-        tracker = self.tracker
-        ranks = self._ranks
-        for name, counts in sent.items():
-            mine = ranks.get(name)
-            for request_id, n in counts.items():
-                for _ in range(n):
-                    if mine is None:
-                        self._stranger(name, request_id)
-                        continue
-                    record = tracker.peek(request_id)
-                    owed = () if record is None else record.awaiting
-                    rank = next((r for r in mine if r in owed), mine[-1])
-                    tracker.transfer_finished(request_id, rank)
-
-    def _stranger(self, name: str, request_id: str) -> None:
-        """Count a forwarded save report of ``name``, which no request awaits here."""
-        record = self.tracker.peek(request_id)
-        verdict = transfer_report(None if record is None else record.state, (), (), (), name)
-        self._tally(refined(verdict[0], name in self._kids.by_name, True), name, 1)
-
     def _loads_reported(self, loaded: Any, failed_now: Any) -> None:
         """The loads of ``loaded`` reported to the core books, by their loaders."""
         tracker = self.tracker
@@ -597,6 +507,10 @@ class SchedulerPart:
             self._load_since.pop(request_id, None)
             record = tracker.peek(request_id)
             if record is None or record.loader is None:
+                continue
+            if record.loader in self.counted.owner:  # its reports came: counted.loads
+                if not (failed_now and request_id in failed_now):
+                    self.hits.add(self.child_of(record.loader), "loads_completed")
                 continue
             for loader in (record.loader, *record.parts):
                 if tracker.load_finished(request_id, loader) is _APPLIED and not (
@@ -646,58 +560,6 @@ class SchedulerPart:
             connector_output.kv_cache_events = events
         if failures is not None:
             self._kids.absorb("update_connector_output", failures)
-
-    def _count_loads(self, connector_output: Any, worker_meta: Any) -> Any:
-        """Hold back the load completions of the loads a counted child owes reports of; pass
-        each on (with its failure, if a counted report said so) once every worker reported it
-        and the child's reports reached its count, in the step the last of those arrived.
-        Returns the load completions passed on."""
-        owed = self._loads_owed
-        done = self._recv_done
-        recving = set(connector_output.finished_recving or ())
-        for request_id in [r for r in recving if r in owed]:
-            recving.discard(request_id)
-            done.add(request_id)
-        if worker_meta is not None and worker_meta.loaded:
-            for name, counts in worker_meta.loaded.items():
-                failed_of = worker_meta.load_failed.get(name, {})
-                for request_id, n in counts.items():
-                    self._count_loaded(name, request_id, n, recving, request_id in failed_of)
-        if self._counted_failed and not self._counted_failed.isdisjoint(recving):
-            failed_now = self._counted_failed & recving
-            self._counted_failed -= failed_now
-            connector_output.failed_recving = set(connector_output.failed_recving) | failed_now
-        connector_output.finished_recving = recving or None
-        return connector_output.finished_recving or ()
-
-    def _count_loaded(
-        self, name: str, request_id: str, n: int, recving: set[str], load_failed: bool
-    ) -> None:
-        """``n`` workers reported counted child ``name`` finished loading ``request_id``
-        (``load_failed``: one of them reported it failed)."""
-        entry = self._loads_owed.get(request_id)
-        if entry is None or entry[0] != name:
-            outcome = Outcome.unknown_request if entry is None else Outcome.phantom
-            self._tally(outcome, name, n)
-            return
-        left = entry[1]
-        self._tally(Outcome.applied, name, min(n, left))
-        if load_failed:
-            self._counted_failed.add(request_id)
-        if n < left:
-            self._loads_owed[request_id] = (name, left - n)
-            return
-        if n > left:
-            self._tally(Outcome.duplicate, name, n - left)
-        del self._loads_owed[request_id]
-        if request_id in self._recv_done:
-            self._recv_done.discard(request_id)
-            recving.add(request_id)
-
-    def _tally(self, outcome: Outcome, name: str, n: int) -> None:
-        """Count ``n`` forwarded reports of ``name`` as ``outcome`` (capped: the workers'
-        metadata may name anything; :func:`~multiconnector.rule.count`)."""
-        count(self.counted_outcomes, outcome, name, n)
 
     # -- a request finished --------------------------------------------------------------------
 
@@ -807,7 +669,7 @@ class SchedulerPart:
         ``request_id``, and forget its lookups; its record is handed back once nothing of it
         is owed."""
         tracker = self.tracker
-        tracker.request_finished_by(request_id, self._awaited(savers))
+        tracker.request_finished_by(request_id, self.counted.awaited(savers))
         if savers:
             self._new_savers[request_id] = savers
             self._savers_of[request_id] = savers

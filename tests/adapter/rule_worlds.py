@@ -319,7 +319,16 @@ def _frozen(value: Any) -> Any:
             r = value.get(request_id)
             assert r is not None
             records.append(
-                (request_id, r.state, r.awaiting, r.expected, r.abandoned, r.loader, r.loaded)
+                (
+                    request_id,
+                    r.state,
+                    r.awaiting,
+                    r.expected,
+                    r.abandoned,
+                    r.loader,
+                    r.loaded,
+                    r.parts_owed,
+                )
             )
         return ("aggregator", tuple(records), len(value.held()))
     if isinstance(value, SaveLedger):
@@ -330,6 +339,8 @@ def _frozen(value: Any) -> Any:
         return ("metadata", _frozen(value._fields()))
     if type(value).__name__ == "Lookups":
         return ("lookups", _frozen([value._load_async, value._failed_by, value._waits]))
+    if type(value).__name__ == "Counted":  # its names are configuration, outcomes counters
+        return ("counted", _frozen([value._held, value._failed]))
     if type(value).__name__ == "KVConnectorTransferResults":
         return ("results", _frozen(vars(value)))
     raise AssertionError(f"the test does not know how to compare a {type(value).__name__}")

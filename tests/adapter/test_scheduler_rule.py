@@ -99,6 +99,7 @@ import multiconnector.rule as rule_module  # noqa: E402
 from multiconnector import Outcome  # noqa: E402
 from multiconnector.rule import OTHER_NAMES  # noqa: E402
 from multiconnector.vllm import NamedMultiConnectorWorkerMetadata  # noqa: E402
+from multiconnector.vllm.counted import Counted  # noqa: E402
 from multiconnector.vllm.scheduler import SchedulerPart  # noqa: E402
 
 # vLLM logs every connector it builds: thousands here.
@@ -172,12 +173,12 @@ def test_forwarded_reports_from_made_up_names_are_counted_in_bounded_memory(
 
 def _one_report_enough(monkeypatch: pytest.MonkeyPatch) -> None:
     """The books await no report of a counted child: the workers' confirmation frees it."""
-    awaited = SchedulerPart._awaited
+    awaited = Counted.awaited
 
-    def planted(part: SchedulerPart, savers: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(name for name in awaited(part, savers) if name not in part._rank_owner)
+    def planted(counted: Counted, savers: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(name for name in awaited(counted, savers) if name not in counted.owner)
 
-    monkeypatch.setattr(SchedulerPart, "_awaited", planted)
+    monkeypatch.setattr(Counted, "awaited", planted)
 
 
 def _workers_confirm_every_name(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,210 @@
+"""The scheduler's books of the children counted on fewer workers than all: :class:`Counted`.
+
+vLLM's output aggregator passes a request on as finished sending (or receiving) once every
+worker reported it. A child whose ``get_finished_count()`` is ``k``, fewer than the workers,
+reports on ``k`` of them only: its workers forward its reports to the scheduler in their worker
+metadata (``sent``, ``loaded``), each worker reporting its own part done at once. Such a
+child's transfer is awaited on the scheduler's core books under ``k`` names of its own,
+``<name>@1`` to ``<name>@k``, one per report owed, and each forwarded report is applied to the
+next of them a request still owes: the core decides every outcome (applied, duplicate,
+terminal, ...), and :meth:`~multiconnector.MultiConnector.take` hands a request back only once
+every one came. A save awaits them beside the workers' confirmation
+(:meth:`~multiconnector.MultiConnector.request_finished_by`); a load is a split load of ``k``
+parts (:meth:`~multiconnector.MultiConnector.choose_loader` with ``parts``), whose completion
+is held back from vLLM until the last part came.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from ..aggregator import MultiConnector as Aggregator
+from ..registry import Role
+from ..rule import count, load_owed, load_report, refined, transfer_report
+from .children import Children, Slot
+from .errors import ChildrenConflictError
+
+__all__ = ["WORKERS", "Counted", "not_taken"]
+
+#: The name, on the scheduler's core books, of every worker's confirmation that a request's
+#: saves are done there (:meth:`Counted.awaited`).
+WORKERS: Final = "@workers"
+_WORKERS_ONLY: Final = (WORKERS,)
+
+
+def not_taken(name: str, children: set[str]) -> None:
+    """A :class:`ChildrenConflictError` when a child bears ``name``, a name the scheduler's
+    books give a report (:data:`WORKERS`, a counted child's ``<name>@<i>``)."""
+    if name in children:
+        raise ChildrenConflictError(
+            f"child name {name!r} is a name the scheduler's books give a report: rename that "
+            "child (multiconnector_name)"
+        )
+
+
+def _next(ranks: tuple[str, ...], owed: tuple[str, ...]) -> str:
+    """The report name a child's next report is applied to: the first of ``ranks`` still
+    ``owed`` (the last when none is: the core says why it is ignored)."""
+    return next((rank for rank in ranks if rank in owed), ranks[-1])
+
+
+class Counted:
+    """The report names of the children counted on fewer workers, on the scheduler's books."""
+
+    __slots__ = ("_failed", "_held", "_kids", "_tracker", "outcomes", "owner", "ranks")
+
+    def __init__(self, children: Children, tracker: Aggregator) -> None:
+        self._kids = children
+        self._tracker = tracker
+        #: Per counted child, its report names, ``<name>@1`` to ``<name>@k``; each one's child.
+        self.ranks: dict[str, tuple[str, ...]] = {}
+        self.owner: dict[str, str] = {}
+        #: Per (outcome, name), forwarded reports of names that are no counted child's.
+        self.outcomes: dict[tuple[Any, str], int] = {}
+        #: Load completions every worker reported, held back until the child's last report.
+        self._held: set[str] = set()
+        #: Counted loads a forwarded report said failed.
+        self._failed: set[str] = set()
+
+    def _names(self) -> dict[str, tuple[str, ...]]:
+        """The report names, registered on the books when first needed."""
+        if not self.ranks:
+            counted = self._kids.counted()
+            taken = set(self._kids.names)
+            for name, k in counted.items():
+                self.ranks[name] = tuple(f"{name}@{i}" for i in range(1, k + 1))
+                self.owner.update((rank, name) for rank in self.ranks[name])
+            for rank in self.owner:
+                not_taken(rank, taken)
+                self._tracker.register(rank, Slot(rank), Role.both)
+        return self.ranks
+
+    def child_of(self, name: str) -> str:
+        """The child a name on the books stands for (itself, or a report name's child)."""
+        return self.owner.get(name, name)
+
+    def awaited(self, savers: tuple[str, ...]) -> tuple[str, ...]:
+        """The names the books await for a request ``savers`` save: every worker's
+        confirmation (:data:`WORKERS`: a worker reports the request once every saver that
+        reports on every worker reported there), and each counted saver's report names."""
+        if not savers:
+            return ()
+        counted = self._kids.counted()
+        if not counted or all(name not in counted for name in savers):
+            return _WORKERS_ONLY
+        ranks = self._names()
+        names = [WORKERS]
+        for name in savers:
+            names += ranks.get(name, ())
+        return tuple(names)
+
+    def load_started(self, request_id: str, loader: str) -> None:
+        """Counted child ``loader`` loads ``request_id`` asynchronously: the books await its
+        report names as the parts of the load."""
+        ranks = self._names()[loader]
+        self._tracker.choose_loader(request_id, ranks[0], parts=ranks[1:])
+
+    def load_failed(self, request_id: str, loader: str) -> None:
+        """``loader``'s load of ``request_id`` is reported failed by the workers, as one: its
+        own reports are no longer awaited."""
+        self._tracker.choose_loader(request_id, loader)
+
+    def owed(self) -> dict[str, dict[str, int]]:
+        """Each request still owed reports by counted children, with how many each owes."""
+        owed: dict[str, dict[str, int]] = {}
+        tracker = self._tracker
+        for request_id in tracker.request_ids():
+            record = tracker.peek(request_id)
+            for name in () if record is None else self._owing(record):
+                child = self.owner.get(name)
+                if child is not None:
+                    mine = owed.setdefault(request_id, {})
+                    mine[child] = mine.get(child, 0) + 1
+        return owed
+
+    @staticmethod
+    def _owing(record: Any) -> tuple[str, ...]:
+        """The names ``record`` still awaits a save or a load report of."""
+        loading = (
+            (record.loader,) if load_owed(record.loader, record.loaded, record.loader_gone) else ()
+        )
+        return (*record.awaiting, *loading, *record.parts_owed)
+
+    def counting(self, request_id: str) -> bool:
+        """Whether ``request_id``'s load is a counted child's, with a report still owed."""
+        record = self._tracker.peek(request_id)
+        return record is not None and record.loader in self.owner and record.loading
+
+    def saves(self, sent: Mapping[str, Mapping[str, int]]) -> None:
+        """``sent[name][r]`` workers reported ``name`` finished sending ``r``: each report is
+        applied to the next report name ``r`` awaits of it (the last when none is: a duplicate,
+        or why ignored)."""
+        tracker = self._tracker
+        ranks = self._names() if self._kids.counted() else {}
+        for name, counts in sent.items():
+            mine = ranks.get(name)
+            for request_id, n in counts.items():
+                for _ in range(n):
+                    if mine is None:
+                        self._stranger(name, request_id, save=True)
+                        continue
+                    record = tracker.peek(request_id)
+                    owed = () if record is None else record.awaiting
+                    tracker.transfer_finished(
+                        request_id, next((r for r in mine if r in owed), mine[-1])
+                    )
+
+    def loads(self, connector_output: Any, worker_meta: Any) -> Any:
+        """Apply the forwarded load reports; hold back the load completions of the requests
+        whose counted loader still owes a report, and pass each on (with its failure, if a
+        report said so) in the step the last one came. Returns the completions passed on."""
+        tracker = self._tracker
+        if worker_meta is not None and worker_meta.loaded:
+            ranks = self._names() if self._kids.counted() else {}
+            for name, counts in worker_meta.loaded.items():
+                failed_of = worker_meta.load_failed.get(name, {})
+                mine = ranks.get(name)
+                for request_id, n in counts.items():
+                    if mine is None:
+                        for _ in range(n):
+                            self._stranger(name, request_id, save=False)
+                        continue
+                    if request_id in failed_of:
+                        self._failed.add(request_id)
+                    for _ in range(n):
+                        record = tracker.peek(request_id)
+                        owed = () if record is None else self._owing(record)
+                        tracker.load_finished(
+                            request_id, next((r for r in mine if r in owed), mine[-1])
+                        )
+        recving = set(connector_output.finished_recving or ())
+        for request_id in recving | self._held:
+            if self.counting(request_id):
+                self._held.add(request_id)
+                recving.discard(request_id)
+            else:
+                self._held.discard(request_id)
+                recving.add(request_id)
+        if self._failed and not self._failed.isdisjoint(recving):
+            failed_now = self._failed & recving
+            self._failed -= failed_now
+            connector_output.failed_recving = set(connector_output.failed_recving) | failed_now
+        connector_output.finished_recving = recving or None
+        return recving
+
+    def active(self) -> bool:
+        """Whether a load completion is held back, or a failure kept for one."""
+        return bool(self._held or self._failed)
+
+    def _stranger(self, name: str, request_id: str, *, save: bool) -> None:
+        """Count a forwarded report of ``name``, which is no counted child: as the report rule
+        says of a name no request awaits (the workers' metadata may name anything)."""
+        record = self._tracker.peek(request_id)
+        state = None if record is None else record.state
+        outcome = (
+            transfer_report(state, (), (), (), name)[0]
+            if save
+            else load_report(state, None, name)[0]
+        )
+        count(self.outcomes, refined(outcome, name in self._kids.by_name, True), name)
