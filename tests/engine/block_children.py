@@ -16,7 +16,13 @@ Extra config keys (each child's own ``kv_connector_extra_config``):
   and a ``complete`` marker written once every layer's file is);
 - ``label``: the key of its counters in :data:`CALLS`, :data:`FINISHED` and :data:`ANSWERS`;
 - ``max_blocks``: keep only a prompt's first ``max_blocks`` blocks (a tier with less room):
-  it then answers at most that many blocks of a prompt.
+  it then answers at most that many blocks of a prompt;
+- ``fail_loads``: raise in ``start_load_kv`` whenever it has blocks to load (a tier whose
+  reads fail).
+
+It loads token ranges (``update_state_after_alloc_range``), so a load may be split across it
+and another such child (``split_loads``): asked from a ``num_computed_tokens`` past the
+request's, it answers the stored blocks from there on, and loads the range it is told.
 """
 
 # vLLM is imported at the top: only the engine environment imports this module.
@@ -86,7 +92,9 @@ class BlockStoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
         cap = extra.get("max_blocks")
         self._max_blocks: int | None = None if cap is None else int(cap)
         self._block_size: int = vllm_config.cache_config.block_size
+        self._fail_loads = bool(extra.get("fail_loads", False))
         self._need_load: dict[str, int] = {}
+        self._need_range: dict[str, tuple[int, int]] = {}
         self._written: set[str] = set()  # worker: the entries this step wrote a layer of
         self._calls = CALLS.setdefault(self._label, Counter())
         self._finished = FINISHED.setdefault(self._label, [])
@@ -125,6 +133,13 @@ class BlockStoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self._calls["update_state_after_alloc.external"] += 1
             self._need_load[request.request_id] = num_external_tokens
 
+    def update_state_after_alloc_range(
+        self, request: Any, blocks: Any, start: int, num_tokens: int
+    ) -> None:
+        self._calls["update_state_after_alloc_range"] += 1
+        if num_tokens > 0:
+            self._need_range[request.request_id] = (start, num_tokens)
+
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         meta = BlockMetadata()
         size = self._block_size
@@ -133,7 +148,8 @@ class BlockStoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
             block_ids = new.block_ids[0]
             computed = new.num_computed_tokens  # local and external
             external = self._need_load.pop(new.req_id, 0)
-            for block in range((computed - external) // size, computed // size):
+            start, count = self._need_range.pop(new.req_id, (computed - external, external))
+            for block in range(start // size, (start + count) // size):
                 meta.loads.append((block_ids[block], block_key(tokens, (block + 1) * size)))
             end = min(len(tokens), computed + scheduler_output.num_scheduled_tokens[new.req_id])
             for block in range(end // size):
@@ -143,6 +159,7 @@ class BlockStoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
         # A load granted to a request not scheduled as new (none in these tests) is dropped,
         # as ExampleConnector drops it: the tokens would then differ, and the test fail.
         self._need_load.clear()
+        self._need_range.clear()
         return meta
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, None]:
@@ -162,6 +179,9 @@ class BlockStoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
         metadata = self._metadata()
         if forward_context.attn_metadata is None or not metadata.loads:
             return
+        if self._fail_loads:
+            self._calls["failed_loads"] += 1
+            raise OSError(f"{self._label}: reading its blocks failed")
         for block_id, key in metadata.loads:
             for layer_name, layer in forward_context.no_compile_layers.items():
                 kv_cache = getattr(layer, "kv_cache", None)
