@@ -11,6 +11,7 @@ are tested under vLLM's real ``Scheduler`` in ``tests/adapter/test_vllm_split.py
 """
 
 # vLLM is imported inside functions: the main environment collects this folder and has no engine.
+# ruff: noqa: PLC0415
 
 from __future__ import annotations
 
@@ -117,7 +118,9 @@ def test_a_split_load_reads_each_tier_its_part_and_generates_the_same_tokens(
 
 
 #: vLLM's log line when it recomputes what failed loads were to fill.
-RECOVERED = re.compile(r"Recovered from KV load failure: (\d+) request\(s\) rescheduled \((\d+) tokens")
+RECOVERED = re.compile(
+    r"Recovered from KV load failure: (\d+) request\(s\) rescheduled \((\d+) tokens"
+)
 
 
 def test_a_failed_part_is_recomputed_from_its_first_block_and_the_tokens_stay(
