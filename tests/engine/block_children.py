@@ -18,7 +18,9 @@ Extra config keys (each child's own ``kv_connector_extra_config``):
 - ``max_blocks``: keep only a prompt's first ``max_blocks`` blocks (a tier with less room):
   it then answers at most that many blocks of a prompt;
 - ``fail_loads``: raise in ``start_load_kv`` whenever it has blocks to load (a tier whose
-  reads fail).
+  reads fail);
+- ``never_knows``: answer every lookup ``None`` ("ask me again"), for ever (a tier whose
+  lookups never finish).
 
 It loads token ranges (``update_state_after_alloc_range``), so a load may be split across it
 and another such child (``split_loads``): asked from a ``num_computed_tokens`` past the
@@ -93,6 +95,7 @@ class BlockStoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._max_blocks: int | None = None if cap is None else int(cap)
         self._block_size: int = vllm_config.cache_config.block_size
         self._fail_loads = bool(extra.get("fail_loads", False))
+        self._never_knows = bool(extra.get("never_knows", False))
         self._need_load: dict[str, int] = {}
         self._need_range: dict[str, tuple[int, int]] = {}
         self._written: set[str] = set()  # worker: the entries this step wrote a layer of
@@ -117,6 +120,8 @@ class BlockStoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         self._calls["get_num_new_matched_tokens"] += 1
+        if self._never_knows:
+            return None, False
         tokens = list(request.prompt_token_ids or [])
         size = self._block_size
         hit = 0

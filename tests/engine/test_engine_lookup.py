@@ -245,6 +245,46 @@ def test_save_only_child_saves_never_loads_sees_every_finish(
         assert finished == Counter(ids), label  # each request, exactly once
 
 
+PATIENCE = 3
+
+
+def test_a_child_that_never_knows_holds_no_request_past_its_patience(
+    tiny_model: Path, tmp_path: Path, plain: list[list[int]]
+) -> None:
+    """Under ``longest``, ``stuck`` (first in the configuration) answers every lookup
+    ``None``. Each request waits for it ``lookup_patience_steps`` (3) steps, then the lookup
+    goes on without it: ``long``'s 96 tokens are loaded, stuck is asked 4 times a request (its
+    patience, and the answer past it) and never again, the tokens are those of an engine with
+    no connector, and the scheduler counts each give-up once under stuck's name."""
+    import block_children as bc
+
+    count = len(PROMPTS)
+    long = tmp_path / "long"
+    children = [
+        _block_child(tmp_path / "stuck", "stuck", never_knows=True),
+        _block_child(long, "long"),
+    ]
+    config = h.multi_config(children)
+    config["kv_connector_extra_config"].update(lookup="longest", lookup_patience_steps=PATIENCE)
+    h.engine_environment(in_process=True)
+    bc.reset()
+    llm = h.make_llm(tiny_model, config)
+    try:
+        out1 = h.generate(llm, PROMPTS, OUTPUT_TOKENS)
+        assert bc.held_blocks(long) == count * BLOCKS
+        assert llm.reset_prefix_cache()
+        out2 = h.generate(llm, PROMPTS, OUTPUT_TOKENS)
+        failures = h.engine_core(llm).scheduler.connector.child_failures()
+    finally:
+        h.shut(llm)
+    assert h.tokens(out1) == plain and h.tokens(out2) == plain
+    assert h.cached(out2) == [BLOCKS * h.BLOCK_SIZE] * count
+    assert bc.CALLS["stuck"]["get_num_new_matched_tokens"] == 2 * count * (PATIENCE + 1)
+    assert bc.CALLS["long"]["loaded_blocks"] == count * BLOCKS
+    assert sum(failures["stuck"].values()) == 2 * count
+    assert failures["stuck"] == {"get_num_new_matched_tokens": 2 * count}
+
+
 def _lookup_metrics(llm: Any) -> dict[str, dict[str, int]]:
     """``vllm:multiconnector_child_lookups`` per child and count, as vLLM's Prometheus logger
     recorded it (``LLM.get_metrics``): the shape of ``child_hits()``."""
