@@ -317,11 +317,12 @@ class Loading(Books):
         if gone:
             record.abandoned = (*record.abandoned, *gone)
 
-    def _drop_match(self, record: RequestTransferState, index: int) -> str | None:
+    def _drop_match(self, record: RequestTransferState, index: int) -> list[str] | None:
         """Drop one match_tokens' mark on ``record`` under lock ``index``; when it was the
         last, hand a record a cancel kept back to take() and decide the load reports that came
-        early, each as if it arrived now. Returns the name of the one applied (whose
-        ``on_load_finished`` the caller calls once the lock is released), if any."""
+        early, each as if it arrived now. Returns the names of those applied (the loader's,
+        and a split load's parts': whose ``on_load_finished`` the caller calls once the lock is
+        released), if any."""
         matching = self._matching
         key = id(record)
         left = matching[key] - 1
@@ -338,7 +339,7 @@ class Loading(Books):
         applied = None
         for name in kept:
             if self._load_report(record if held else None, name, index) is _APPLIED:
-                applied = name
+                applied = [name] if applied is None else [*applied, name]
         return applied
 
     def load_finished(self, request_id: str, name: str) -> Outcome:
@@ -418,11 +419,26 @@ class Loading(Books):
         self._count(index, outcome, name)
         return outcome
 
-    def _call_back_load(self, request_id: str, name: str | None) -> None:
-        """The ``on_load_finished`` call of the early load report :meth:`_drop_match` applied
-        (``name``; ``None``: none was), with no lock held."""
-        if name is None:
+    def _call_back_load(self, request_id: str, names: list[str] | None) -> None:
+        """The ``on_load_finished`` calls of the early load reports :meth:`_drop_match`
+        applied (``names``; ``None``: none was), in order, with no lock held; the failures
+        raised together once each was called."""
+        if names is None:
             return
-        entry = self._registry.entry(name)
-        if entry is not None and entry.on_load_finished is not None:
-            self._call_back(_APPLIED, entry, entry.on_load_finished, request_id)
+        failures: list[ConnectorFailures] = []
+        for name in names:
+            entry = self._registry.entry(name)
+            if entry is not None and entry.on_load_finished is not None:
+                try:
+                    self._call_back(_APPLIED, entry, entry.on_load_finished, request_id)
+                except ConnectorFailures as exc:
+                    failures.append(exc)
+        if len(failures) == 1:
+            raise failures[0]
+        if failures:
+            raise ConnectorFailures(
+                f"{len(failures)} connectors raised in their callbacks",
+                [e for f in failures for e in f.exceptions],
+                failed=[n for f in failures for n in f.failed],
+                result=_APPLIED,
+            )

@@ -112,6 +112,7 @@ from .scenario import (
     EARLY_REPORTS,
     LOAD_EVENTS,
     PARAM_CHOICES,
+    SPLIT_EVENTS,
     independent,
 )
 
@@ -129,6 +130,7 @@ __all__ = [
     "PROPERTIES",
     "RIGHT_OUTCOME",
     "ROLES_KEPT",
+    "SPLIT_EVENTS",
     "CheckReport",
     "Counterexample",
     "PropertyResult",

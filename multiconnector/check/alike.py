@@ -148,6 +148,8 @@ def _image(
         return (kind, i, tuple(names), tuple(choices))
     if kind in ("transfer_finished", "load_finished"):
         return (kind, i, rename.get(event[2], event[2]))
+    if kind == "split_load":
+        return (kind, i, rename.get(event[2], event[2]), rename.get(event[3], event[3]))
     if kind == "match_tokens":
         answers = sorted(
             ((rename.get(n, n), tokens) for n, tokens in event[2]),

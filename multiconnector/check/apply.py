@@ -287,6 +287,8 @@ def _observe(world: _World, request: _Request | None, event: Event, called: _Cal
             if r.loader == event[1]:
                 r.loaded = True  # its load is over: the connector is gone
                 r.loader_gone = True
+            if r.part == event[1]:
+                r.part_owed = False  # its part is over: the connector is gone
     elif kind == "cancel":
         assert request is not None and outcomes is not None
         tally[outcomes[0], None] = tally.get((outcomes[0], None), 0) + 1
@@ -315,6 +317,12 @@ def _apply_load(world: _World, request: _Request, event: Event) -> None:
     if event[0] == _MATCH_ANSWER:
         _match_answer(world, request, state)
         return
+    if event[0] == "split_load":
+        world.mc.choose_loader(request.request_id, event[2], parts=[event[3]])
+        if state is _PENDING:  # (else the record keeps what it had)
+            _chosen(request, event[2], True)
+            request.part, request.part_owed = event[3], True
+        return
     name = event[2]
     pad = world.scenario.pad
     pad.loads = []
@@ -325,6 +333,7 @@ def _apply_load(world: _World, request: _Request, event: Event) -> None:
         request.loader_gone,
         request.load_owed,
     )
+    part, part_owed = request.part, request.part_owed
     early = request.load_early if request.matching else None
     outcome = mc.load_finished(request.request_id, name)
     if request.matching and world.scenario.kinds.get(name) in LOADING:
@@ -350,6 +359,8 @@ def _apply_load(world: _World, request: _Request, event: Event) -> None:
             tuple(pad.loads),
             owed,
             early,
+            part,
+            part_owed,
         )
         last.called = tuple(pad.finished)
 
@@ -360,6 +371,8 @@ def _delivered(request: _Request, name: str, live: bool) -> None:
         request.loaded = True
     if request.load_owed == name:  # delivered: that connector is done with the blocks
         request.load_owed = None
+    if request.part == name and name != request.loader:  # a part delivered, or drained
+        request.part_owed = False
 
 
 def _match(world: _World, request: _Request, event: Event, state: State | None) -> None:
@@ -401,6 +414,7 @@ def _chosen(request: _Request, chose: str | None, current: bool) -> None:
     request.loaded = False
     request.loader_gone = chose is not None and not current
     request.load_owed = chose if current and chose not in request.window_loads else None
+    request.part, request.part_owed = None, False  # a choice anew: no part of the old one
 
 
 def _match_answer(world: _World, request: _Request, state: State | None) -> None:

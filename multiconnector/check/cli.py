@@ -25,6 +25,7 @@ from .scenario import (
     LOAD_EVENTS,
     MAX_REQUESTS,
     SAVER,
+    SPLIT_EVENTS,
 )
 
 #: The kinds a ``--connectors`` item may name, as its help and errors show them.
@@ -144,7 +145,7 @@ def _add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
         type=_parse_list,
         default=None,
         metavar="KINDS",
-        help=f"choose the alphabet among: {', '.join(ALPHABET + LOAD_EVENTS)} "
+        help=f"choose the alphabet among: {', '.join(ALPHABET + LOAD_EVENTS + SPLIT_EVENTS)} "
         "(default: all but the load events)",
     )
     parser.add_argument(
@@ -152,6 +153,12 @@ def _add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="add the load side (match_tokens, load_finished) to the alphabet and check "
         "that a load is applied at most once, only from the chosen loader",
+    )
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="with the load side, split loads too (split_load: two loaders for one request, "
+        "each owing its report): check that the request is freed once, after both",
     )
     parser.add_argument(
         "--params",
@@ -223,10 +230,14 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _alphabet(events: list[str] | None, load: bool) -> list[str] | None:
-    if not load:
+def _alphabet(events: list[str] | None, load: bool, split: bool = False) -> list[str] | None:
+    if not (load or split):
         return events
-    return [*(ALPHABET if events is None else events), *LOAD_EVENTS]
+    return [
+        *(ALPHABET if events is None else events),
+        *LOAD_EVENTS,
+        *(SPLIT_EVENTS if split else ()),
+    ]
 
 
 def run_cli(argv: Sequence[str]) -> int:
@@ -250,7 +261,7 @@ def run_cli(argv: Sequence[str]) -> int:
             args.connectors,
             requests=args.requests,
             unknown=unknown,
-            events=_alphabet(args.events, args.load),
+            events=_alphabet(args.events, args.load, args.split),
             symmetry=not args.no_symmetry,
             max_states=args.max_states,
             max_depth=args.max_depth,

@@ -107,6 +107,8 @@ def _owes(r: _Request) -> list[str]:
     owing = sorted(r.owed)
     if r.load_owed is not None:
         owing.append(f"{r.load_owed} (load)")
+    if r.part_owed:
+        owing.append(f"{r.part} (load part)")
     return owing
 
 
@@ -178,9 +180,15 @@ def _no_leak(world: _World) -> str | None:
                 f"{r.request_id} is {view[0].value} awaiting the load of {loader}, which owes "
                 "none (delivered already, or unregistered): it is stranded"
             )
+        part, part_owed = r.part_view
+        if part_owed and not (r.part == part and r.part_owed):
+            return (
+                f"{r.request_id} is {view[0].value} awaiting the load part of {part}, which "
+                "owes none (delivered already, or unregistered): it is stranded"
+            )
         if view[0] not in TERMINAL or i in world.queue:
             continue
-        if not view[1] and (loader is None or loaded):  # terminal, nothing in flight
+        if not view[1] and (loader is None or loaded) and not part_owed:  # nothing in flight
             return f"{r.request_id} is {view[0].value} but take() will never hand it back"
     if -1 in world.order:
         return f"the aggregator holds requests that were never begun: {mc.request_ids()}"
@@ -202,18 +210,18 @@ def _load_once(world: _World) -> str | None:
     rid, name = load.request_id, load.name
     applied = load.outcome is _APPLIED
     # While a match asks, no load is due: a report is kept, and decided when it records.
-    due = (
-        load.early is None
-        and load.live
-        and name == load.loader
-        and not load.loaded
-        and not load.loader_gone
-    )
+    due = load.early is None and load.live
+    if name == load.part and name != load.loader:  # a split load's part: its own report
+        due = due and load.part_owed
+    else:
+        due = due and name == load.loader and not load.loaded and not load.loader_gone
     if applied and not due:
         if not load.live:
             why = "after it was terminal or handed back"
         elif load.loader is None:
             why = "though no connector was chosen to load it"
+        elif name == load.part:
+            why = f"from {name}, whose part of the load was delivered or unregistered already"
         elif name != load.loader:
             why = f"from {name}, though {load.loader} was chosen to load it"
         elif load.loader_gone:
@@ -266,6 +274,8 @@ def _event_text(world: _World, event: Event) -> str:
         return f"transfer_finished_many({event[1]}, [{', '.join(ids[i] for i in event[2])}])"
     if kind in ("transfer_finished", "load_finished"):
         return f"{kind}({ids[event[1]]}, {event[2]})"
+    if kind == "split_load":
+        return f"choose_loader({ids[event[1]]}, {event[2]}, parts=[{event[3]}])"
     if kind == _APPLY_ANSWERS:
         return f"request_finished({ids[event[1]]}) applying its answers"
     if kind == _MATCH_ANSWER:

@@ -157,12 +157,15 @@ def expected_outcomes(last: _Last, atomic: bool) -> tuple[Outcome, ...] | None:
         if load.early is not None and _by_registry(name, registry) is Outcome.phantom:
             return (_DUPLICATE if name in load.early else Outcome.early,)
         ledger = (load.loader, load.loaded, load.loader_gone, load.load_owed)
-        return (_load_outcome(state, before[3], name, ledger, registry),)
+        part = (load.part, load.part_owed)
+        return (_load_outcome(state, before[3], name, ledger, registry, part=part),)
     raise AssertionError(kind)  # pragma: no cover - _REQUEST_KINDS has no other kind
 
 
 #: The checker's ledger of a request's load: (loader, loaded, loader gone, load owed).
 Ledger = tuple[str | None, bool, bool, str | None]
+#: The checker's ledger of a split load's second part: (its loader, whether it is owed).
+Part = tuple[str | None, bool]
 
 
 def _load_outcome(
@@ -171,13 +174,25 @@ def _load_outcome(
     name: str,
     ledger: Ledger,
     registry: Sequence[tuple[str, bool]],
+    *,
+    part: Part = (None, False),
 ) -> Outcome:
     """The documented outcome of a load report from ``name`` for a held request in ``state``,
     from the checker's ledger: on a terminal request the drain of the load the ledger says is
     owed; from the chosen loader, unregistered when it went since it was chosen, applied when
     not delivered yet, unregistered when its name was abandoned, else a duplicate; from any
-    other name what the registry says (phantom, not ready, unknown connector)."""
+    other name what the registry says (phantom, not ready, unknown connector).
+
+    A split load's second loader (``part``) is a loader of its own: its report drains the
+    part while owed on a terminal request (else ``terminal``), is applied while owed on a live
+    one, else ``unregistered`` when its name was abandoned, else a duplicate."""
     loader, loaded, gone, owed = ledger
+    if part[0] is not None and name == part[0] and name != loader:
+        if state in TERMINAL:
+            return _DRAINED if part[1] else _TERMINAL
+        if part[1]:
+            return _APPLIED
+        return Outcome.unregistered if name in abandoned else _DUPLICATE
     if state in TERMINAL:
         return _DRAINED if owed == name else _TERMINAL
     if name == loader:
@@ -201,17 +216,22 @@ def settle_loads(world: _World, request: _Request) -> tuple[tuple[str, Outcome],
     state = view[0]
     decisive, chose, entries = request.match_seen
     ledger: Ledger = (request.loader, request.loaded, request.loader_gone, request.load_owed)
+    part: Part = (request.part, request.part_owed)
     if state is State.pending and decisive:
         current = chose is not None and world.mc.registry.entry(chose) is dict(entries)[chose]
         owed = chose if current and chose not in request.window_loads else None
         ledger = (chose, False, chose is not None and not current, owed)
+        part = (None, False)  # the match chose anew: no part of a split before it
     out = []
     for name in request.load_early:
-        outcome = _load_outcome(state, view[3], name, ledger, world.registry)
+        outcome = _load_outcome(state, view[3], name, ledger, world.registry, part=part)
         out.append((name, outcome))
         if outcome in _TAKEN_IN:  # its load delivered: the ledger owes it no more
             loader, _, gone, owed = ledger
-            ledger = (loader, True, gone, None if owed == name else owed)
+            if name == part[0] and name != loader:
+                part = (name, False)
+            else:
+                ledger = (loader, True, gone, None if owed == name else owed)
     return tuple(out)
 
 

@@ -41,6 +41,11 @@ ALPHABET: Final[tuple[str, ...]] = (
 #: every answer (0, 1 or ``None``) from each ready saver, and ``load_finished`` for every
 #: (request, name). Off by default: it multiplies the default bound's states.
 LOAD_EVENTS: Final[tuple[str, ...]] = ("match_tokens", "load_finished")
+#: Split loads, opt-in with the load side (``events=ALPHABET + LOAD_EVENTS + SPLIT_EVENTS``, or
+#: ``--split``): ``split_load`` for every pending request and every ordered pair of ready
+#: connectors that may load, ``choose_loader(request_id, a, parts=[b])``: two loaders for one
+#: request, each owing its report.
+SPLIT_EVENTS: Final[tuple[str, ...]] = ("split_load",)
 #: Connector kinds: a scripted saver, one whose calls raise, or ``None`` (a not-ready slot).
 SAVER: Final = "saver"
 RAISES: Final = "raises"
@@ -258,6 +263,13 @@ class _Request:
     #: The loader whose load is owed: chosen by the latest decisive match, neither delivered
     #: (at any time) nor unregistered since. ``no early free``'s ledger of the load side.
     load_owed: str | None = None
+    #: The second loader the latest ``split_load`` chose (none since a match chose anew), and
+    #: whether its part is owed: neither delivered nor unregistered since.
+    part: str | None = None
+    part_owed: bool = False
+    #: ``record``'s split part while held: its ``parts`` (one name at most here) and whether
+    #: it is in ``parts_owed``.
+    part_view: tuple[str | None, bool] = (None, False)
     #: request_finished calls that asked and have not applied their answers yet (the first
     #: half's result, see MultiConnector._ask), oldest first.
     asking: tuple[tuple[Any, ...], ...] = ()
@@ -355,6 +367,9 @@ class _Load:
     #: The request's early load reports before, or ``None`` when no match_tokens was between
     #: its halves for it.
     early: tuple[str, ...] | None = None
+    #: The checker's split part and whether it was owed, before.
+    part: str | None = None
+    part_owed: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -477,9 +492,15 @@ class _World:
                 r.record = record
                 r.view = (record.state, record.awaiting, record.expected, record.abandoned)
                 r.load_view = (record.loader, record.loaded, record.loader_gone)
+                if record.parts or r.part_view[0] is not None:
+                    r.part_view = (
+                        record.parts[0] if record.parts else None,
+                        bool(record.parts_owed),
+                    )
             else:
                 r.view = None
                 r.load_view = (None, False, False)
+                r.part_view = (None, False)
         last = self.last
         if last is not None:
             for i, (r, n) in enumerate(zip(self.requests, last.lengths, strict=True)):
@@ -523,9 +544,10 @@ _PER_REQUEST: Final = frozenset(
         "match_tokens",
         _MATCH_ANSWER,
         "load_finished",
+        "split_load",
     }
 )
-_LOADING: Final = frozenset({*LOAD_EVENTS, _MATCH_ANSWER})
+_LOADING: Final = frozenset({*LOAD_EVENTS, *SPLIT_EVENTS, _MATCH_ANSWER})
 #: The batches ``transfer_finished_many`` reports, by number of requests: the same request
 #: twice with one request, else every pair of two requests (as a set: two reports for different
 #: requests touch different records, so their order in the batch decides nothing but the
@@ -533,7 +555,7 @@ _LOADING: Final = frozenset({*LOAD_EVENTS, _MATCH_ANSWER})
 _BATCHES: Final[Mapping[int, tuple[tuple[int, ...], ...]]] = {
     n: ((0, 0),) if n == 1 else tuple(itertools.combinations(range(n), 2)) for n in range(1, 7)
 }
-_KINDS: Final = ALPHABET + LOAD_EVENTS
+_KINDS: Final = ALPHABET + LOAD_EVENTS + SPLIT_EVENTS
 
 
 def _events(world: _World) -> list[Event]:
@@ -588,6 +610,8 @@ def _events_of(world: _World, ids: Iterable[int], *, alike: bool = True) -> list
             for a in answers
         ]
         out += [(_MATCH_ANSWER, i) for i in ids if world.requests[i].matching]
+    if "split_load" in alphabet:
+        out += _splits(world, ids)
     if "load_finished" in alphabet:
         names = scenario.names + scenario.unknown
         out += [("load_finished", i, n) for i in ids for n in _loaders(world, i, names)]
@@ -603,9 +627,26 @@ def _events_of(world: _World, ids: Iterable[int], *, alike: bool = True) -> list
     return out
 
 
+def _splits(world: _World, ids: Iterable[int]) -> list[Event]:
+    """``split_load`` for each pending request no call asks about, and each ordered pair of
+    ready connectors that may load: the first loads the first range, the second the next."""
+    scenario = world.scenario
+    loaders = [n for n, ready in world.registry if ready and scenario.kinds.get(n) in LOADING]
+    pending = [
+        i
+        for i in ids
+        if (r := world.requests[i]).view is not None
+        and r.view[0] is _PENDING
+        and not (r.matching or r.asking)
+    ]
+    return [("split_load", i, a, b) for i in pending for a in loaders for b in loaders if a != b]
+
+
 #: The events of a request not explored while a match_tokens asks about it (see
 #: :func:`_outside_match_window`).
-_SAVE_SIDE: Final = frozenset({"request_finished", _APPLY_ANSWERS, "transfer_finished"})
+_SAVE_SIDE: Final = frozenset(
+    {"request_finished", _APPLY_ANSWERS, "transfer_finished", "split_load"}
+)
 
 
 def _outside_match_window(world: _World, event: Event) -> bool:

@@ -23,6 +23,9 @@ _raw: Final = operator.attrgetter(
     "loaded",
     "loader_gone",
     "load_owed",
+    "part_view",
+    "part",
+    "part_owed",
 )
 
 
@@ -47,6 +50,10 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
       ``loaded`` and ``loader_gone`` only for a live request (``due`` and the unregistered
       loader's rule), and a terminal request never becomes live again without failing
       ``terminal absorbing`` on that very event.
+    * A split load's second part (``split_load``): the aggregator's part and whether it is
+      owed, and the checker's, beside the loader's, on a live request; on a terminal one the
+      part it drains and the checker's owed part, each ``None`` when none is. A state with no
+      split keeps the key it had without them.
     * A request handed back keeps no promises: ``no early free`` judged them when ``take()``
       handed it back.
     * A call between its halves keeps the early reports (their names, as a set): its second
@@ -68,12 +75,18 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
     load: tuple[Any, ...] | None = None
     if view is not None:
         loader, loaded, gone = r.load_view
+        part, part_owed = r.part_view
         if view[0] in TERMINAL:
             draining = loader if loader is not None and not loaded else None
             if draining is not None or r.load_owed is not None:
                 load = ("drain", draining, r.load_owed)
+            if part_owed or r.part_owed:  # a split load's part it drains
+                drained = part if part_owed else None
+                load = (*(load or ("drain", None, None)), drained, r.part if r.part_owed else None)
         elif loader is not None or r.loader is not None or r.load_owed is not None:
             load = ("live", loader, loaded, gone, r.loader, r.loaded, r.loader_gone, r.load_owed)
+            if part is not None or r.part is not None:  # a split load's part, and its ledger
+                load = (*load, part, part_owed, r.part, r.part_owed)
         view = (view[0], _names_key(view[1]), _names_key(view[2]), _names_key(view[3]))
     # A call between its halves: the savers it asked, and whether each is still the
     # connector registered under its name (what its answers' application reads), as a set:

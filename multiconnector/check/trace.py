@@ -65,6 +65,8 @@ def _label(world: _World) -> Callable[[Event], str]:
             return f"match_tokens({ids[event[1]]}) records its loader"
         if kind in ("transfer_finished", "load_finished"):
             return f"{kind}({ids[event[1]]}, {event[2]})"
+        if kind == "split_load":
+            return f"choose_loader({ids[event[1]]}, {event[2]}, parts=[{event[3]}])"
         if kind == "match_tokens":
             tokens = ", ".join(f"{n}: {t}" for n, t in event[2]) or "nobody asked"
             return f"match_tokens({ids[event[1]]}) tokens: {tokens}"
