@@ -635,7 +635,7 @@ def test_unwritable_json_path_exits_2(tmp_path: Path, capsys: pytest.CaptureFixt
         ({"unknown": "ghost"}, InvalidArgumentError, "unknown='ghost'"),
         ({"unknown": ["a"]}, InvalidArgumentError, "names a connector: 'a'"),
         ({"events": ["begin", "jump"]}, InvalidArgumentError, "unknown kinds ['jump']"),
-        ({"events": ["loading"]}, InvalidArgumentError, "'match_tokens', 'load_finished']"),
+        ({"events": ["loading"]}, InvalidArgumentError, "'load_finished', 'split_load']"),
         ({"symmetry": 1}, InvalidArgumentError, "symmetry=1"),
         ({"params": "yes"}, InvalidArgumentError, "params='yes'"),
         ({"max_depth": 0}, InvalidArgumentError, "max_depth=0"),
