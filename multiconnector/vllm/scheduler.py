@@ -196,7 +196,8 @@ class SchedulerPart:
         else:
             if self._parts:
                 self._parts.pop(request_id, None)
-            self.tracker.choose_loader(request_id, loader)
+            if loader is not None or record.loader is not None:  # else: nothing to record
+                self.tracker.choose_loader(request_id, loader)
         if loader is None:
             return 0, False
         self._matched_at[request_id] = num_computed_tokens
