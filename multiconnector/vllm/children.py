@@ -13,6 +13,7 @@ child's (:meth:`Children.absorb`, the hooks vLLM calls per request or per step:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from numbers import Integral
 from typing import Any, TypeVar, final
 
 from .._validate import shown
@@ -122,14 +123,32 @@ class Children:
 
     def counted(self) -> dict[str, int]:
         """The children that report a transfer on fewer workers than all, with how many: every
-        child's ``get_finished_count()``, asked the first time (in configuration order)."""
+        child's ``get_finished_count()``, asked the first time (in configuration order).
+
+        A child that raises there or answers what is no count (not ``None`` nor an int) fails
+        there, as a child's failure: counted and logged, and its reports are awaited on every
+        worker, as vLLM's output aggregator awaits those of a child answering ``None``."""
         if self._counted is None:
             counted: dict[str, int] = {}
+            failures: list[tuple[str, Exception]] = []
             for name, child in self.items:
-                count = child.get_finished_count()
-                if count is not None and 0 < count < self._world:
+                try:
+                    count = child.get_finished_count()
+                    if count is not None and (
+                        isinstance(count, bool) or not isinstance(count, Integral)
+                    ):
+                        raise InvalidArgumentError(
+                            f"child {name!r} answered get_finished_count() with {shown(count)}; "
+                            "must be an int or None"
+                        )
+                except Exception as exc:
+                    failures.append((name, exc))
+                    continue
+                if count is not None and 0 < int(count) < self._world:
                     counted[name] = int(count)
             self._counted = counted
+            if failures:
+                self.absorb("get_finished_count", failures, "its reports awaited on every worker")
         return self._counted
 
     # -- calling them --------------------------------------------------------------------------

@@ -263,6 +263,31 @@ def test_a_child_failing_in_a_per_step_hook_is_counted_and_the_request_served(
     assert "b" not in connector.child_failures()
 
 
+@pytest.mark.parametrize("answer", ["raises", "a string", 1.5, True])
+def test_a_bad_finished_count_is_the_childs_failure_and_its_reports_awaited_everywhere(
+    model: Path, answer: Any
+) -> None:
+    # vLLM's own tests give a MagicMock child: its get_finished_count() answers a MagicMock.
+    a, b = script(saves=True), script(saves=True)
+    if answer == "raises":
+        a.raise_in["get_finished_count"] = RuntimeError("count broke")
+    else:
+        a.finished_count = answer
+    engine = FullEngine(make_config(model, [child("a", a), child("b", b)]))
+    assert engine.connector.get_finished_count() is None
+    engine.add(make_request("r1", num_tokens=40))
+    drive(engine, ["r1"])
+    assert "r1" in engine.outputs
+    b.sending.add("r1")
+    engine.step()
+    assert engine.held("r1")  # a's save still owed, on every worker
+    a.sending.add("r1")
+    engine.step()
+    assert not engine.held("r1")
+    assert engine.connector.finished_counts == {}
+    assert engine.connector.child_failures() == {"a": {"get_finished_count": 1}}
+
+
 def test_a_child_raising_in_request_finished_is_not_awaited(model: Path) -> None:
     # A child that raised made no promise (the core's rule): the request is not held for it.
     a, b = script(saves=True), script()

@@ -201,7 +201,8 @@ class ScriptedConnector(KVConnectorBase_V1):
         self._call("get_kv_connector_kv_cache_events")
         return self.script.events.pop(0) if self.script.events else None
 
-    def get_finished_count(self) -> int | None:
+    def get_finished_count(self) -> Any:
+        self._raise_if("get_finished_count")
         return self.script.finished_count
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
