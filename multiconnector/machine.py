@@ -202,6 +202,13 @@ class RequestTransferState:
         """
         return bool(self.parts_owed) or load_owed(self.loader, self.loaded, self.loader_gone)
 
+    def owes_load(self, name: str) -> bool:
+        """Whether connector ``name`` still owes a load report: it is the chosen loader and its
+        load is owed (:func:`load_owed`), or one of a split load's :attr:`parts_owed`."""
+        if name == self.loader:
+            return load_owed(name, self.loaded, self.loader_gone)
+        return name in self.parts_owed
+
     @property
     def terminal(self) -> bool:
         """Whether the request reached ``finished`` or ``cancelled``."""

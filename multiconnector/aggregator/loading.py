@@ -182,6 +182,10 @@ class Loading(Books):
         decides those of ``parts``), and the record is :attr:`~RequestTransferState.loading`
         until every one reported or was unregistered: :meth:`take` hands it back only then.
 
+        Choosing again replaces the previous choice, its loader and parts (a report of theirs
+        is then a phantom): choose again only once the previous load reported, as vLLM does
+        (it looks a request up again only after its load completed or failed).
+
         Raises :class:`UnknownRequestError` for a request that is not held,
         :class:`~multiconnector.UnknownConnectorError` for a name that is not registered,
         :class:`~multiconnector.RoleError` for one registered with ``role=Role.save`` (it never

@@ -643,7 +643,8 @@ def _splits(world: _World, ids: Iterable[int]) -> list[Event]:
 
 
 #: The events of a request not explored while a match_tokens asks about it (see
-#: :func:`_outside_match_window`).
+#: :func:`_outside_match_window`): its save side, and a split load's choice (which, like the
+#: match's own, records a loader; :func:`_splits` offers it outside a match only).
 _SAVE_SIDE: Final = frozenset(
     {"request_finished", _APPLY_ANSWERS, "transfer_finished", "split_load"}
 )

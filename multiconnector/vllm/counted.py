@@ -16,12 +16,12 @@ is held back from vLLM until the last part came.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Final
 
 from ..aggregator import MultiConnector as Aggregator
 from ..registry import Role
-from ..rule import count, load_owed, load_report, refined, transfer_report
+from ..rule import count, load_report, refined, transfer_report
 from .children import Children, Slot
 from .errors import ChildrenConflictError
 
@@ -43,7 +43,7 @@ def not_taken(name: str, children: set[str]) -> None:
         )
 
 
-def _next(ranks: tuple[str, ...], owed: tuple[str, ...]) -> str:
+def _next(ranks: tuple[str, ...], owed: Collection[str]) -> str:
     """The report name a child's next report is applied to: the first of ``ranks`` still
     ``owed`` (the last when none is: the core says why it is ignored)."""
     return next((rank for rank in ranks if rank in owed), ranks[-1])
@@ -126,9 +126,8 @@ class Counted:
     @staticmethod
     def _owing(record: Any) -> tuple[str, ...]:
         """The names ``record`` still awaits a save or a load report of."""
-        loading = (
-            (record.loader,) if load_owed(record.loader, record.loaded, record.loader_gone) else ()
-        )
+        loader = record.loader
+        loading = (loader,) if loader is not None and record.owes_load(loader) else ()
         return (*record.awaiting, *loading, *record.parts_owed)
 
     def counting(self, request_id: str) -> bool:
@@ -151,9 +150,7 @@ class Counted:
                         continue
                     record = tracker.peek(request_id)
                     owed = () if record is None else record.awaiting
-                    tracker.transfer_finished(
-                        request_id, next((r for r in mine if r in owed), mine[-1])
-                    )
+                    tracker.transfer_finished(request_id, _next(mine, owed))
 
     def loads(self, connector_output: Any, worker_meta: Any) -> Any:
         """Apply the forwarded load reports; hold back the load completions of the requests
@@ -174,10 +171,9 @@ class Counted:
                         self._failed.add(request_id)
                     for _ in range(n):
                         record = tracker.peek(request_id)
-                        owed = () if record is None else self._owing(record)
-                        tracker.load_finished(
-                            request_id, next((r for r in mine if r in owed), mine[-1])
-                        )
+                        # Only its load's names: a report of a load is never a save's.
+                        owed = () if record is None else [r for r in mine if record.owes_load(r)]
+                        tracker.load_finished(request_id, _next(mine, owed))
         recving = set(connector_output.finished_recving or ())
         for request_id in recving | self._held:
             if self.counting(request_id):

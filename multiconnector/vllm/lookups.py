@@ -118,14 +118,18 @@ class Lookups:
         end (ties in configuration order), among the children that load ranges, load as the
         loader does (both asynchronously, or both not) and were not asked for this load yet.
         A ``None`` answer is no hit here (the request is not held for it); a failure is that
-        child's, counted as no hit.
+        child's, counted as no hit. A child that reports on fewer workers than all is never a
+        part, nor is a load it was chosen for split (its load's completion is counted across
+        workers, as one).
         """
         ranged = self._ranged
         if loader not in ranged or len(ranged) < 2:
             return ()
+        counted = self._kids.counted()
+        if loader in counted:
+            return ()
         request_id = request.request_id
         load_async = request_id in self._load_async
-        counted = self._kids.counted()
         failed_here = self._failed_by.get(request_id, ()) if self._failed_by else ()
         waits = self._waits.get(request_id, {}) if self._waits else {}
         left = [

@@ -520,11 +520,14 @@ class SchedulerPart:
                     self.hits.add(loader, "loads_completed")
 
     def _mark_failed(self, request_ids: Any) -> None:
-        """The loads of ``request_ids`` failed: their loaders are not asked again for them."""
+        """The loads of ``request_ids`` failed: their loaders are not asked again for them
+        (while they live: a finished request is looked up no more, and nothing of it kept)."""
+        live = self.live
         for request_id in request_ids:
             loader = self.loader(request_id)
             if loader is not None:
-                self.lookups.failed(loader, request_id)
+                if request_id in live:
+                    self.lookups.failed(loader, request_id)
                 self.hits.add(loader, "loads_failed")
 
     def _parts_failed(self, load_failed: Mapping[str, Mapping[str, int]]) -> None:
@@ -539,7 +542,8 @@ class SchedulerPart:
                     and (name in record.parts or name == record.loader)
                     and name not in self._kids.counted()  # counted loaders': _count_loads
                 ):
-                    self.lookups.failed(name, request_id)
+                    if request_id in self.live:  # as in _mark_failed
+                        self.lookups.failed(name, request_id)
                     self.hits.add(name, "loads_failed")
 
     def _route_output(self, connector_output: Any, worker_meta: Any, events: Any) -> None:

@@ -24,7 +24,7 @@ from ..errors import InvalidArgumentError
 from ..ledger import SaveLedger
 from ..machine import State
 from ..outcome import Outcome
-from ..rule import count, load_owed
+from ..rule import count
 from .children import Children, Failures, failed
 from .config import Settings
 from .errors import ChildrenConflictError
@@ -205,7 +205,13 @@ class WorkerPart:
     def _fail_loads_of(self, name: str) -> None:
         """Child ``name`` failed in this step's load hooks: its asynchronous loads bound this
         step are reported finished and failed (once: a later report of its own is then a
-        duplicate), the blocks of its synchronous loads reported as load errors."""
+        duplicate), the blocks of its synchronous loads reported as load errors.
+
+        Such a load is settled on the load books as the child's failed report, as a split
+        load's part is: nothing here waits for a report of its own, which a child that failed
+        to start its load may never make, and the request's next load, by whichever child
+        vLLM's next lookup chooses, is recorded (a cancelled record, held until the child
+        reported, ignored it: the request waited for remote KVs forever)."""
         bound = self._bound
         if bound is None:
             return
@@ -220,18 +226,15 @@ class WorkerPart:
                 # fails": such a child that never reports is seen in child_failures()).
                 continue
             record = self.loads.peek(request_id)
-            if (
-                record is None
-                or record.state is not State.pending
-                or not load_owed(name, record.loaded, record.loader_gone)
-            ):
+            if record is None or record.state is not State.pending or not record.owes_load(name):
                 continue
-            # Cancelled on these books: a report of the child's own, if one comes, is its
-            # drain, not a second completion (vLLM has this one).
-            self.loads.cancel(request_id)
+            self.loads.load_finished(request_id, name)
             due = self._due_results()
             due.finished_recving.add(request_id)
             due.failed_recving.add(request_id)
+            if request_id in self._finished_while_loading:  # as _report_loaded does
+                self._finished_while_loading.discard(request_id)
+                self.loads.cancel(request_id)
         for loader, blocks in bound.sync_loads.values():
             if loader == name:
                 self._load_errors_due.update(blocks)
@@ -239,15 +242,22 @@ class WorkerPart:
     def _fail_parts_of(self, name: str, bound: NamedMultiConnectorMetadata) -> None:
         """Child ``name`` failed in this step's load hooks: the blocks of its parts of this
         step's split loads are reported as load errors; an asynchronous part is over (applied
-        on the load books for it: its own report, if one comes, is a duplicate), and the load
-        completes when its last part does."""
+        on the load books for it, once however many hooks it failed in: its own report, if
+        one comes, is a duplicate), and the load completes when its last part does."""
         for request_id, parts in bound.split_loads.items():
             for part, blocks in parts:
                 if part != name:
                     continue
-                self._part_failed(request_id, name, blocks)
-                if request_id in self._split_of:
+                if request_id not in self._split_of:
+                    self._part_failed(request_id, name, blocks)
+                elif self._part_owed(request_id, name):
+                    self._part_failed(request_id, name, blocks)
                     self._part_arrived(request_id, name, self._due_results())
+
+    def _part_owed(self, request_id: str, name: str) -> bool:
+        """Whether child ``name``'s part of split load ``request_id`` is still owed here."""
+        record = self.loads.peek(request_id)
+        return record is not None and record.owes_load(name)
 
     def _part_failed(self, request_id: str, name: str, blocks: tuple[int, ...]) -> None:
         """Child ``name``'s part of split load ``request_id`` failed: its blocks are load
@@ -404,7 +414,8 @@ class WorkerPart:
                 continue
             split = self._split_of.get(request_id) if self._split_of else None
             if split is not None and name in split:
-                if request_id in failed:
+                # A part's report once it arrived is a duplicate: its tokens stand.
+                if request_id in failed and self._part_owed(request_id, name):
                     self._part_failed(request_id, name, split[name])
                 self._part_arrived(request_id, name, results)
                 continue
@@ -460,7 +471,7 @@ class WorkerPart:
         for request_id in finished_req_ids:
             record = loads.peek(request_id)
             if record is None or record.state is not State.pending:
-                continue  # (a failed load, cancelled here: taken once its loader drained it)
+                continue
             if not record.loading:
                 loads.cancel(request_id)
             else:  # aborted while loading: the scheduler still needs that one completion

@@ -1,10 +1,12 @@
 """The adapter fuzzed inside vLLM's real v1 Scheduler (see fuzz_machine.py), and vLLM's class.
 
-``make test`` runs a few hundred examples (profiles ``dev`` and ``ci``); ``make test-deep``
-(profile ``deep``) many thousands. The run asserts that every rule fired. vLLM's own
+``make test`` runs a few hundred examples (profiles ``dev`` and ``ci``), a quarter of them with
+split loads (``SplitMachine``); ``make test-deep`` (profile ``deep``) many thousands. Each run
+asserts that every rule fired (with split loads: that loads were split in two and three parts,
+synchronously and not, and that parts reported apart, failed, raised and were aborted). vLLM's own
 ``MultiConnector`` fails the same machine: a strict expected failure, so the day vLLM fixes it
 the run says so. The orderings of vLLM's tracker are pinned below for both classes, and four
-planted bugs show that the fuzz finds what it is for.
+planted bugs show that the fuzz finds what it is for (two more, in split loads, the split run).
 """
 
 from __future__ import annotations
@@ -20,14 +22,17 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 from fuzz_machine import (  # noqa: E402
     RULE_EVENTS,
+    SPLIT_EVENTS,
     AdapterMachine,
     Fuzzed,
+    SplitMachine,
     World,
     make_request,
 )
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
+from vllm_harness import BLOCK  # noqa: E402
 
 from multiconnector import Outcome  # noqa: E402
 from multiconnector.ledger import SaveLedger  # noqa: E402
@@ -40,6 +45,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800), pytest.mark.usefixtur
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
 #: Examples of the fuzz: a few hundred in ``make test``, many thousands in ``make test-deep``.
 EXAMPLES = {"deep": 6000, "mutate": 50}.get(PROFILE, 300)
+#: Of which a quarter with split loads (:class:`SplitMachine`).
+SPLIT_EXAMPLES = EXAMPLES // 4
 STEPS = 40
 
 
@@ -71,16 +78,23 @@ class CountedSaverMachine(AdapterMachine):
     COUNTS = (None, None, 1)
 
 
-def coverage_line(fired: dict[str, int]) -> str:
-    return "rules fired: " + ", ".join(f"{label}={fired.get(label, 0)}" for label in RULE_EVENTS)
+class CountedSplitMachine(SplitMachine):
+    """Split loads beside a child that reports on one worker of two: it never loads a part, nor
+    is a load it was chosen for split (see test_a_counted_loaders_load_is_not_split)."""
+
+    COUNTS = (None, None, 1)
+
+
+def coverage_line(fired: dict[str, int], labels: tuple[str, ...] = RULE_EVENTS) -> str:
+    return "rules fired: " + ", ".join(f"{label}={fired.get(label, 0)}" for label in labels)
 
 
 def test_the_adapter_survives_the_fuzz(capsys: pytest.CaptureFixture[str]) -> None:
     OursMachine.fired.clear()
-    run_state_machine_as_test(OursMachine, settings=fuzz_settings(EXAMPLES))
+    run_state_machine_as_test(OursMachine, settings=fuzz_settings(EXAMPLES - SPLIT_EXAMPLES))
     fired = dict(OursMachine.fired)
     with capsys.disabled():
-        print(f"\n{EXAMPLES} examples; {coverage_line(fired)}")
+        print(f"\n{EXAMPLES - SPLIT_EXAMPLES} examples; {coverage_line(fired)}")
     missing = [label for label in RULE_EVENTS if not fired.get(label)]
     assert not missing, f"rules that never fired: {missing}"
 
@@ -89,6 +103,24 @@ def test_the_adapter_survives_the_fuzz_with_a_child_reporting_on_one_worker() ->
     CountedSaverMachine.fired.clear()
     run_state_machine_as_test(CountedSaverMachine, settings=fuzz_settings(EXAMPLES // 3))
     assert CountedSaverMachine.fired["report-save"]
+
+
+def test_the_adapter_survives_the_fuzz_with_split_loads(capsys: pytest.CaptureFixture[str]) -> None:
+    SplitMachine.fired.clear()
+    run_state_machine_as_test(SplitMachine, settings=fuzz_settings(SPLIT_EXAMPLES))
+    fired = dict(SplitMachine.fired)
+    with capsys.disabled():
+        line = coverage_line(fired, (*RULE_EVENTS, *SPLIT_EVENTS))
+        print(f"\n{SPLIT_EXAMPLES} examples with split loads; {line}")
+    # The rules of the machine without splits are asserted by the run above.
+    missing = [label for label in SPLIT_EVENTS if not fired.get(label)]
+    assert not missing, f"split loads never did: {missing}"
+
+
+def test_the_adapter_survives_split_loads_with_a_child_reporting_on_one_worker() -> None:
+    CountedSplitMachine.fired.clear()
+    run_state_machine_as_test(CountedSplitMachine, settings=fuzz_settings(SPLIT_EXAMPLES // 3))
+    assert CountedSplitMachine.fired["split-async"]
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="vLLM's MultiConnector breaks")
@@ -111,6 +143,8 @@ def checked(world: World) -> None:
         raise Fuzzed("; ".join(world.early_frees))
     if world.problems:
         raise Fuzzed("; ".join(world.problems))
+    if world.load_problems:
+        raise Fuzzed("; ".join(world.load_problems))
     world.check_counts()
     world.check_events()
 
@@ -305,6 +339,64 @@ def test_a_counted_childs_applied_reports_are_counted() -> None:
     world.check_counts()
 
 
+def test_a_counted_loaders_load_is_not_split() -> None:
+    """c reports on one worker of two and holds the first block, a the next two. Split, vLLM
+    was handed the load's completion in the step that scheduled it, while a still loaded its
+    part, and freed the blocks under it: a load by a counted loader is not split."""
+    world = World(ours=True, counts=(None, None, 1), split=True)
+    for name, first, end in (("c", 0, 1), ("a", 1, 3)):
+        world.boards[name].starts["r"] = first * BLOCK
+        world.boards[name].hits["r"] = end * BLOCK
+    world.scheduler.add_request(make_request("r", 0, 3 * BLOCK + 1, 2))
+    step(world)
+    assert world.owed() == [("c", 0, "r", "load")]  # c alone: a owes nothing
+    record = world.connector._scheduler.tracker.peek("r")
+    assert record is not None and record.parts == ()
+    report(world, "c", "r", "load", ranks=[0])
+    step(world, 4)
+    assert "r" not in world.scheduler.requests
+    world.drain()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_load_a_child_failed_to_start_is_loaded_again_by_the_next_loader(workers: int) -> None:
+    """a raises in start_load_kv and never reports: its load is failed, vLLM recomputes, and
+    its next lookup chooses b. The worker's books held a's load, cancelled, until a reported,
+    and ignored b's: the request waited for remote KVs forever (and with two workers, once a
+    did report, the one that cancelled did not know b's load)."""
+    world = World(ours=True, workers=workers)
+    add(world, "r", hit=("a", "b"), max_tokens=2)
+    for rank in range(workers):
+        world.boards["a"].workers[rank].raise_in.add("start_load_kv")
+        world.armed[rank].add(("a", "start_load_kv"))
+    for _ in range(3):
+        world.step()
+    assert world.scheduler.requests["r"].status is RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert [o[0] for o in world.owed()] == ["a"] * workers + ["b"] * workers  # b loads it now
+    report(world, "b", "r", "load")
+    for _ in range(4):
+        world.step()
+    assert "r" not in world.scheduler.requests  # it ran, finished, and is gone
+    assert all(len(w.load_tracker) == 0 for w in world.workers)
+    checked(world)
+    world.drain()  # a never reports (given up); nothing waits for it
+
+
+def test_a_failed_load_of_an_aborted_request_leaves_nothing_of_its_lookups() -> None:
+    """Aborted while a loads it, then a reports the load failed: a is not asked again for a
+    request that is gone, and nothing of its lookups is kept (it was, forever)."""
+    world = World(ours=True)
+    add(world, "r", hit="a")
+    step(world)
+    world.scheduler.finish_requests("r", RequestStatus.FINISHED_ABORTED)
+    for w in world.boards["a"].workers:
+        w.failed.add("r")
+    step(world)
+    assert "r" not in world.scheduler.requests
+    assert world.connector._scheduler.lookups.held() == 0
+    world.drain()
+
+
 # -- planted bugs: the fuzz must find each -------------------------------------------------------
 
 
@@ -359,37 +451,76 @@ def _ignore_the_second_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(MultiConnector, "get_finished_count", lambda self: 1)
 
 
-#: Each planted bug, and the examples within which the fuzz must find it (derandomized, so the
-#: same every run; what each took is printed).
-PLANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], int]] = {
-    "ledger releases on the first saver": (_release_on_first_saver, 100),
-    "unchosen load passed on": (_pass_on_unchosen_loads, 100),
-    "aborted save freed at once": (_free_aborted_saves_at_once, 100),
-    "second worker ignored": (_ignore_the_second_worker, 100),
-}
+def _complete_a_split_load_at_each_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker passes a split load's completion on as each part arrives, its first included
+    (vLLM runs the request while the other parts still write into its blocks)."""
+    part_arrived = WorkerPart._part_arrived
+
+    def planted(self: WorkerPart, request_id: str, name: str, results: Any) -> bool:
+        applied = part_arrived(self, request_id, name, results)
+        if applied:
+            results.finished_recving.add(request_id)
+        return applied
+
+    monkeypatch.setattr(WorkerPart, "_part_arrived", planted)
+
+
+def _fail_the_request_of_a_failed_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker reports a split load whose part failed as failed as a whole (vLLM recomputes
+    the other parts' tokens too)."""
+    report_loaded = WorkerPart._report_loaded
+
+    def planted(self: WorkerPart, name: str, child_results: Any, results: Any) -> None:
+        for request_id in child_results.failed_recving:
+            split = self._split_of.get(request_id)
+            if split is not None and name in split:
+                results.failed_recving.add(request_id)
+        report_loaded(self, name, child_results, results)
+
+    monkeypatch.setattr(WorkerPart, "_report_loaded", planted)
 
 
 class PlantedMachine(AdapterMachine):
     OURS = True
 
 
+class PlantedSplitMachine(SplitMachine):
+    OURS = True
+
+
+#: Each planted bug, the machine that must find it, and the examples within which it must
+#: (derandomized, so the same every run; what each took is printed).
+PLANTS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], type[AdapterMachine], int]] = {
+    "ledger releases on the first saver": (_release_on_first_saver, PlantedMachine, 100),
+    "unchosen load passed on": (_pass_on_unchosen_loads, PlantedMachine, 100),
+    "aborted save freed at once": (_free_aborted_saves_at_once, PlantedMachine, 100),
+    "second worker ignored": (_ignore_the_second_worker, PlantedMachine, 100),
+    "split load complete at each part": (
+        _complete_a_split_load_at_each_part,
+        PlantedSplitMachine,
+        100,
+    ),
+    "failed part fails the request": (_fail_the_request_of_a_failed_part, PlantedSplitMachine, 100),
+}
+
+
 @pytest.mark.parametrize("plant", list(PLANTS))
 def test_the_fuzz_finds_a_planted_bug(
     plant: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    patch, budget = PLANTS[plant]
+    patch, machine, budget = PLANTS[plant]
     patch(monkeypatch)
-    PlantedMachine.made = 0
+    machine.made = 0
     with pytest.raises(AssertionError) as caught:
         run_state_machine_as_test(
-            PlantedMachine,
+            machine,
             settings=fuzz_settings(
                 budget, phases=[Phase.generate], report_multiple_bugs=False, derandomize=True
             ),
         )
     with capsys.disabled():
-        print(f"\nplanted {plant!r}: found in example {PlantedMachine.made}: {caught.value}")
-    assert PlantedMachine.made <= budget
+        print(f"\nplanted {plant!r}: found in example {machine.made}: {caught.value}")
+    assert machine.made <= budget
     # An invariant of the machine, or vLLM's own assert: not the plant failing to apply.
     cause = caught.value.__cause__
     assert cause is None or type(cause) is AssertionError, cause

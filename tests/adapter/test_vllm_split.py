@@ -9,6 +9,8 @@ recomputed from its first block on; an abort drains every part (docs/vllm.md, "S
 
 from __future__ import annotations
 
+import pickle
+
 from vllm_support import require_vllm
 
 require_vllm()
@@ -17,9 +19,19 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 from vllm_children import Script, child, script  # noqa: E402
-from vllm_harness import BLOCK, Engine, make_config, make_request  # noqa: E402
+from vllm_harness import (  # noqa: E402
+    BLOCK,
+    Engine,
+    make_config,
+    make_connector,
+    make_request,
+    runner_output,
+)
 
 from multiconnector import InvalidArgumentError, Outcome  # noqa: E402
 from multiconnector.vllm import LOOKUP_KEY, SPLIT_KEY  # noqa: E402
@@ -212,3 +224,70 @@ def test_the_workers_learn_each_parts_blocks(model: Path) -> None:
 def test_split_loads_must_be_a_bool(model: Path) -> None:
     with pytest.raises(InvalidArgumentError, match=SPLIT_KEY):
         engine(model, script(), script(), split="yes")  # type: ignore[arg-type]
+
+
+def test_a_failed_report_after_a_part_arrived_is_a_duplicate_and_its_tokens_stand(
+    model: Path,
+) -> None:
+    e, fast, slow, _request = async_split(model)
+    fast.recving.add("r")
+    e.step()
+    fast.recving.add("r")  # again, now saying it failed: a duplicate of an arrived part
+    fast.failed.add("r")
+    e.step()
+    slow.recving.add("r")
+    for _ in range(4):
+        e.step()
+    assert {"r": PROMPT - 32} in e.scheduled  # fast's 16 tokens and slow's 16 all stand
+    assert "r" in e.outputs
+    counts = e.worker.connector_counts()["fast"]
+    assert counts[Outcome.applied] == 1 and counts[Outcome.duplicate] == 1
+
+
+def test_a_counted_childs_load_reports_never_settle_its_save(model: Path) -> None:
+    """A child reporting on 2 workers of 3 loads a request (two parts on the scheduler's
+    books: h@1, h@2) and saves it (aborted while loading): each worker's load report settles
+    a part of the load, never a save's report name, and the request is freed once both its
+    loads and both its saves came."""
+    h = script(tokens=16, load_async=True, saves=True, finished_count=2)
+    config = make_config(model, [child("h", h)])
+    config.parallel_config.world_size = 3
+    e = Engine(config, worker=False)
+    workers = [make_connector(config, KVConnectorRole.WORKER) for _ in range(3)]
+    aggregator = KVOutputAggregator.from_connector(e.connector, 3)
+    e.add(make_request("r", num_tokens=PROMPT, max_tokens=2))
+    # Per step: per worker, whether h reports the load there, and the save; abort first?
+    plan = [
+        (((False, False), (False, False), (False, False)), False),
+        (((False, False), (False, False), (False, False)), True),
+        (((True, False), (False, False), (False, False)), False),
+        (((False, False), (True, False), (False, False)), False),
+        (((False, True), (False, True), (False, False)), False),
+        (((False, False), (False, False), (False, False)), False),
+        (((False, False), (False, False), (False, False)), False),
+    ]
+    for step, (per_worker, abort) in enumerate(plan):
+        if abort:
+            e.scheduler.finish_requests("r", RequestStatus.FINISHED_ABORTED)
+        scheduler_output = e.scheduler.schedule()
+        outputs = []
+        for worker, (loads, saves) in zip(workers, per_worker, strict=True):
+            shipped = pickle.loads(pickle.dumps(scheduler_output))
+            worker.bind_connector_metadata(shipped.kv_connector_metadata)
+            if loads:
+                h.recving.add("r")
+            if saves:
+                h.sending.add("r")
+            results = worker.get_transfer_results(shipped.finished_req_ids)
+            kv_output = KVConnectorOutput(
+                finished_sending=results.finished_sending or None,
+                finished_recving=results.finished_recving or None,
+                kv_connector_worker_meta=worker.build_connector_worker_meta(),
+            )
+            outputs.append(runner_output(scheduler_output, kv_output))
+            worker.clear_connector_metadata()
+        e.scheduler.update_from_output(scheduler_output, aggregator.aggregate(outputs))
+        if step == 3:
+            assert e.held("r")  # both loads came; the saves are owed
+    assert not e.held("r")
+    assert len(e.connector.tracker) == 0
