@@ -262,6 +262,14 @@ class Lookups:
             raise InvalidArgumentError(
                 f"child {name!r} answered load_async={shown(load_async)}; must be a bool"
             )
+        if not load_async and total.__class__ is int and tokens >= total - num_computed_tokens:
+            # vLLM's scheduler asserts it has a token to compute in the step of such a load
+            # (an asynchronous one's last token is recomputed once it arrived).
+            raise InvalidValueError(
+                f"child {name!r} answered tokens={tokens}, to load within the step, for a "
+                f"request with {total - num_computed_tokens} token(s) left to compute: such a "
+                "load must leave one to compute"
+            )
         return tokens, load_async
 
     def _wait(self, name: str, request_id: str) -> None:

@@ -119,6 +119,36 @@ def test_a_negative_count_after_a_prefix_cache_hit_is_no_hit(model: Path, ours: 
         assert engine.connector.child_failures() == {"a": {"get_num_new_matched_tokens": 1}}
 
 
+@pytest.mark.parametrize("ours", [True, False], ids=["ours", "vllm"])
+@pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
+def test_a_hit_on_every_token_is_served_when_vllm_can_serve_it(
+    model: Path, ours: bool, load_async: bool
+) -> None:
+    """A child holding the whole prompt: loaded asynchronously, vLLM recomputes its last token
+    once it arrived; loaded within the step, vLLM's scheduler has no token left to compute and
+    asserts (the engine dies, under vLLM's class). Ours counts that answer as the child's
+    failure, no hit, and the request is computed."""
+    a = script(tokens=40, load_async=load_async)
+    engine = FullEngine(make_config(model, [child("a", a)], ours=ours))
+    engine.add(make_request("r1", num_tokens=40, max_tokens=2))
+    if not ours and not load_async:
+        with pytest.raises(AssertionError):
+            drive(engine, ["r1"])
+        return
+    for step in range(30):
+        engine.step()
+        if step == 0 and load_async:
+            a.recving.add("r1")
+        if "r1" in engine.outputs:
+            break
+    assert "r1" in engine.outputs
+    if ours:
+        told = [c[2] for c in a.names("update_state_after_alloc")]
+        assert told[0] == (40 if load_async else 0)
+        failures = {} if load_async else {"a": {"get_num_new_matched_tokens": 1}}
+        assert engine.connector.child_failures() == failures
+
+
 # -- every bad answer to get_num_new_matched_tokens ----------------------------------------------
 
 
@@ -127,6 +157,7 @@ def test_a_negative_count_after_a_prefix_cache_hit_is_no_hit(model: Path, ours: 
     [
         (-1, False),
         (10**6, False),  # more tokens than the request has left
+        (40, False),  # every token, within the step: vLLM's scheduler has none to compute
         ("16", False),
         (16.0, False),
         (True, False),
