@@ -11,6 +11,9 @@ The decisions held here:
   explores.
 * :func:`load_report`: what "connector ``name`` finished loading" does; :func:`part_report`,
   when ``name`` loads a further part of a split load.
+* :func:`counted_name`: which of a counted child's report names (``<name>@1`` to ``<name>@k``,
+  one per worker that reports its transfer) one more of its reports settles, on a request's
+  record: the next one the request still owes, of its save or of its load.
 * :func:`refined`: why a stranger's report is ignored (``phantom`` refined into
   ``unknown_connector`` or ``not_ready`` by what the caller knows of the name).
 * :func:`count`: the capped counter every table of outcomes per name is kept with.
@@ -28,9 +31,11 @@ Every side that applies a report reads its verdict here: the aggregator's
 :meth:`~multiconnector.MultiConnector.transfer_finished_many` and
 :meth:`~multiconnector.MultiConnector.load_finished` (and the decision of the reports that came
 early), :class:`~multiconnector.SaveLedger` (a vLLM worker's saves), and the vLLM adapter's
-books of the children that report on fewer workers than all. ``multiconnector.check.reference``
-is the exception on purpose: the checker's oracle restates the rules independently, to catch
-these. ``tests/test_rule_once.py`` reads the package's source to keep it so.
+books of the children that report on fewer workers than all (which also route each report by
+:func:`counted_name`, as the model checker's ``counted`` connectors do).
+``multiconnector.check.reference`` is the exception on purpose: the checker's oracle restates
+the rules independently, to catch these. ``tests/test_rule_once.py`` reads the package's source
+to keep it so.
 
 A second ``request_finished`` is refused in three places, which do not decide the same
 question, so no function here is shared by them: the aggregator refuses it by the record's
@@ -67,6 +72,7 @@ __all__ = [
     "Verdict",
     "Verdicts",
     "count",
+    "counted_name",
     "finish_answer",
     "load_owed",
     "load_report",
@@ -130,6 +136,26 @@ def refined(outcome: Outcome, known: bool, ready: bool) -> Outcome:
     if not ready:
         return _NOT_READY
     return outcome
+
+
+def counted_name(ranks: tuple[str, ...], record: RequestTransferState | None, *, load: bool) -> str:
+    """The report name one more report of a counted child settles: the first of its
+    ``ranks`` (its report names, ``<name>@1`` to ``<name>@k``, non-empty) that ``record``
+    still owes, else the last (the core then says why the report is ignored: a duplicate, a
+    terminal request, an unknown one when ``record`` is ``None``).
+
+    A save report (``load`` false) settles a name the record still awaits
+    (:attr:`~multiconnector.RequestTransferState.awaiting`); a load report (``load`` true) a
+    name that still owes a load report (:meth:`~multiconnector.RequestTransferState.owes_load`:
+    the loader of a split load, then its parts), never a save's: a request that saves under
+    the same names while it loads (aborted while loading, say) would otherwise have a load
+    report settle a save's name, and its load's part owed for ever.
+    """
+    if record is not None:
+        for rank in ranks:
+            if record.owes_load(rank) if load else rank in record.awaiting:
+                return rank
+    return ranks[-1]
 
 
 #: What :func:`finish_answer` gives: ``(saves, params, error)``.

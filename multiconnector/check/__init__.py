@@ -5,8 +5,10 @@ does for a TLA+ specification, but it drives the real :class:`~multiconnector.Mu
 rather than a second model that could drift from it. The scenario:
 
 * connector names, each a scripted saver (its ``request_finished`` answer is chosen by the
-  event: "request finished with every subset of savers"), a ``None`` slot, or one whose calls
-  raise; plus names never registered;
+  event: "request finished with every subset of savers"), a ``None`` slot, one whose calls
+  raise, or another kind of :data:`~.scenario.KINDS` (a ``counted`` one is booked under two
+  report names, as the vLLM adapter books a child reported on fewer workers: :mod:`.counted`);
+  plus names never registered;
 * request ids, each begun at most once;
 * the default event alphabet (:data:`ALPHABET`): ``begin``; ``request_finished`` with every subset
   of the registered savers; ``transfer_finished`` for every (request, name), which covers
@@ -30,10 +32,11 @@ form under their renamings (symmetry reduction; ``symmetry=False`` turns it off)
 events and the declared transitions come from :mod:`multiconnector.machine`.
 
 The modules: :mod:`.scenario` (the connectors, the world, the events), :mod:`.snapshot` (the
-state of a world), :mod:`.canonical` (its canonical form under symmetry), :mod:`.alike` (events
-that would do what one applied did), :mod:`.fork` (a world copied), :mod:`.properties` (what is
-judged), :mod:`.trace` (how it is shown),
-:mod:`.run` (:func:`check_aggregator`) and :mod:`.cli` (the command).
+state of a world), :mod:`.canonical` (its canonical form under symmetry), :mod:`.events` (the
+events enabled in a state), :mod:`.counted` (the counted connectors), :mod:`.alike` (events that
+would do what one applied did), :mod:`.fork` (a world copied), :mod:`.properties` (what is
+judged), :mod:`.trace` (how it is shown), :mod:`.run` (:func:`check_aggregator`) and :mod:`.cli`
+(the command).
 
 Properties (each PASS or FAIL, with a shortest counterexample):
 

@@ -13,7 +13,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from .canonical import arrangements
-from .scenario import _PER_REQUEST, Event, _finishing, _World
+from .events import _finishing
+from .scenario import _PER_REQUEST, COUNTED_LOAD, COUNTED_SAVE, Event, _World
 
 
 def _alike(world: _World, event: Event) -> tuple[Event, ...]:
@@ -33,6 +34,8 @@ def _alike(world: _World, event: Event) -> tuple[Event, ...]:
         # A renaming that maps the state onto itself maps ``event`` to an event that leads to
         # the renamed next state, whose canonical snapshot is the same, with renamed verdicts.
         position = {name: i for i, (name, _) in enumerate(world.registry)}
+        # A counted connector saves at its first name's place (events._finishing).
+        position.update((n, position.get(r[0], -1)) for n, r in scenario.ranks.items())
         for alike in _permuted(event, classes, position):
             for perm, rename in automorphisms:
                 image = _image(alike, perm, rename, position)
@@ -150,6 +153,8 @@ def _image(
         return (kind, i, rename.get(event[2], event[2]))
     if kind == "split_load":
         return (kind, i, rename.get(event[2], event[2]), rename.get(event[3], event[3]))
+    if kind in (COUNTED_SAVE, COUNTED_LOAD):  # a counted connector is never renamed
+        return (kind, i, event[2])
     if kind == "match_tokens":
         answers = sorted(
             ((rename.get(n, n), tokens) for n, tokens in event[2]),

@@ -20,7 +20,8 @@ from ..errors import (
 )
 from ..machine import TERMINAL, RequestTransferState, State
 from ..outcome import Outcome
-from .reference import settle_loads, settled_early
+from ..rule import counted_name
+from .reference import counted_rank, settle_loads, settled_early
 from .scenario import (
     _ABANDONED,
     _APPLY_ANSWERS,
@@ -30,6 +31,8 @@ from .scenario import (
     _PENDING,
     _PER_REQUEST,
     _TAKEN,
+    COUNTED_LOAD,
+    COUNTED_SAVE,
     GARBAGE,
     LOADER,
     LOADING,
@@ -86,7 +89,7 @@ def _apply(world: _World, event: Event) -> None:
     pad.asked = []
     if pad.finished:
         pad.finished = []
-    if kind in _LOADING:
+    if kind in _LOADING or kind == COUNTED_LOAD:
         assert request is not None
         _apply_load(world, request, event)
         return
@@ -104,7 +107,7 @@ def _apply(world: _World, event: Event) -> None:
 class _Called:
     """What the aggregator's call for one event (not a load event) returned or raised."""
 
-    __slots__ = ("abandoned", "answers", "clash", "outcomes", "result", "taken")
+    __slots__ = ("abandoned", "answers", "clash", "named", "outcomes", "result", "taken")
 
     def __init__(self) -> None:
         #: The records ``take()`` handed back.
@@ -119,6 +122,8 @@ class _Called:
         self.answers: Any = None
         #: For ``unregister``: how many held requests awaited the name.
         self.abandoned = 0
+        #: For a counted report: the name the world applied it to (the rule's pick).
+        self.named = ""
 
 
 def _call(world: _World, request: _Request | None, event: Event) -> _Called:
@@ -133,6 +138,11 @@ def _call(world: _World, request: _Request | None, event: Event) -> _Called:
         if kind == "transfer_finished":
             assert request is not None
             called.outcomes = (mc.transfer_finished(request.request_id, event[2]),)
+        elif kind == COUNTED_SAVE:  # as the vLLM adapter applies it: to the rule's pick
+            assert request is not None
+            record = mc.peek(request.request_id)
+            called.named = counted_name(scenario.ranks[event[2]], record, load=False)
+            called.outcomes = (mc.transfer_finished(request.request_id, called.named),)
         elif kind == "request_finished":
             assert request is not None
             _request_finished(world, request, event, called)
@@ -244,7 +254,7 @@ def _observe(world: _World, request: _Request | None, event: Event, called: _Cal
         assert request is not None
         # A load-only connector's promise is none: its role rules the save out.
         kinds = scenario.kinds
-        request.owed |= {n for n, saves in scenario.pad.asked if saves and kinds[n] != LOADER}
+        request.owed |= {n for n, saves in scenario.pad.asked if saves and kinds.get(n) != LOADER}
         if scenario.params and called.answers is None:
             called.answers = (event[3], tuple(scenario.pad.answered))
         if outcomes:
@@ -257,6 +267,9 @@ def _observe(world: _World, request: _Request | None, event: Event, called: _Cal
             request.early = (*request.early, event[2])
         else:
             tally[outcomes[0], event[2]] = tally.get((outcomes[0], event[2]), 0) + 1
+    elif kind == COUNTED_SAVE:
+        assert request is not None
+        _counted_save(world, request, event, called)
     elif kind == _APPLY_ANSWERS:
         assert request is not None
         if outcomes:
@@ -323,7 +336,7 @@ def _apply_load(world: _World, request: _Request, event: Event) -> None:
             _chosen(request, event[2], True)
             request.part, request.part_owed = event[3], True
         return
-    name = event[2]
+    name, routed = _counted_load(world, request, before, event)
     pad = world.scenario.pad
     pad.loads = []
     live = state is not None and state not in TERMINAL
@@ -344,9 +357,10 @@ def _apply_load(world: _World, request: _Request, event: Event) -> None:
         tally = world.tally
         tally[outcome, name] = tally.get((outcome, name), 0) + 1
         if not request.matching:  # while asked, the kept report is what the ledger decides
-            _delivered(request, name, live)
+            _delivered(request, name if routed is None else routed, live)
     last = world.last
     if last is not None:
+        last.routed = routed
         last.outcomes = (outcome,)
         last.load = _Load(
             request.request_id,
@@ -363,6 +377,32 @@ def _apply_load(world: _World, request: _Request, event: Event) -> None:
             part_owed,
         )
         last.called = tuple(pad.finished)
+
+
+def _counted_save(world: _World, request: _Request, event: Event, called: _Called) -> None:
+    """The checker's ledger after a counted connector's save report: it settles the name the
+    reference picks (:func:`.reference.counted_rank`), whatever name the world applied it to
+    (counted under that one)."""
+    assert called.outcomes is not None
+    routed = counted_rank(world.scenario.ranks[event[2]], request.owed)
+    request.owed -= {routed}
+    key = (called.outcomes[0], called.named)
+    world.tally[key] = world.tally.get(key, 0) + 1
+    if world.last is not None:
+        world.last.routed = routed
+
+
+def _counted_load(
+    world: _World, request: _Request, before: RequestTransferState | None, event: Event
+) -> tuple[str, str | None]:
+    """For a ``load_finished``, its name and ``None``; for a counted connector's load report,
+    the name the world applies it to (the rule's pick, on the record ``before``, as the vLLM
+    adapter applies it) and the one the checker's ledger says it settles (the reference's)."""
+    if event[0] != COUNTED_LOAD:
+        return event[2], None
+    ranks = world.scenario.ranks[event[2]]
+    owing = [request.load_owed, request.part if request.part_owed else None]
+    return counted_name(ranks, before, load=True), counted_rank(ranks, [n for n in owing if n])
 
 
 def _delivered(request: _Request, name: str, live: bool) -> None:

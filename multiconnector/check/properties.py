@@ -25,6 +25,10 @@ from .scenario import (
     _MATCH_ANSWER,
     _TAKEN,
     _UNBORN,
+    COUNTED,
+    COUNTED_LOAD,
+    COUNTED_RANKS,
+    COUNTED_SAVE,
     LOADER,
     LOADING,
     SAVING,
@@ -276,6 +280,8 @@ def _event_text(world: _World, event: Event) -> str:
         return f"{kind}({ids[event[1]]}, {event[2]})"
     if kind == "split_load":
         return f"choose_loader({ids[event[1]]}, {event[2]}, parts=[{event[3]}])"
+    if kind in (COUNTED_SAVE, COUNTED_LOAD):
+        return counted_text(ids, event)
     if kind == _APPLY_ANSWERS:
         return f"request_finished({ids[event[1]]}) applying its answers"
     if kind == _MATCH_ANSWER:
@@ -283,6 +289,12 @@ def _event_text(world: _World, event: Event) -> str:
     if kind in ("begin", "cancel", "request_finished", "match_tokens"):
         return f"{kind}({ids[event[1]]})"
     return f"{kind}({', '.join(str(x) for x in event[1:])})"
+
+
+def counted_text(ids: tuple[str, ...], event: Event) -> str:
+    """A counted connector's report, as the trace shows it."""
+    of = "save" if event[0] == COUNTED_SAVE else "load"
+    return f"counted report ({of}) of {ids[event[1]]} by {event[2]}"
 
 
 def _counters(world: _World) -> str | None:
@@ -520,12 +532,15 @@ def reachable_in(
     into ``finishing``); one staying in ``finishing`` needs two savers (a request awaits a
     second report, or a second connector's unregistering). One touching ``cancelled`` needs
     ``cancel``; a drain (``cancelled`` to itself) also needs a saver and ``request_finished``,
-    so that a cancelled request awaits a report. A transition of an event the scenario does not
-    know is assumed reachable.
+    so that a cancelled request awaits a report. A counted connector counts as a saver per
+    name, but for ``connector_gone``: its names are never unregistered. A transition of an
+    event the scenario does not know is assumed reachable.
 
     .. versionadded:: 0.1.0
     """
     savers = sum(1 for kind in connectors.values() if kind in SAVING)
+    # A counted connector saves under each of its names, none of which is ever unregistered.
+    ranks = COUNTED_RANKS * sum(1 for kind in connectors.values() if kind == COUNTED)
     alphabet = frozenset(events)
     finishing = State.finishing.value
     cancelled = State.cancelled.value
@@ -543,6 +558,7 @@ def reachable_in(
             if source == dest:
                 needs.add("request_finished")
                 least = max(least, 1)
-        return needs <= alphabet and savers >= least
+        gone = event == "connector_gone"  # of a saver that can be unregistered: not a counted one
+        return needs <= alphabet and savers + ranks >= least and (savers >= 1 or not gone)
 
     return reachable

@@ -14,7 +14,15 @@ from typing import Any, Final
 
 from ..machine import TABLE, TERMINAL, RequestTransferState, State, step
 from ..outcome import Outcome
-from .scenario import _APPLY_ANSWERS, View, _Last, _Request, _World
+from .scenario import (
+    _APPLY_ANSWERS,
+    COUNTED_LOAD,
+    COUNTED_SAVE,
+    View,
+    _Last,
+    _Request,
+    _World,
+)
 
 _APPLIED: Final = Outcome.applied
 _DRAINED: Final = Outcome.drained
@@ -62,6 +70,15 @@ def _by_registry(name: str, registry: Sequence[tuple[str, bool]]) -> Outcome:
         if registered == name:
             return Outcome.phantom if ready else Outcome.not_ready
     return Outcome.unknown_connector
+
+
+def counted_rank(ranks: Sequence[str], owing: Collection[str]) -> str:
+    """The report name a counted connector's next report settles, by the checker's ledger:
+    the first of its names (``ranks``, in order) that ``owing`` says still owes the report
+    (a promised save neither reported nor unregistered; or, of a load, the chosen loader's
+    report, then the split part's), else the last. Restated from the documentation of the vLLM
+    adapter's counted children (docs/vllm.md), not read from the rule the world applies."""
+    return next((rank for rank in ranks if rank in owing), ranks[-1])
 
 
 def _reported(view: View, name: str, outcome: Outcome) -> View:
@@ -120,6 +137,9 @@ def expected_outcomes(last: _Last, atomic: bool) -> tuple[Outcome, ...] | None:
     if kind == "transfer_finished":
         i = event[1]
         return (report_outcome(last.before[i], event[2], registry, _early_of(last, i)),)
+    if kind == COUNTED_SAVE:  # never while a request_finished asks: no early report
+        assert last.routed is not None
+        return (report_outcome(last.before[event[1]], last.routed, registry),)
     if kind == "transfer_finished_many":
         name = event[1]
         views: list[View | None] = list(last.before)
@@ -150,10 +170,10 @@ def expected_outcomes(last: _Last, atomic: bool) -> tuple[Outcome, ...] | None:
         return (_APPLIED,) if atomic else ()
     if kind == _APPLY_ANSWERS:  # a cancel that came in between wins
         return (Outcome.overtaken if state is State.cancelled else _APPLIED,)
-    if kind == "load_finished":
+    if kind in (COUNTED_LOAD, "load_finished"):
         load = last.load
         assert load is not None
-        name = event[2]
+        name = event[2] if last.routed is None else last.routed
         if load.early is not None and _by_registry(name, registry) is Outcome.phantom:
             return (_DUPLICATE if name in load.early else Outcome.early,)
         ledger = (load.loader, load.loaded, load.loader_gone, load.load_owed)
@@ -235,8 +255,10 @@ def settle_loads(world: _World, request: _Request) -> tuple[tuple[str, Outcome],
     return tuple(out)
 
 
-_REQUEST_KINDS: Final = frozenset({"cancel", "request_finished", _APPLY_ANSWERS, "load_finished"})
-_REPORTS: Final = frozenset({"transfer_finished", "transfer_finished_many"})
+_REQUEST_KINDS: Final = frozenset(
+    {"cancel", "request_finished", _APPLY_ANSWERS, "load_finished", COUNTED_LOAD}
+)
+_REPORTS: Final = frozenset({"transfer_finished", "transfer_finished_many", COUNTED_SAVE})
 
 
 def reference_merge(

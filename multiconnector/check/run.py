@@ -22,6 +22,8 @@ from ..machine import build_machine
 from .alike import _alike
 from .apply import _apply
 from .canonical import Signatures, _Interner
+from .counted import _Rank
+from .events import _events, _events_of
 from .fork import _fork
 from .properties import (
     CALLBACKS,
@@ -51,6 +53,7 @@ from .scenario import (
     _KINDS,
     _LOADING,
     ALPHABET,
+    COUNTED,
     DEFAULT_CONNECTORS,
     DEFAULT_UNKNOWN,
     EARLY_REPORTS,
@@ -65,8 +68,6 @@ from .scenario import (
     SAVING,
     STORE,
     _actor,
-    _events,
-    _events_of,
     _Garbage,
     _Loader,
     _Pad,
@@ -75,6 +76,7 @@ from .scenario import (
     _Scripted,
     _Store,
     _World,
+    rank_names,
 )
 from .snapshot import _snapshot, _views
 from .trace import _annotate, _data, _describe, _label
@@ -107,8 +109,8 @@ def check_aggregator(
     to its kind: ``"saver"`` (scripted; every subset of the savers is tried at
     ``request_finished``), ``"raises"`` (its calls raise), ``"garbage"`` (it answers a bare
     ``True``), ``"store"`` (a saver with ``Role.save``), ``"loader"`` (``Role.load``: it answers
-    ``match_tokens`` and promises a save it must not be awaited for) or ``None`` (not ready);
-    with a store or a loader the report adds :data:`ROLES_KEPT`. Default:
+    ``match_tokens``, promises a save never awaited), ``"counted"`` (as ``<name>@1``, ``@2``:
+    docs/check.md) or ``None`` (not ready); a store or a loader adds :data:`ROLES_KEPT`. Default:
     :data:`DEFAULT_CONNECTORS`. ``unknown`` names are never registered; their reports are
     events. ``requests`` request ids take part. ``events`` chooses the alphabet among
     :data:`ALPHABET` (the default) and :data:`LOAD_EVENTS`; with a load event, savers also
@@ -278,11 +280,15 @@ def _scenario(
         factory=factory,
         pad=pad,
         connectors=_connectors(kinds, pad),
-        symmetry=_canonical_form(kinds, requests, on=symmetry),
+        # A counted connector's names are its own: never renamed (each its own kind).
+        symmetry=_canonical_form(
+            {n: f"{k} {n}" if k == COUNTED else k for n, k in kinds.items()}, requests, on=symmetry
+        ),
         interner=_Interner(),
         registry_order=_registry_order(alphabet, params),
         params=params,
         batchers=tuple(n for n, k in kinds.items() if k in SAVING or k == GARBAGE),
+        ranks={n: rank_names(n) for n, k in kinds.items() if k == COUNTED},
     )
     probe = scenario.fresh()
     allow_equal = getattr(probe.mc, "_allow_equal", False) is True
@@ -318,6 +324,12 @@ def _kinds(
         check_name(name, "unknown item")
         if name in kinds:
             raise InvalidValueError(f"unknown={shown(unknown)} names a connector: {name!r}")
+    ranks = {rank: n for n, k in kinds.items() if k == COUNTED for rank in rank_names(n)}
+    for name in (*kinds, *unknown):
+        if name in ranks:
+            raise InvalidValueError(
+                f"{name!r} is a report name of counted connector {ranks[name]!r}: rename one"
+            )
     return kinds
 
 
@@ -350,6 +362,9 @@ def _connectors(kinds: Mapping[str, str | None], pad: _Pad) -> dict[str, Any]:
             made[name] = _Store(name, pad)
         elif kind == LOADER:
             made[name] = _Loader(name, pad)
+        elif kind == COUNTED:  # registered under its report names, not its own
+            del made[name]
+            made.update((rank, _Rank(rank, name, pad)) for rank in rank_names(name))
     return made
 
 
@@ -373,8 +388,9 @@ def _bounds(
         LOADER: "loader: Role.load",
         None: "None slot",
     }
+    counted = {n: f"counted: {', '.join(r)}" for n, r in scenario.ranks.items()}
     bounds = {
-        "connectors": [f"{n} ({shown_kinds[k]})" for n, k in kinds.items()],
+        "connectors": [f"{n} ({counted.get(n) or shown_kinds[k]})" for n, k in kinds.items()],
         "unknown names": list(unknown),
         "requests": requests,
         "events": [e for e in _KINDS if e in alphabet],

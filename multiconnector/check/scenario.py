@@ -8,8 +8,7 @@ the alphabet (:func:`_events`) to it. The other modules read a world: :mod:`.sna
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -60,14 +59,28 @@ STORE: Final = "store"
 #: event says, as a saver does, and answers every ``request_finished`` with ``(True, None)``, a
 #: save its role rules out: the aggregator must never await it (it raises ``RoleError``).
 LOADER: Final = "loader"
+#: A connector counted on fewer workers than all, as the vLLM adapter books one
+#: (``multiconnector.vllm.counted``): registered under :data:`COUNTED_RANKS` report names of its
+#: own, ``<name>@1`` and ``<name>@2`` (:func:`rank_names`), which the aggregator asks and awaits
+#: as two savers that answer alike; its load is the split load of those names; its reports name
+#: no rank, and each settles the one :func:`multiconnector.rule.counted_name` picks
+#: (:mod:`.counted`).
+COUNTED: Final = "counted"
+#: How many workers a counted connector reports on: its report names.
+COUNTED_RANKS: Final = 2
 #: Every connector kind :func:`~multiconnector.check.check_aggregator` takes (``None`` aside).
-KINDS: Final[tuple[str, ...]] = ("saver", "raises", "garbage", "store", "loader")
+KINDS: Final[tuple[str, ...]] = ("saver", "raises", "garbage", "store", "loader", "counted")
 #: The kinds whose ``request_finished`` answers as each event says, each a possible saver.
 SAVING: Final[frozenset[str]] = frozenset({SAVER, STORE})
 #: The kinds whose ``get_num_new_matched_tokens`` answers as each ``match_tokens`` event says.
 LOADING: Final[frozenset[str]] = frozenset({SAVER, LOADER})
 #: The role each kind is registered with (a kind not here: ``Role.both``).
 ROLES: Final[Mapping[str, Role]] = {STORE: Role.save, LOADER: Role.load}
+
+
+def rank_names(name: str) -> tuple[str, ...]:
+    """The report names a counted connector ``name`` is registered under, in order."""
+    return tuple(f"{name}@{i}" for i in range(1, COUNTED_RANKS + 1))
 
 
 def role_of(kind: str | None) -> Role:
@@ -344,6 +357,9 @@ class _Last:
     load_called: tuple[str, ...] = ()
     #: For match_tokens (or its first half): the names it asked for tokens, in order.
     matched: tuple[str, ...] = ()
+    #: For a counted connector's report: the report name the checker's ledger says it settles
+    #: (:func:`.reference.counted_rank`), which the reference's outcome is of.
+    routed: str | None = None
 
 
 @attrs.frozen(slots=True)
@@ -399,13 +415,16 @@ class _Scenario:
     batchers: tuple[str, ...] = ()
     #: Which early reports are explored (:data:`EARLY_REPORTS`).
     early: str = "all"
+    #: Each counted connector's report names (:func:`rank_names`), registered in its place.
+    ranks: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
     #: Whether the aggregator under check lets equal values of a key through (its
     #: ``allow_equal_params``), which the reference merge follows.
     allow_equal: bool = False
 
     def fresh(self) -> _World:
+        names = [rank for n in self.names for rank in self.ranks.get(n, (n,))]
         registry = ConnectorRegistry(
-            {n: self.connectors[n] for n in self.names},
+            {n: self.connectors[n] for n in names},
             roles={n: role_of(k) for n, k in self.kinds.items() if k in ROLES},
         )
         mc = self.factory(registry, trace=True, stripes=1)
@@ -534,6 +553,9 @@ def _take_queue(mc: MultiConnector) -> Sequence[RequestTransferState]:
 _APPLY_ANSWERS: Final = "request_finished_apply"
 #: The second half of a match_tokens: it records the loader its first half's answers chose.
 _MATCH_ANSWER: Final = "match_tokens_apply"
+#: A counted connector's report, of a save or of a load: ``(kind, request index, its name)``.
+COUNTED_SAVE: Final = "counted_save"
+COUNTED_LOAD: Final = "counted_load"
 _PER_REQUEST: Final = frozenset(
     {
         "begin",
@@ -545,195 +567,12 @@ _PER_REQUEST: Final = frozenset(
         _MATCH_ANSWER,
         "load_finished",
         "split_load",
+        COUNTED_SAVE,
+        COUNTED_LOAD,
     }
 )
 _LOADING: Final = frozenset({*LOAD_EVENTS, *SPLIT_EVENTS, _MATCH_ANSWER})
-#: The batches ``transfer_finished_many`` reports, by number of requests: the same request
-#: twice with one request, else every pair of two requests (as a set: two reports for different
-#: requests touch different records, so their order in the batch decides nothing but the
-#: order of ``take()``'s queue and of the callbacks, which are judged per event).
-_BATCHES: Final[Mapping[int, tuple[tuple[int, ...], ...]]] = {
-    n: ((0, 0),) if n == 1 else tuple(itertools.combinations(range(n), 2)) for n in range(1, 7)
-}
 _KINDS: Final = ALPHABET + LOAD_EVENTS + SPLIT_EVENTS
-
-
-def _events(world: _World) -> list[Event]:
-    """Every event of the alphabet enabled in ``world``."""
-    return _events_of(world, range(len(world.requests)), alike=False)
-
-
-def _events_of(world: _World, ids: Iterable[int], *, alike: bool = True) -> list[Event]:
-    """The events of the requests ``ids`` and of no request (registry events, ``take``,
-    batches), in the order :func:`_events` lists them.
-
-    ``alike`` (for the search by views): of the ``request_finished`` events that differ only by
-    a permutation of savers that maps the state onto itself (``world.fixed``, read at the last
-    snapshot, which is this state's), only the first is listed. The others lead to renamings of
-    its next state, one canonical state with renamed verdicts: what
-    :func:`.alike._alike` would spare after applying the first, without listing them.
-    """
-    world.sync()
-    scenario = world.scenario
-    alphabet = scenario.alphabet
-    ids = sorted(ids)
-    out: list[Event] = []
-    if "begin" in alphabet:
-        out += [("begin", i) for i in ids if world.requests[i].phase == _UNBORN]
-    if "request_finished" in alphabet:
-        classes = world.fixed[1] if alike and not scenario.params else ()
-        out += [e for i in ids for e in _finishing(world, i, classes)]
-        out += [(_APPLY_ANSWERS, i) for i in ids if world.requests[i].asking]
-    if "transfer_finished" in alphabet:
-        names = scenario.names + scenario.unknown
-        out += [("transfer_finished", i, n) for i in ids for n in _reporters(world, i, names)]
-    if "transfer_finished_many" in alphabet:
-        out += [
-            ("transfer_finished_many", n, b)
-            for n in scenario.batchers
-            for b in _BATCHES[len(world.requests)]
-            if _batched(world.requests, b, n)
-        ]
-    if "cancel" in alphabet:
-        out += [("cancel", i) for i in ids]
-    if "match_tokens" in alphabet:
-        savers = [n for n, ready in world.registry if ready and scenario.kinds.get(n) in LOADING]
-        answers = [
-            tuple(zip(savers, choice, strict=True))
-            for choice in itertools.product((0, 1, None), repeat=len(savers))
-        ]
-        held = [i for i in ids if world.requests[i].phase == _HELD]
-        out += [
-            ("match_tokens", i, a)
-            for i in held
-            if not (world.requests[i].matching or world.requests[i].asking)
-            for a in answers
-        ]
-        out += [(_MATCH_ANSWER, i) for i in ids if world.requests[i].matching]
-    if "split_load" in alphabet:
-        out += _splits(world, ids)
-    if "load_finished" in alphabet:
-        names = scenario.names + scenario.unknown
-        out += [("load_finished", i, n) for i in ids for n in _loaders(world, i, names)]
-    registered = {n for n, _ in world.registry}
-    if "unregister" in alphabet:
-        out += [("unregister", n) for n in scenario.names if n in registered]
-    if "register" in alphabet:
-        out += [("register", n) for n in scenario.names if n not in registered]
-    if "take" in alphabet:
-        out.append(("take",))
-    if any(world.requests[i].matching for i in ids):
-        return [e for e in out if not _outside_match_window(world, e)]
-    return out
-
-
-def _splits(world: _World, ids: Iterable[int]) -> list[Event]:
-    """``split_load`` for each pending request no call asks about, and each ordered pair of
-    ready connectors that may load: the first loads the first range, the second the next."""
-    scenario = world.scenario
-    loaders = [n for n, ready in world.registry if ready and scenario.kinds.get(n) in LOADING]
-    pending = [
-        i
-        for i in ids
-        if (r := world.requests[i]).view is not None
-        and r.view[0] is _PENDING
-        and not (r.matching or r.asking)
-    ]
-    return [("split_load", i, a, b) for i in pending for a in loaders for b in loaders if a != b]
-
-
-#: The events of a request not explored while a match_tokens asks about it (see
-#: :func:`_outside_match_window`): its save side, and a split load's choice (which, like the
-#: match's own, records a loader; :func:`_splits` offers it outside a match only).
-_SAVE_SIDE: Final = frozenset(
-    {"request_finished", _APPLY_ANSWERS, "transfer_finished", "split_load"}
-)
-
-
-def _outside_match_window(world: _World, event: Event) -> bool:
-    """Whether ``event`` is one the check leaves out while a match_tokens asks about its
-    request: that request's save side (``request_finished``'s halves, its transfer reports,
-    batches with it). The load race is what the match's window is explored for: its load
-    reports, a cancel overtaking it, an unregistering or registering, ``take``; the save side
-    touches none of the match's books (``match_tokens`` records its loader only on a pending
-    request, and a request_finished that asks or applies around it is explored before and
-    after the window)."""
-    kind = event[0]
-    requests = world.requests
-    if kind in _SAVE_SIDE:
-        return bool(requests[event[1]].matching)
-    if kind == "transfer_finished_many":
-        return any(requests[i].matching for i in event[2])
-    if kind in ("register", "take"):
-        return any(r.matching for r in requests)
-    return False
-
-
-def _reporters(world: _World, i: int, names: tuple[str, ...]) -> tuple[str, ...]:
-    """The names whose ``transfer_finished`` for request ``i`` is explored: all of them, but
-    while a ``request_finished`` asks about it, with ``scenario.early`` ``"savers"``, not a
-    ready connector that the call did not ask or that answered it saves nothing, and with
-    ``"off"``, no ready connector it does not await (see :data:`EARLY_REPORTS`)."""
-    r = world.requests[i]
-    early = world.scenario.early
-    if not r.asking or early == "all":
-        return names
-    ready = {n for n, on in world.registry if on}
-    awaiting = r.view[1] if r.view is not None else ()
-    if early == "off":
-        return tuple(n for n in names if n not in ready or n in awaiting)
-    entry = world.mc.registry.entry
-    savers: set[str] = set()
-    for asked in r.asking:
-        savers.update(n for s in asked[3] if entry(n := s.name) is s)
-    return tuple(n for n in names if n not in ready or n in awaiting or n in savers)
-
-
-def _loaders(world: _World, i: int, names: tuple[str, ...]) -> tuple[str, ...]:
-    """The names whose ``load_finished`` for request ``i`` is explored: all of them, but while
-    a ``match_tokens`` asks about it, with ``scenario.early`` ``"savers"``, only the names that
-    are no ready connector and the connectors that match asked (while each is still the one
-    registered under its name), and with ``"off"``, no ready connector (see
-    :data:`EARLY_REPORTS`)."""
-    r = world.requests[i]
-    early = world.scenario.early
-    if not r.matching or early == "all":
-        return names
-    ready = {n for n, on in world.registry if on}
-    if early == "off":
-        return tuple(n for n in names if n not in ready)
-    entry = world.mc.registry.entry
-    asked = {n for n, e in r.match_seen[2] if entry(n) is e}
-    return tuple(n for n in names if n not in ready or n in asked)
-
-
-def _subsets(savers: list[str], classes: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
-    """Every subset of ``savers`` (by size, then in their order), or with ``classes`` one per
-    number of each class's members in it: the first ones, in ``savers``' order."""
-    position = {n: p for p, n in enumerate(savers)}
-    groups = [sorted((n for n in c if n in position), key=position.__getitem__) for c in classes]
-    groups = [g for g in groups if len(g) > 1]
-    if not groups:  # no two savers interchangeable here
-        return [c for k in range(len(savers) + 1) for c in itertools.combinations(savers, k)]
-    grouped = {n for g in groups for n in g}
-    groups += [[n] for n in savers if n not in grouped]
-    found = {
-        tuple(sorted((n for part in choice for n in part), key=position.__getitem__))
-        for choice in itertools.product(*([g[:k] for k in range(len(g) + 1)] for g in groups))
-    }
-    return sorted(found, key=lambda s: (len(s), [position[n] for n in s]))
-
-
-def _batched(requests: Sequence[_Request], batch: tuple[int, ...], name: str) -> bool:
-    """Whether ``name`` reports ``batch`` in this state: when every request of it awaits
-    ``name``. So the batch events stay few, and each applies (or drains) its first report; the
-    second meets what the first left: another request's applied or drained report, or, for the
-    same request twice, a duplicate or a terminal request."""
-    for i in batch:
-        view = requests[i].view
-        if view is None or name not in view[1]:
-            return False
-    return True
 
 
 def _view(record: RequestTransferState) -> View:
@@ -773,20 +612,3 @@ def _actor(event: Event) -> int | None:
     """The request a per-request event is about (``None`` for the others): :func:`independent`
     as :func:`~multiconnector._explore.explore` reads it fastest."""
     return event[1] if event[0] in _PER_REQUEST else None
-
-
-def _finishing(world: _World, i: int, classes: Sequence[Sequence[str]] = ()) -> list[Event]:
-    """The ``request_finished`` events of request ``i``: every subset of the ready scripted
-    savers saving (each in registration order, smallest first) and, with params, every choice of
-    their answers (``None`` ones left out). With ``classes`` (names any permutation within which
-    maps the state onto itself), one subset per number of each class's names saving."""
-    scenario = world.scenario
-    savers = [n for n, ready in world.registry if ready and scenario.kinds.get(n) in SAVING]
-    subsets = _subsets(savers, classes)
-    if not scenario.params:
-        return [("request_finished", i, s) for s in subsets]
-    choices = [
-        tuple((n, c) for n, c in zip(savers, choice, strict=True) if c is not None)
-        for choice in itertools.product(PARAM_CHOICES, repeat=len(savers))
-    ]
-    return [("request_finished", i, s, c) for s in subsets for c in choices]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .properties import _owes
+from .properties import _owes, counted_text
 from .scenario import (
     _APPLY_ANSWERS,
     _HELD,
@@ -13,6 +13,8 @@ from .scenario import (
     _PER_REQUEST,
     _TAKEN,
     _UNBORN,
+    COUNTED_LOAD,
+    COUNTED_SAVE,
     Event,
     _show_view,
     _World,
@@ -67,6 +69,8 @@ def _label(world: _World) -> Callable[[Event], str]:
             return f"{kind}({ids[event[1]]}, {event[2]})"
         if kind == "split_load":
             return f"choose_loader({ids[event[1]]}, {event[2]}, parts=[{event[3]}])"
+        if kind in (COUNTED_SAVE, COUNTED_LOAD):
+            return counted_text(ids, event)
         if kind == "match_tokens":
             tokens = ", ".join(f"{n}: {t}" for n, t in event[2]) or "nobody asked"
             return f"match_tokens({ids[event[1]]}) tokens: {tokens}"
@@ -122,6 +126,8 @@ def _named(event: Event) -> str | None:
     kind = event[0]
     if kind in ("unregister", "register"):
         return str(event[1])
+    if kind in (COUNTED_SAVE, COUNTED_LOAD):  # the name the world applied it to: the step's
+        return None
     if kind in _PER_REQUEST and len(event) > 2 and isinstance(event[2], str):
         return event[2]
     return None

@@ -6,7 +6,8 @@ reports on ``k`` of them only: its workers forward its reports to the scheduler 
 metadata (``sent``, ``loaded``), each worker reporting its own part done at once. Such a
 child's transfer is awaited on the scheduler's core books under ``k`` names of its own,
 ``<name>@1`` to ``<name>@k``, one per report owed, and each forwarded report is applied to the
-next of them a request still owes: the core decides every outcome (applied, duplicate,
+next of them a request still owes (:func:`~multiconnector.rule.counted_name`, which the model
+checker's ``counted`` connectors explore too): the core decides every outcome (applied, duplicate,
 terminal, ...), and :meth:`~multiconnector.MultiConnector.take` hands a request back only once
 every one came. A save awaits them beside the workers' confirmation
 (:meth:`~multiconnector.MultiConnector.request_finished_by`); a load is a split load of ``k``
@@ -16,12 +17,12 @@ is held back from vLLM until the last part came.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 from ..aggregator import MultiConnector as Aggregator
 from ..registry import Role
-from ..rule import count, load_report, refined, transfer_report
+from ..rule import count, counted_name, load_report, refined, transfer_report
 from .children import Children, Slot
 from .errors import ChildrenConflictError
 
@@ -41,12 +42,6 @@ def not_taken(name: str, children: set[str]) -> None:
             f"child name {name!r} is a name the scheduler's books give a report: rename that "
             "child (multiconnector_name)"
         )
-
-
-def _next(ranks: tuple[str, ...], owed: Collection[str]) -> str:
-    """The report name a child's next report is applied to: the first of ``ranks`` still
-    ``owed`` (the last when none is: the core says why it is ignored)."""
-    return next((rank for rank in ranks if rank in owed), ranks[-1])
 
 
 class Counted:
@@ -149,8 +144,7 @@ class Counted:
                         self._stranger(name, request_id, save=True)
                         continue
                     record = tracker.peek(request_id)
-                    owed = () if record is None else record.awaiting
-                    tracker.transfer_finished(request_id, _next(mine, owed))
+                    tracker.transfer_finished(request_id, counted_name(mine, record, load=False))
 
     def loads(self, connector_output: Any, worker_meta: Any) -> Any:
         """Apply the forwarded load reports; hold back the load completions of the requests
@@ -172,8 +166,7 @@ class Counted:
                     for _ in range(n):
                         record = tracker.peek(request_id)
                         # Only its load's names: a report of a load is never a save's.
-                        owed = () if record is None else [r for r in mine if record.owes_load(r)]
-                        tracker.load_finished(request_id, _next(mine, owed))
+                        tracker.load_finished(request_id, counted_name(mine, record, load=True))
         recving = set(connector_output.finished_recving or ())
         for request_id in recving | self._held:
             if self.counting(request_id):
