@@ -27,6 +27,11 @@ from ..rule import OTHER_NAMES, Verdicts, count, load_owed, refined, safe_to_han
 
 __all__ = ["OTHER_NAMES", "Books"]
 
+#: ``(awaited, expected)``: the savers a finished request awaits, and every saver it expects.
+Awaited = tuple[tuple[str, ...], tuple[str, ...]]
+#: A ready snapshot, its names, and request_finished_by's table of savers to :data:`Awaited`.
+ReadyNames = tuple[tuple[Entry, ...], tuple[str, ...], dict[tuple[str, ...], Awaited]]
+
 logger: Final = logging.getLogger("multiconnector")
 
 # Enum members read through their class cost ~70 ns each on CPython 3.11: the hot paths use
@@ -138,8 +143,10 @@ class Books:
         # The transfer report rule's verdicts, remembered, and the name tuples shared by every
         # request with the same awaited set: both small, both capped (see rule.Verdicts).
         self._verdicts = Verdicts()
-        # The names of a ready snapshot, for the common "every ready connector saves".
-        self._ready_names: tuple[tuple[Entry, ...], tuple[str, ...]] = ((), ())
+        # The names of a ready snapshot, for the common "every ready connector saves"; and, for
+        # request_finished_by, the awaited and expected names of each savers tuple given (a
+        # function of the snapshot and the tuple alone: a new snapshot starts a new table).
+        self._ready_names: ReadyNames = ((), (), {})
         registry.subscribe(self._connector_gone)
 
     def _connector_gone(self, entry: Entry) -> None:

@@ -32,7 +32,7 @@ from ..machine import DECISIONS, STATES, TABLE, TERMINAL, RequestTransferState
 from ..outcome import Outcome
 from ..params import merge_transfer_params
 from ..registry import Entry, Role
-from ..rule import finish_answer
+from ..rule import SHARED_LIMIT, finish_answer
 from ._books import (
     _APPLIED,
     _CANCELLED,
@@ -41,6 +41,7 @@ from ._books import (
     _OVERTAKEN,
     _TERMINAL,
     _UNKNOWN_REQUEST,
+    Awaited,
     Books,
 )
 
@@ -48,6 +49,7 @@ __all__ = ["Saving"]
 
 # The hot event's compiled decisions (see machine.DECISIONS): one dict lookup and one guard call.
 _ON_REQUEST_FINISHED: Final = DECISIONS["request_finished"]
+_LOAD: Final = Role.load
 #: States with no ``request_finished`` transition at all: refused before asking any connector.
 _NOT_FINISHABLE: Final = frozenset(
     state for state in STATES if not TABLE[state].get("request_finished")
@@ -234,7 +236,7 @@ class Saving(Books):
                     awaited = cached[1]
                 else:
                     awaited = self._intern(tuple([e.name for e in ready]))
-                    self._ready_names = (ready, awaited)
+                    self._ready_names = (ready, awaited, {})
             expected = (
                 awaited
                 if len(awaited) == len(savers)
@@ -352,7 +354,7 @@ class Saving(Books):
                     )
                 if given.__class__ is not str:
                     plain = False
-            elif entries[given].role is Role.load:
+            elif entries[given].role is _LOAD:
                 raise RoleError(
                     f"an item of savers={given!r} is registered with role=Role.load: it never "
                     "saves, so it is never awaited",
@@ -411,15 +413,15 @@ class Saving(Books):
                 ready = registry.ready_entries()
                 cached = self._ready_names
                 if cached[0] is not ready:
-                    cached = (ready, self._intern(tuple([e.name for e in ready])))
+                    cached = (ready, self._intern(tuple([e.name for e in ready])), {})
                     self._ready_names = cached
                 if names == cached[1]:
                     awaited = expected = cached[1]
                 else:
-                    given = set(names)
-                    awaited = self._intern(tuple([e.name for e in ready if e.name in given]))
-                    rest = [n for n in dict.fromkeys(names) if n not in awaited]
-                    expected = self._intern((*awaited, *rest)) if rest else awaited
+                    known = cached[2].get(names)
+                    if known is None:
+                        known = self._awaited_of(ready, names, cached[2])
+                    awaited, expected = known
                 outcome = self._finish(record, awaited, expected, None, index)
         finally:
             early = None
@@ -436,6 +438,23 @@ class Saving(Books):
                     result=outcome,
                 )
         return outcome
+
+    def _awaited_of(
+        self,
+        ready: tuple[Entry, ...],
+        names: tuple[str, ...],
+        known: dict[tuple[str, ...], Awaited],
+    ) -> Awaited:
+        """``(awaited, expected)`` for savers ``names`` under ready snapshot ``ready``: the ready
+        ones in registration order, then every other name (abandoned at once); remembered in
+        ``known``, that snapshot's table (up to :data:`SHARED_LIMIT` tuples of savers)."""
+        given = set(names)
+        awaited = self._intern(tuple([e.name for e in ready if e.name in given]))
+        rest = [n for n in dict.fromkeys(names) if n not in awaited]
+        found: Awaited = (awaited, self._intern((*awaited, *rest)) if rest else awaited)
+        if len(known) < SHARED_LIMIT:
+            known[names] = found
+        return found
 
     def _finish(
         self,

@@ -217,11 +217,15 @@ class Children:
         """Each child's no-argument ``method()``, keeping only answers that are not ``None``
         (``soft``: a per-step hook, whose failures are absorbed)."""
 
+        pairs = getattr(self.fan, method, None) if soft else None
+        if pairs == ():  # a per-step hook no child needs calling for (Fanout)
+            return {}
+
         def call(_: str, child: Any) -> Any:
             return getattr(child, method)()
 
         answers = (
-            self.gather_soft(method, call, "its answer dropped", getattr(self.fan, method, None))
+            self.gather_soft(method, call, "its answer dropped", pairs)
             if soft
             else self.gather(method, call)
         )

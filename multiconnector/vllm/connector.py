@@ -533,12 +533,14 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
         children = self._kids.check_metadata(kv_connector_metadata).children
-        self._kids.gather_soft(
-            "handle_preemptions",
-            lambda name, c: c.handle_preemptions(children[name]),
-            "ignored for this step",
-            self._kids.fan.handle_preemptions,
-        )
+        pairs = self._kids.fan.handle_preemptions
+        if pairs:  # every step: most children leave it a no-op (Fanout)
+            self._kids.gather_soft(
+                "handle_preemptions",
+                lambda name, c: c.handle_preemptions(children[name]),
+                "ignored for this step",
+                pairs,
+            )
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         failures: Failures = None

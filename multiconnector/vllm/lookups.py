@@ -30,6 +30,7 @@ __all__ = ["GAVE_UP", "RANGE_HOOK", "Lookups"]
 
 #: In a request's waits: the child answered ``None`` past its patience (not asked again).
 GAVE_UP: Final = -1
+_SAVE: Final = Role.save
 
 #: The method by which a child declares that it loads token ranges, so a load may be split
 #: across it and others (``split_loads``): ``update_state_after_alloc_range(request, blocks,
@@ -202,7 +203,7 @@ class Lookups:
         failed_here = self._failed_by.get(request_id, ()) if self._failed_by else ()
         waits = self._waits.get(request_id) if self._waits else None
         for name, child in self._kids.items:
-            if self._kids.roles[name] is Role.save:
+            if self._kids.roles[name] is _SAVE:
                 continue  # never looked up
             if name in failed_here or (waits is not None and waits.get(name) == GAVE_UP):
                 yield name, 0
@@ -218,7 +219,8 @@ class Lookups:
                 if first:
                     return
                 continue
-            self._hits.answered(name, tokens)
+            if tokens:  # most often none: nothing to count
+                self._hits.answered(name, tokens)
             flags[name] = load_async
             yield name, tokens
 

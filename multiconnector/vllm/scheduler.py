@@ -49,6 +49,7 @@ __all__ = ["SchedulerPart"]
 _APPLIED: Final = Outcome.applied
 _PENDING: Final = State.pending
 _FINISHING: Final = State.finishing
+_LOAD: Final = Role.load
 
 
 def _named(value: Any, kind: type[Any], what: str) -> Any:
@@ -239,7 +240,8 @@ class SchedulerPart:
         if self._parts and request_id in self._parts:
             self._split_alloc(request, blocks, num_external_tokens)
             return
-        loader = self.loader(request_id)
+        # No tokens to load (the most common allocation): every child gets 0, whoever loads.
+        loader = self.loader(request_id) if num_external_tokens else None
         failures: Failures = None
         for name, child in self._kids.items:  # once per scheduled request: no helper
             try:
@@ -460,7 +462,8 @@ class SchedulerPart:
         if events is not None and events.__class__ is not NamedKVEvents:
             _named(events, NamedKVEvents, "kv_cache_events")
         loaded = connector_output.finished_recving or ()  # as the workers reported them
-        self._route_output(connector_output, worker_meta, events)
+        if self._kids.fan.update_connector_output:
+            self._route_output(connector_output, worker_meta, events)
         if connector_output.failed_recving:
             self._mark_failed(connector_output.failed_recving)
         if worker_meta is not None and worker_meta.load_failed:
@@ -480,7 +483,8 @@ class SchedulerPart:
         unknown = self._saves_confirmed(sending) if sending else ()
         if sent:
             self.counted.saves(sent)
-        self._loads_reported(loaded, connector_output.failed_recving)
+        if loaded:
+            self._loads_reported(loaded, connector_output.failed_recving)
         handed = [record.request_id for record in tracker.take() if record.expected]
         savers_of = self._savers_of
         for request_id in handed:
@@ -615,7 +619,8 @@ class SchedulerPart:
             # Finished before: a duplicate, which asks nobody (as the core refuses a second
             # request_finished); until its saves are handed back vLLM still holds the blocks.
             return bool(record.expected), None
-        self._ensure(request)
+        if record is None:  # never seen before: its record begins here
+            self._ensure(request)
         savers: tuple[str, ...] = ()
         params: dict[str, Any] | None = None
         try:
@@ -645,7 +650,7 @@ class SchedulerPart:
             except Exception as exc:
                 failures.append((name, exc))
                 continue
-            saves, params, error = finish_answer(name, answer, load_only=roles[name] is Role.load)
+            saves, params, error = finish_answer(name, answer, load_only=roles[name] is _LOAD)
             if saves or name in tails:
                 savers.append(name)
             if error is not None:
