@@ -202,6 +202,15 @@ class RequestTransferState:
         """
         return bool(self.parts_owed) or load_owed(self.loader, self.loaded, self.loader_gone)
 
+    @property
+    def owed_loads(self) -> tuple[str, ...]:
+        """The names that still owe a load report (:meth:`owes_load`): the loader, then a
+        split load's :attr:`parts_owed`."""
+        loader = self.loader
+        if loader is not None and load_owed(loader, self.loaded, self.loader_gone):
+            return (loader, *self.parts_owed)
+        return self.parts_owed
+
     def owes_load(self, name: str) -> bool:
         """Whether connector ``name`` still owes a load report: it is the chosen loader and its
         load is owed (:func:`load_owed`), or one of a split load's :attr:`parts_owed`."""

@@ -121,9 +121,7 @@ class Counted:
     @staticmethod
     def _owing(record: Any) -> tuple[str, ...]:
         """The names ``record`` still awaits a save or a load report of."""
-        loader = record.loader
-        loading = (loader,) if loader is not None and record.owes_load(loader) else ()
-        return (*record.awaiting, *loading, *record.parts_owed)
+        return (*record.awaiting, *record.owed_loads)
 
     def counting(self, request_id: str) -> bool:
         """Whether ``request_id``'s load is a counted child's, with a report still owed."""

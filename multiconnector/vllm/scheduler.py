@@ -31,7 +31,7 @@ from ..machine import State
 from ..outcome import Outcome
 from ..params import merge_transfer_params
 from ..registry import Role
-from ..rule import finish_answer, load_owed
+from ..rule import finish_answer
 from .children import Children, Failures, Slot, failed
 from .config import Settings, without_hma
 from .counted import WORKERS, Counted, not_taken
@@ -544,7 +544,7 @@ class SchedulerPart:
                 if (
                     record is not None
                     and (name in record.parts or name == record.loader)
-                    and name not in self._kids.counted()  # counted loaders': _count_loads
+                    and name not in self._kids.counted()  # counted loaders': Counted.loads
                 ):
                     if request_id in self.live:  # as in _mark_failed
                         self.lookups.failed(name, request_id)
@@ -690,13 +690,8 @@ class SchedulerPart:
             # ends within the step that scheduled it (vLLM reports none), and a load never
             # started never ends. The record would otherwise be held forever. Counted as each
             # loader's drained load; after shutdown nothing is (the books stay as they are).
-            owed = record.parts_owed
-            if record.loader is not None and load_owed(
-                record.loader, record.loaded, record.loader_gone
-            ):
-                owed = (record.loader, *owed)
             with suppress(ShutDownError):
-                for name in owed:
+                for name in record.owed_loads:
                     tracker.load_finished(request_id, name)
         tracker.take()
 

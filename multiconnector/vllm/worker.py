@@ -232,9 +232,7 @@ class WorkerPart:
             due = self._due_results()
             due.finished_recving.add(request_id)
             due.failed_recving.add(request_id)
-            if request_id in self._finished_while_loading:  # as _report_loaded does
-                self._finished_while_loading.discard(request_id)
-                self.loads.cancel(request_id)
+            self._load_over(request_id)
         for loader, blocks in bound.sync_loads.values():
             if loader == name:
                 self._load_errors_due.update(blocks)
@@ -248,11 +246,19 @@ class WorkerPart:
             for part, blocks in parts:
                 if part != name:
                     continue
-                if request_id not in self._split_of:
-                    self._part_failed(request_id, name, blocks)
-                elif self._part_owed(request_id, name):
-                    self._part_failed(request_id, name, blocks)
+                split = request_id in self._split_of
+                if split and not self._part_owed(request_id, name):
+                    continue  # arrived, or settled by an earlier hook's failure
+                self._part_failed(request_id, name, blocks)
+                if split:
                     self._part_arrived(request_id, name, self._due_results())
+
+    def _load_over(self, request_id: str) -> None:
+        """``request_id``'s load completion is passed on: a request vLLM finished while it
+        loaded is cancelled on the load books now (nothing of its load is owed)."""
+        if request_id in self._finished_while_loading:
+            self._finished_while_loading.discard(request_id)
+            self.loads.cancel(request_id)
 
     def _part_owed(self, request_id: str, name: str) -> bool:
         """Whether child ``name``'s part of split load ``request_id`` is still owed here."""
@@ -277,9 +283,7 @@ class WorkerPart:
         if record is None or not record.loading:
             del self._split_of[request_id]
             results.finished_recving.add(request_id)
-            if request_id in self._finished_while_loading:
-                self._finished_while_loading.discard(request_id)
-                self.loads.cancel(request_id)
+            self._load_over(request_id)
         return True
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
@@ -427,9 +431,7 @@ class WorkerPart:
             results.finished_recving.add(request_id)
             if request_id in failed:
                 results.failed_recving.add(request_id)
-            if request_id in self._finished_while_loading:
-                self._finished_while_loading.discard(request_id)
-                loads.cancel(request_id)
+            self._load_over(request_id)
 
     def _warn_unchosen(self, name: str, request_id: str) -> None:
         """A load completion from a child not chosen to load: counted (as ``phantom``, under

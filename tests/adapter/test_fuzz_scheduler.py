@@ -89,10 +89,15 @@ def coverage_line(fired: dict[str, int], labels: tuple[str, ...] = RULE_EVENTS) 
     return "rules fired: " + ", ".join(f"{label}={fired.get(label, 0)}" for label in labels)
 
 
+def fuzzed(machine: Any, examples: int) -> dict[str, int]:
+    """Run ``machine`` for ``examples`` examples: how often each rule fired."""
+    machine.fired.clear()
+    run_state_machine_as_test(machine, settings=fuzz_settings(examples))
+    return dict(machine.fired)
+
+
 def test_the_adapter_survives_the_fuzz(capsys: pytest.CaptureFixture[str]) -> None:
-    OursMachine.fired.clear()
-    run_state_machine_as_test(OursMachine, settings=fuzz_settings(EXAMPLES - SPLIT_EXAMPLES))
-    fired = dict(OursMachine.fired)
+    fired = fuzzed(OursMachine, EXAMPLES - SPLIT_EXAMPLES)
     with capsys.disabled():
         print(f"\n{EXAMPLES - SPLIT_EXAMPLES} examples; {coverage_line(fired)}")
     missing = [label for label in RULE_EVENTS if not fired.get(label)]
@@ -100,15 +105,11 @@ def test_the_adapter_survives_the_fuzz(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_the_adapter_survives_the_fuzz_with_a_child_reporting_on_one_worker() -> None:
-    CountedSaverMachine.fired.clear()
-    run_state_machine_as_test(CountedSaverMachine, settings=fuzz_settings(EXAMPLES // 3))
-    assert CountedSaverMachine.fired["report-save"]
+    assert fuzzed(CountedSaverMachine, EXAMPLES // 3)["report-save"]
 
 
 def test_the_adapter_survives_the_fuzz_with_split_loads(capsys: pytest.CaptureFixture[str]) -> None:
-    SplitMachine.fired.clear()
-    run_state_machine_as_test(SplitMachine, settings=fuzz_settings(SPLIT_EXAMPLES))
-    fired = dict(SplitMachine.fired)
+    fired = fuzzed(SplitMachine, SPLIT_EXAMPLES)
     with capsys.disabled():
         line = coverage_line(fired, (*RULE_EVENTS, *SPLIT_EVENTS))
         print(f"\n{SPLIT_EXAMPLES} examples with split loads; {line}")
@@ -118,9 +119,7 @@ def test_the_adapter_survives_the_fuzz_with_split_loads(capsys: pytest.CaptureFi
 
 
 def test_the_adapter_survives_split_loads_with_a_child_reporting_on_one_worker() -> None:
-    CountedSplitMachine.fired.clear()
-    run_state_machine_as_test(CountedSplitMachine, settings=fuzz_settings(SPLIT_EXAMPLES // 3))
-    assert CountedSplitMachine.fired["split-async"]
+    assert fuzzed(CountedSplitMachine, SPLIT_EXAMPLES // 3)["split-async"]
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="vLLM's MultiConnector breaks")
