@@ -10,8 +10,11 @@ and do no I/O at all (``DelayedSaveConnector`` with ``disk: false``, finishing 2
 late), so the connectors' bookkeeping is as large a share of the engine's work as it can be. Two
 engines run in two processes, one per class; they take turns, four rounds a repeat in ABBA
 order (the sides swap places each repeat), on the same fresh prompts (no prefix-cache hits),
-while the other waits. The ratio is the median of the per-repeat ratios ours ÷ vLLM's, with its
-interquartile range; the whole process's CPU-time ratio is kept beside it.
+while the other waits. Two processes of one class differ by a few percent, and a pair keeps
+its draw for all its repeats, so the repeats are shared among ``--pairs`` fresh pairs of
+processes (8 by default), one pair after the other. The ratio is the median of the per-repeat
+ratios ours ÷ vLLM's, with its interquartile range; each pair's median is printed and kept
+(``pair_ratios``), and the whole process's CPU-time ratio beside it.
 
 ``--layers N``: the same row on a model of ``N`` layers of the same tiny width (default: the tiny
 model's 2). The adapter's calls per attention layer (``save_kv_layer``, ``wait_for_layer_load``)
@@ -218,46 +221,57 @@ def measure(
     pair: tuple[str, str] = ("ours", "vllm"),
     *,
     layers: int = h.LAYERS,
+    pairs: int = 1,
 ) -> dict[str, Any]:
     """``pair``'s engines in turn, on a model of ``layers`` layers: the figures of ``pair[0]`` ÷
-    ``pair[1]``."""
+    ``pair[1]``. ``pairs``: that many fresh pairs of processes, one after the other, each for
+    its share of the ``repeats`` (two processes of one class differ by a few percent: their
+    hash seeds and memory layouts differ, and a pair keeps its draw for all its repeats)."""
     a, b = pair
+    per_token: dict[str, list[float]] = {a: [], b: []}
+    process_cpu: dict[str, list[float]] = {a: [], b: []}
+    walls: dict[str, list[float]] = {a: [], b: []}
+    injected: dict[str, int] = {}
+    pair_ratios: list[float] = []
+    ready: dict[str, Any] = {}
+    shares = [repeats // pairs + (k < repeats % pairs) for k in range(pairs)]
     with tempfile.TemporaryDirectory() as folder:
         model = h.write_tiny_llama(h.model_folder(Path(folder), layers), layers)
-        sides = {side: _start(side, model, prompts, tokens) for side in pair}
-        try:
-            ready = {side: _ask(process) for side, process in sides.items()}
-            print(f"engines: {ready}", file=sys.stderr, flush=True)
-            per_token: dict[str, list[float]] = {a: [], b: []}
-            process_cpu: dict[str, list[float]] = {a: [], b: []}
-            walls: dict[str, list[float]] = {a: [], b: []}
-            injected: dict[str, int] = {}
-            for repeat in range(repeats + 1):  # repeat 0 warms up
-                # ABBA: two rounds a side, so a drift of the machine's load within the repeat
-                # weighs on both alike; the sides swap places from one repeat to the next.
-                order = (a, b, b, a) * blocks
-                if repeat % 2:
-                    order = order[::-1]
-                sums = {side: [0.0, 0.0, 0, 0.0] for side in sides}
-                for turn, side in enumerate(order):
-                    answer = _ask(sides[side], seed=1000 + 4 * blocks * repeat + turn // 2)
-                    sums[side][0] += answer["main"]
-                    sums[side][1] += answer["cpu"]
-                    sums[side][2] += answer["tokens"]
-                    sums[side][3] += answer["wall"]
-                    if "faults" in answer:
-                        injected = answer["faults"]
-                if repeat:
-                    for side, (main, cpu, generated, wall) in sums.items():
-                        per_token[side].append(main / generated)
-                        process_cpu[side].append(cpu / generated)
-                        walls[side].append(wall / generated)
-        finally:
-            for process in sides.values():
-                if process.stdin is not None:
-                    process.stdin.close()
-            for process in sides.values():
-                process.wait(timeout=120)
+        for share in shares:
+            sides = {side: _start(side, model, prompts, tokens) for side in pair}
+            try:
+                ready = {side: _ask(process) for side, process in sides.items()}
+                print(f"engines: {ready}", file=sys.stderr, flush=True)
+                first = len(per_token[a])
+                for repeat in range(share + 1):  # repeat 0 warms up
+                    # ABBA: two rounds a side, so a drift of the machine's load within the
+                    # repeat weighs on both alike; the sides swap places from one repeat to
+                    # the next.
+                    order = (a, b, b, a) * blocks
+                    if repeat % 2:
+                        order = order[::-1]
+                    sums = {side: [0.0, 0.0, 0, 0.0] for side in sides}
+                    for turn, side in enumerate(order):
+                        answer = _ask(sides[side], seed=1000 + 4 * blocks * repeat + turn // 2)
+                        sums[side][0] += answer["main"]
+                        sums[side][1] += answer["cpu"]
+                        sums[side][2] += answer["tokens"]
+                        sums[side][3] += answer["wall"]
+                        if "faults" in answer:
+                            injected = answer["faults"]
+                    if repeat:
+                        for side, (main, cpu, generated, wall) in sums.items():
+                            per_token[side].append(main / generated)
+                            process_cpu[side].append(cpu / generated)
+                            walls[side].append(wall / generated)
+                mine = zip(per_token[a][first:], per_token[b][first:], strict=True)
+                pair_ratios.append(statistics.median(o / v for o, v in mine))
+            finally:
+                for process in sides.values():
+                    if process.stdin is not None:
+                        process.stdin.close()
+                for process in sides.values():
+                    process.wait(timeout=120)
     ratios = [o / v for o, v in zip(per_token[a], per_token[b], strict=True)]
     q1, ratio, q3 = quartiles(ratios)
     whole = [o / v for o, v in zip(process_cpu[a], process_cpu[b], strict=True)]
@@ -274,6 +288,8 @@ def measure(
         "prompts": prompts,
         "output_tokens": tokens,
         "repeats": repeats,
+        "pairs": pairs,
+        "pair_ratios": pair_ratios,
         "abba_blocks_per_repeat": blocks,
         "cpu_us_per_token": {side: statistics.median(v) * 1e6 for side, v in per_token.items()},
         "ratio": ratio,
@@ -341,6 +357,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--blocks", type=_bounded(1), default=2, help="ABBA blocks a repeat")
     parser.add_argument(
+        "--pairs",
+        type=_bounded(1),
+        default=8,
+        help="fresh pairs of engine processes, each for its share of the repeats (default 8; "
+        "at most --repeats)",
+    )
+    parser.add_argument(
         "--layers",
         type=_bounded(1, MAX_LAYERS),
         default=h.LAYERS,
@@ -360,11 +383,19 @@ def main(argv: list[str] | None = None) -> int:
         serve(args.serve, args.model, args.prompts, args.tokens)
         return 0
     if args.quick:
-        args.prompts, args.tokens, args.repeats, args.blocks = 4, 4, 2, 1
+        args.prompts, args.tokens, args.repeats, args.blocks, args.pairs = 4, 4, 2, 1, 1
+    if args.pairs > args.repeats:
+        parser.error(f"--pairs {args.pairs} must be at most --repeats ({args.repeats})")
     started = time.perf_counter()
     pair = ("faulty", "healthy") if args.faults else ("ours", "vllm")
     figures = measure(
-        args.prompts, args.tokens, args.repeats, args.blocks, pair, layers=args.layers
+        args.prompts,
+        args.tokens,
+        args.repeats,
+        args.blocks,
+        pair,
+        layers=args.layers,
+        pairs=args.pairs,
     )
     figures["seconds"] = time.perf_counter() - started
     table = fault_rows(figures) if args.faults else rows(figures)
@@ -374,11 +405,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\n{label(args.layers)} {pair[0]} ÷ {pair[1]}: {args.prompts} prompts x {args.tokens} "
         f"tokens, "
-        f"{args.repeats} repeats; ratio {figures['ratio']:.4f} "
+        f"{args.repeats} repeats in {args.pairs} pair(s) of processes; "
+        f"ratio {figures['ratio']:.4f} "
         f"(IQR {figures['ratio_q1']:.4f}..{figures['ratio_q3']:.4f}, "
         f"within ±{figures['iqr_within']:.2%}); wall ratio {figures['wall_ratio']:.4f} "
         f"(IQR {figures['wall_ratio_iqr'][0]:.4f}..{figures['wall_ratio_iqr'][1]:.4f}), "
-        f"{figures['seconds']:.0f} s"
+        f"{figures['seconds']:.0f} s; each pair's median ratio: "
+        + ", ".join(f"{r:.4f}" for r in figures["pair_ratios"])
     )
     if args.faults:
         print(f"faults injected in the faulty engine: {figures['faults_injected']}")

@@ -28,6 +28,7 @@ def _figures(pair: tuple[str, str], ratio: float, layers: int) -> dict[str, Any]
         "wall_ratio_iqr": [ratio - 0.01, ratio + 0.01],
         "cpu_us_per_token": {pair[0]: 100.0 * ratio, pair[1]: 100.0},
         "faults_injected": {},
+        "pair_ratios": [ratio],
     }
 
 
@@ -67,8 +68,8 @@ def test_the_layer_count_is_parsed_and_passed_to_the_model(
 ) -> None:
     seen: list[tuple[Any, ...]] = []
 
-    def measure(*args: Any, layers: int) -> dict[str, Any]:
-        seen.append((*args, layers))
+    def measure(*args: Any, layers: int, pairs: int) -> dict[str, Any]:
+        seen.append((*args, pairs, layers))
         return _figures(args[4], 0.97, layers)
 
     monkeypatch.setattr(engine_row, "measure", measure)
@@ -76,6 +77,37 @@ def test_the_layer_count_is_parsed_and_passed_to_the_model(
     assert engine_row.main(["--quick", "--layers", "32"]) == 0
     assert [call[-1] for call in seen] == [engine_harness.LAYERS, 32]
     assert engine_harness.LAYERS == 2  # the tiny model, as before: the default is unchanged
+    assert [call[-2] for call in seen] == [1, 1]  # --quick: one pair of processes
+    assert engine_row.main([]) == 0
+    assert seen[-1][2] == 16 and seen[-1][-2] == 8  # eight pairs share 16 repeats by default
+    assert engine_row.main(["--repeats", "6", "--pairs", "3"]) == 0
+    assert seen[-1][2] == 6 and seen[-1][-2] == 3
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (["--pairs", "0"], "must be at least 1"),
+        (["--pairs", "x"], "is not an integer"),
+        (["--repeats", "4", "--pairs", "5"], "--pairs 5 must be at most --repeats (4)"),
+    ],
+)
+def test_a_bad_pair_count_is_one_line_on_stderr_and_exit_2(
+    tmp_path: Path, options: list[str], says: str
+) -> None:
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.engine_row", *options, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "--pairs" in lines[0] and says in lines[0], lines
+    assert done.stdout == "" and not out.exists()
 
 
 def test_each_layer_count_has_its_own_model_folder(tmp_path: Path) -> None:
@@ -114,7 +146,7 @@ def test_both_rows_merge_into_one_bench_json(
 ) -> None:
     ratios = {2: 0.99, 32: 0.97}
     monkeypatch.setattr(
-        engine_row, "measure", lambda *a, layers: _figures(a[4], ratios[layers], layers)
+        engine_row, "measure", lambda *a, layers, pairs: _figures(a[4], ratios[layers], layers)
     )
     out = tmp_path / "bench.json"
     out.write_text(json.dumps({"rows": [{"name": "lifecycle", "median": 1.0, "met": True}]}))
