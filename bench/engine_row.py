@@ -172,7 +172,8 @@ def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
             generated = sum(len(o.outputs[0].token_ids) for o in out)
             assert generated == len(out) * tokens
-            answer = {"cpu": cpu, "main": main, "wall": wall, "tokens": generated}
+            answer: dict[str, Any] = {"cpu": cpu, "main": main, "wall": wall}
+            answer["tokens"] = generated
             answer["drain_steps"] = steps
             if side == "faulty":  # what was injected so far: the faults did happen
                 from .engine_children import FAULTS  # noqa: PLC0415 - vLLM-side module
@@ -260,10 +261,10 @@ def measure(
                         if "faults" in answer:
                             injected = answer["faults"]
                     if repeat:
-                        for side, (main, cpu, generated, wall) in sums.items():
+                        for side, (main, cpu, generated, seconds) in sums.items():
                             per_token[side].append(main / generated)
                             process_cpu[side].append(cpu / generated)
-                            walls[side].append(wall / generated)
+                            walls[side].append(seconds / generated)
                 mine = zip(per_token[a][first:], per_token[b][first:], strict=True)
                 pair_ratios.append(statistics.median(o / v for o, v in mine))
             finally:
