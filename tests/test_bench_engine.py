@@ -33,22 +33,28 @@ def _figures(pair: tuple[str, str], ratio: float, layers: int) -> dict[str, Any]
 
 
 @pytest.mark.parametrize(
-    ("value", "says"),
+    ("options", "says"),
     [
-        ("0", "must be at least 1"),
-        ("-3", "must be at least 1"),
-        ("x", "is not an integer"),
-        ("", "is not an integer"),
-        ("2.5", "is not an integer"),
-        (str(engine_row.MAX_LAYERS + 1), f"must be at most {engine_row.MAX_LAYERS}"),
+        (["--layers", "0"], "must be at least 1"),
+        (["--layers", "-3"], "must be at least 1"),
+        (["--layers", "x"], "is not an integer"),
+        (["--layers", ""], "is not an integer"),
+        (["--layers", "2.5"], "is not an integer"),
+        (
+            ["--layers", str(engine_row.MAX_LAYERS + 1)],
+            f"must be at most {engine_row.MAX_LAYERS}",
+        ),
+        (["--pairs", "0"], "must be at least 1"),
+        (["--pairs", "x"], "is not an integer"),
+        (["--repeats", "4", "--pairs", "5"], "--pairs 5 must be at most --repeats (4)"),
     ],
 )
-def test_a_bad_layer_count_is_one_line_on_stderr_and_exit_2(
-    tmp_path: Path, value: str, says: str
+def test_a_bad_layer_or_pair_count_is_one_line_on_stderr_and_exit_2(
+    tmp_path: Path, options: list[str], says: str
 ) -> None:
     out = tmp_path / "bench.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.engine_row", "--layers", value, "--json", str(out)],
+        [sys.executable, "-m", "bench.engine_row", *options, "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -59,7 +65,8 @@ def test_a_bad_layer_count_is_one_line_on_stderr_and_exit_2(
     assert "Traceback" not in done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1, lines
-    assert "--layers" in lines[0] and says in lines[0], lines[0]
+    named = "--pairs" if "--pairs" in options else "--layers"
+    assert named in lines[0] and says in lines[0], lines[0]
     assert done.stdout == "" and not out.exists()  # nothing ran, nothing was written
 
 
@@ -82,32 +89,6 @@ def test_the_layer_count_is_parsed_and_passed_to_the_model(
     assert seen[-1][2] == 16 and seen[-1][-2] == 8  # eight pairs share 16 repeats by default
     assert engine_row.main(["--repeats", "6", "--pairs", "3"]) == 0
     assert seen[-1][2] == 6 and seen[-1][-2] == 3
-
-
-@pytest.mark.parametrize(
-    ("options", "says"),
-    [
-        (["--pairs", "0"], "must be at least 1"),
-        (["--pairs", "x"], "is not an integer"),
-        (["--repeats", "4", "--pairs", "5"], "--pairs 5 must be at most --repeats (4)"),
-    ],
-)
-def test_a_bad_pair_count_is_one_line_on_stderr_and_exit_2(
-    tmp_path: Path, options: list[str], says: str
-) -> None:
-    out = tmp_path / "bench.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.engine_row", *options, "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        check=False,
-    )
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.splitlines()
-    assert len(lines) == 1 and "--pairs" in lines[0] and says in lines[0], lines
-    assert done.stdout == "" and not out.exists()
 
 
 def test_each_layer_count_has_its_own_model_folder(tmp_path: Path) -> None:
