@@ -246,7 +246,7 @@ bench: setup $(ENGINE)
 	mkdir -p $(BUILD)
 	$(PY) -m bench.run --json $(BUILD)/bench.json
 	$(ENGINE_PY) -m bench.engine_row --json $(BUILD)/bench.json
-	$(ENGINE_PY) -m bench.engine_row --layers 32 --json $(BUILD)/bench.json
+	$(ENGINE_PY) -m bench.engine_row --layers 32 --repeats 8 --pairs 4 --json $(BUILD)/bench.json
 	$(ENGINE_PY) -m bench.engine_row --faults --repeats 8 --pairs 2 --json $(BUILD)/bench.json
 	$(ENGINE_PY) -m bench.serve_row --json $(BUILD)/bench.json
 

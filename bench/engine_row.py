@@ -12,7 +12,8 @@ engines run in two processes, one per class; they take turns, four rounds a repe
 order (the sides swap places each repeat), on the same fresh prompts (no prefix-cache hits),
 while the other waits. Two processes of one class differ by a few percent, and a pair keeps
 its draw for all its repeats, so the repeats are shared among ``--pairs`` fresh pairs of
-processes (8 by default), one pair after the other. The ratio is the median of the per-repeat
+processes (8 by default), one pair after the other, the side started first swapping from pair
+to pair. The ratio is the median of the per-repeat
 ratios ours ÷ vLLM's, with its interquartile range; each pair's median is printed and kept
 (``pair_ratios``), and the whole process's CPU-time ratio beside it.
 
@@ -238,8 +239,11 @@ def measure(
     shares = [repeats // pairs + (k < repeats % pairs) for k in range(pairs)]
     with tempfile.TemporaryDirectory() as folder:
         model = h.write_tiny_llama(h.model_folder(Path(folder), layers), layers)
-        for share in shares:
-            sides = {side: _start(side, model, prompts, tokens) for side in pair}
+        for number, share in enumerate(shares):
+            # The side started first swaps from one pair to the next (its process may be
+            # placed differently: the order is not a side's advantage).
+            starting = pair if number % 2 == 0 else pair[::-1]
+            sides = {side: _start(side, model, prompts, tokens) for side in starting}
             try:
                 ready = {side: _ask(process) for side, process in sides.items()}
                 print(f"engines: {ready}", file=sys.stderr, flush=True)
