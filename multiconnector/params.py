@@ -16,11 +16,6 @@ from .errors import DuplicateConnectorError, InvalidArgumentError, InvalidParams
 
 __all__ = ["merge_transfer_params"]
 
-#: Names already found valid (a connector name is checked once, not on every merge): at most
-#: :data:`_NAMES_KEPT` of them; any other name is checked every time.
-_NAMES: set[str] = set()
-_NAMES_KEPT = 1024
-
 
 def _equal(a: Any, b: Any, key: str, names: list[str]) -> bool:
     if a is b:
@@ -58,7 +53,7 @@ def merge_transfer_params(
 
     .. versionadded:: 0.1.0
     """
-    if allow_equal is not False and allow_equal is not True:
+    if not isinstance(allow_equal, bool):
         raise InvalidArgumentError(f"allow_equal={shown(allow_equal)} must be a bool")
     kind = contributions.__class__
     if (kind is not list and kind is not tuple) and (  # a list or a tuple is an iterable
@@ -78,10 +73,8 @@ def merge_transfer_params(
                 f"contributions[{index}]={shown(item)} must be a (name, params) tuple"
             )
         name, params = item
-        if name.__class__ is not str or (name not in _NAMES and name_problem(name) is not None):
+        if name.__class__ is not str or name_problem(name) is not None:
             name = check_name(name, f"contributions[{index}][0]")
-        elif len(_NAMES) < _NAMES_KEPT:
-            _NAMES.add(name)
         if name in names:
             raise DuplicateConnectorError(f"connector name={name!r} contributes twice")
         names.add(name)
@@ -94,7 +87,7 @@ def merge_transfer_params(
         if merged is None:
             merged = {}
         for key, value in params.items():
-            if key.__class__ is not str and not isinstance(key, str):
+            if type(key) is not str and not isinstance(key, str):
                 raise InvalidParamsError(
                     f"params of connector {name!r} have key={shown(key)}; keys must be str"
                 )

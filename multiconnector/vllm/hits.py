@@ -35,7 +35,7 @@ class Hits:
     """Per child name, per count of :data:`COUNTS`: the running totals and those not yet
     reported in the stats."""
 
-    __slots__ = ("_asked", "_asked_reported", "_tables", "_totals", "_unreported")
+    __slots__ = ("_tables", "_totals", "_unreported")
 
     def __init__(self, *, report: bool = False) -> None:
         """``report``: keep the counts not yet reported for :meth:`take_unreported` (else
@@ -43,10 +43,6 @@ class Hits:
         self._totals: dict[str, dict[str, int]] = {}
         self._unreported: dict[str, dict[str, int]] = {}
         self._tables = (self._totals, self._unreported) if report else (self._totals,)
-        #: ``asked``, the count of every lookup of every child, kept apart: one dict update
-        #: per child asked (``None`` when nothing is reported: only the running total).
-        self._asked: dict[str, int] = {}
-        self._asked_reported: dict[str, int] | None = {} if report else None
 
     def add(self, name: str, count: str, n: int = 1) -> None:
         for table in self._tables:
@@ -54,12 +50,6 @@ class Hits:
             if per is None:
                 per = table[name] = {}
             per[count] = per.get(count, 0) + n
-
-    def asked(self, name: str) -> None:
-        """Child ``name`` is asked for a lookup (counted before it answers, so that a child
-        that raises was asked too)."""
-        asked = self._asked
-        asked[name] = asked.get(name, 0) + 1
 
     def answered(self, name: str, tokens: int) -> None:
         """Child ``name``, asked (counted before it answers, so that a child that raises is
@@ -74,29 +64,15 @@ class Hits:
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Per child name, every count so far (a copy; a child never asked is absent)."""
-        counts = {name: {"asked": n} for name, n in self._asked.items()}
-        for name, per in self._totals.items():
-            counts.setdefault(name, {}).update(per)
-        return counts
+        return {name: dict(per) for name, per in self._totals.items()}
 
     def take_unreported(self) -> dict[str, dict[str, int]]:
         """The counts since the last call, per child (empty when none)."""
-        reported = self._asked_reported
-        if reported is None:  # nothing is reported
-            return {}
         unreported = self._unreported
-        asked = self._asked
-        if not unreported and asked == reported:
+        if not unreported:
             return {}
-        taken = {
-            name: {"asked": n - reported.get(name, 0)}
-            for name, n in asked.items()
-            if n != reported.get(name, 0)
-        }
-        reported.update(asked)
         # Copied, then emptied in place: add() writes through self._tables, which holds this
         # very dict (rebinding the name would leave add() writing to the one handed out).
-        for name, per in unreported.items():
-            taken.setdefault(name, {}).update(per)
+        taken = {name: dict(per) for name, per in unreported.items()}
         unreported.clear()
         return taken

@@ -146,7 +146,7 @@ class Lookups:
         while left:
             best: tuple[str, int] | None = None
             for name in left:
-                self._hits.asked(name)
+                self._hits.add(name, "asked")
                 try:
                     tokens, flag = self._asked(
                         name, self._kids.by_name[name], request, start, waits=False
@@ -208,7 +208,7 @@ class Lookups:
             if name in failed_here or (waits is not None and waits.get(name) == GAVE_UP):
                 yield name, 0
                 continue
-            self._hits.asked(name)
+            self._hits.add(name, "asked")
             try:
                 tokens, load_async = self._asked(name, child, request, num_computed_tokens)
             except Exception as exc:
