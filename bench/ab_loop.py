@@ -35,6 +35,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
 from . import scheduler_loop as loop_row
 from . import vllm_rows
+from .scheduler_parts import BLOCK, write_model
 
 
 def quartiles(values: list[float]) -> str:
@@ -55,9 +56,9 @@ def loop_runs(
     folder: Path, modules: dict[str, str], shape: tuple[str, int, int], requests: int
 ) -> dict[str, Callable[[str], float]]:
     """For vLLM's and each version: a run of the loop over fresh requests, CPU s per request."""
-    model = loop_row.write_model(folder / "tiny-opt")
+    model = write_model(folder / "tiny-opt")
     _, seqs, tokens = shape
-    blocks = 4 * requests * ((loop_row.PROMPT + loop_row.OUTPUT) // loop_row.BLOCK + 1) + 64
+    blocks = 4 * requests * ((loop_row.PROMPT + loop_row.OUTPUT) // BLOCK + 1) + 64
     loops = {"vLLM": loop_row.Loop(loop_row.config(model, False, seqs, tokens), blocks)}
     for label, module in modules.items():
         config = loop_row.config(model, True, seqs, tokens)
@@ -95,7 +96,11 @@ def workload_runs(modules: dict[str, str], batch: int) -> dict[str, Callable[[st
         through.step()
         assert through.sent == through.ids, label
         step = vllm_rows.steps_of(through.step, steps)
-        runs[label] = lambda _tag, step=step: loop_row.cpu_timed(step) / (steps * batch)
+
+        def run(_tag: str, step: Callable[[], None] = step) -> float:
+            return loop_row.cpu_timed(step) / (steps * batch)
+
+        runs[label] = run
     return runs
 
 

@@ -73,7 +73,7 @@ class RankedExampleConnector(RecordingExampleConnector):
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
             rank = get_tensor_model_parallel_rank()
-        self._storage_path = os.path.join(self._storage_path, f"rank{rank}")
+        self._storage_path: str = os.path.join(self._storage_path, f"rank{rank}")
         self._label = f"{self._label}.rank{rank}"
 
 

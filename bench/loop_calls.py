@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import scheduler_loop as loop_row
+from .scheduler_parts import BLOCK, write_model
 
 #: The scheduler-role calls vLLM's scheduler makes (both contenders support HMA, so it calls
 #: ``request_finished_all_groups``), and the worker-role calls the loop makes.
@@ -77,9 +78,9 @@ def main() -> None:
     shape = loop_row.SHAPES[args.size]
     requests = 128
     with tempfile.TemporaryDirectory() as folder:
-        model = loop_row.write_model(Path(folder) / "tiny-opt")
+        model = write_model(Path(folder) / "tiny-opt")
         _, seqs, tokens = shape
-        blocks = 4 * requests * ((loop_row.PROMPT + loop_row.OUTPUT) // loop_row.BLOCK + 1) + 64
+        blocks = 4 * requests * ((loop_row.PROMPT + loop_row.OUTPUT) // BLOCK + 1) + 64
         loops = {
             who: loop_row.Loop(loop_row.config(model, who == "ours", seqs, tokens), blocks)
             for who in ("vllm", "ours")
@@ -103,7 +104,7 @@ def main() -> None:
                 totals[key] = totals.get(key, 0) + time.thread_time_ns() - start
                 return output
 
-            loop.scheduler.schedule = pickled_schedule  # type: ignore[method-assign]
+            loop.scheduler.schedule = pickled_schedule
         runs: dict[str, list[dict[str, int]]] = {who: [] for who in loops}
         order = list(loops)
         gc.collect()

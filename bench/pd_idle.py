@@ -89,7 +89,7 @@ def _steps(log: Path) -> int:
     return log.read_text(errors="replace").count(STEP_LINE)
 
 
-def _phase(server: pd.Server, seconds: float) -> dict[str, float]:
+def _phase(server: pd.Server, seconds: float) -> dict[str, float | list[str]]:
     """CPU (cores) and logged no-forward steps over ``seconds`` from now."""
     pids = server.pids()
     threads = _threads(pids)

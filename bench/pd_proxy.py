@@ -54,6 +54,8 @@ class Proxy(ThreadingHTTPServer):
     """The proxy's server: ``prefill`` and ``decode`` are the engines' base URLs."""
 
     daemon_threads = True
+    #: Seconds for each request to an engine (socketserver's own ``timeout`` is float or None).
+    timeout: float
 
     def __init__(self, port: int, prefill: str, decode: str, timeout: float = 120.0) -> None:
         super().__init__(("127.0.0.1", port), _Handler)

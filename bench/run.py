@@ -416,7 +416,7 @@ def bench_check(sizes: Sizes, report: Report) -> None:
     except ImportError:
         check = None
     run = getattr(check, "check_aggregator", None)
-    if run is None:
+    if check is None or run is None:
         name = "model checker distinct states/s, default bound"
         report.notes.append("model checker: multiconnector.check.check_aggregator is not available")
         report.rows.append(Row(name, math.nan, math.nan, "/s", "reported", None))
@@ -568,7 +568,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = QUICK if args.quick else Sizes()
     report = Report()
     started = time.perf_counter()
-    for name, bench in (
+    benches: tuple[tuple[str, Callable[[], None]], ...] = (
         ("lifecycle", lambda: bench_lifecycle(sizes, report)),
         ("memory", lambda: bench_memory(sizes, report)),
         ("flat", lambda: bench_flat(sizes, report)),
@@ -577,7 +577,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("usermachine", lambda: bench_usermachine(sizes, report)),
         ("vllm", lambda: bench_vllm(sizes, report)),
         ("scheduler-loop", lambda: bench_scheduler_loop(sizes, report)),
-    ):
+    )
+    for name, bench in benches:
         if args.only and name not in args.only.split(","):
             continue
         t0 = time.perf_counter()

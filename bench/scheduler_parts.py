@@ -24,7 +24,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 BLOCK = 16
 EOS = 2
 
-TINY_OPT = {
+TINY_OPT: dict[str, Any] = {
     "architectures": ["OPTForCausalLM"],
     "model_type": "opt",
     "hidden_size": 64,

@@ -145,7 +145,7 @@ def bench(sizes: Sizes, report: Report) -> None:
     for batch in (100, 1):
         steps = max(1, sizes.vllm_steps * (100 // batch) // (10 if batch == 1 else 1))
         reqs = requests(batch, f"b{batch}")
-        contenders = {
+        contenders: dict[str, Through | Core] = {
             "vLLM MultiConnector": Through(False, reqs),
             "our vLLM adapter": Through(True, reqs),
             "our core MultiConnector": Core([r.request_id for r in reqs]),

