@@ -31,6 +31,11 @@ files of another one in ``FAIL_EVERY`` and raises in ``get_finished`` on every s
 generates its prompts (saving them), resets the prefix cache and generates them again (loading them;
 the failed loads are recomputed, ``kv_load_failure_policy: recompute``). The ratio is faulty ÷
 healthy, of the engine's CPU per generated token and of the wall time per round.
+
+``--hooks``: the same harness, ours against vLLM's, with every hook of both engines' connectors
+timed (:mod:`bench.engine_hooks`): the hooks' share of each side's engine CPU and the
+difference, the adapter's own part of the ratio, instead of the ratio's rows (the timers are in
+the ratio then).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import engine_harness as h
+from .engine_hooks import HookTimer, hook_rows, largest, summary
 
 #: Ours ÷ vLLM's, on the tiny model (issue #34).
 TARGET = 1.00
@@ -133,8 +139,9 @@ def _fault_transfer(faulty: bool, storage: Path) -> dict[str, Any]:
     return config
 
 
-def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
-    """One engine, one class: run a round per line on stdin, answer with its figures."""
+def serve(side: str, model: Path, prompts: int, tokens: int, *, hooks: bool = False) -> None:
+    """One engine, one class: run a round per line on stdin, answer with its figures (with
+    ``hooks``, its connectors' hooks timed too: :mod:`bench.engine_hooks`)."""
     h.engine_environment(in_process=True)
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("BENCH_ENGINE_BIND", "0")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # an idle thread sleeps: no spinning
@@ -149,6 +156,7 @@ def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
         torch.set_num_threads(1)  # the whole engine on the main thread: its CPU time is all
         ready = {"ready": module, "torch_threads": torch.get_num_threads()}
         ready["threads"] = threading.active_count()
+        timer = _timer(llm) if hooks else None
         print(MARK + json.dumps(ready), flush=True)
         # --faults: 3 full blocks of 32 and 4 tokens more, so ExampleConnector saves and loads
         # 96 tokens of each prompt (one shorter than a block is neither saved nor loaded).
@@ -156,6 +164,8 @@ def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
         for line in sys.stdin:
             seed = int(line)
             batch = h.prompts(prompts, length, seed=seed)
+            if timer is not None:
+                timer.take()  # what ran between rounds is not the round's
             cpu, wall = time.process_time(), time.perf_counter()
             main = time.thread_time()
             out = h.generate(llm, batch, tokens)
@@ -176,6 +186,8 @@ def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
             answer: dict[str, Any] = {"cpu": cpu, "main": main, "wall": wall}
             answer["tokens"] = generated
             answer["drain_steps"] = steps
+            if timer is not None:
+                answer["hooks"] = timer.take()
             if side == "faulty":  # what was injected so far: the faults did happen
                 from .engine_children import FAULTS  # noqa: PLC0415 - vLLM-side module
 
@@ -184,9 +196,27 @@ def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
         h.shut(llm)
 
 
-def _start(side: str, model: Path, prompts: int, tokens: int) -> subprocess.Popen[str]:
+def _timer(llm: Any) -> HookTimer:
+    """A :class:`~bench.engine_hooks.HookTimer` on the engine's scheduler's and worker's
+    connectors (two objects: the engine runs in this process)."""
+    from vllm.distributed.kv_transfer.kv_transfer_state import (  # noqa: PLC0415
+        get_kv_transfer_group,
+    )
+
+    timer = HookTimer()
+    scheduler, worker = h.engine_core(llm).scheduler.connector, get_kv_transfer_group()
+    assert scheduler is not worker
+    assert timer.wrap(scheduler, "scheduler") and timer.wrap(worker, "worker")
+    return timer
+
+
+def _start(
+    side: str, model: Path, prompts: int, tokens: int, hooks: bool = False
+) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "bench.engine_row", "--serve", side, "--model", str(model)]
     command += ["--prompts", str(prompts), "--tokens", str(tokens)]
+    if hooks:
+        command.append("--hooks")
     return subprocess.Popen(
         command,
         cwd=h.REPO,
@@ -224,17 +254,20 @@ def measure(
     *,
     layers: int = h.LAYERS,
     pairs: int = 1,
+    hooks: bool = False,
 ) -> dict[str, Any]:
     """``pair``'s engines in turn, on a model of ``layers`` layers: the figures of ``pair[0]`` ÷
     ``pair[1]``. ``pairs``: that many fresh pairs of processes, one after the other, each for
     its share of the ``repeats`` (two processes of one class differ by a few percent: their
-    hash seeds and memory layouts differ, and a pair keeps its draw for all its repeats)."""
+    hash seeds and memory layouts differ, and a pair keeps its draw for all its repeats).
+    ``hooks``: the connectors' hooks timed too (``figures["hooks"]``: :mod:`.engine_hooks`)."""
     a, b = pair
     per_token: dict[str, list[float]] = {a: [], b: []}
     process_cpu: dict[str, list[float]] = {a: [], b: []}
     walls: dict[str, list[float]] = {a: [], b: []}
     injected: dict[str, int] = {}
     pair_ratios: list[float] = []
+    rounds: dict[str, list[dict[str, Any]]] = {a: [], b: []}  # the timed ones, with hooks
     ready: dict[str, Any] = {}
     shares = [repeats // pairs + (k < repeats % pairs) for k in range(pairs)]
     with tempfile.TemporaryDirectory() as folder:
@@ -243,7 +276,7 @@ def measure(
             # The side started first swaps from one pair to the next (its process may be
             # placed differently: the order is not a side's advantage).
             starting = pair if number % 2 == 0 else pair[::-1]
-            sides = {side: _start(side, model, prompts, tokens) for side in starting}
+            sides = {side: _start(side, model, prompts, tokens, hooks) for side in starting}
             try:
                 ready = {side: _ask(process) for side, process in sides.items()}
                 print(f"engines: {ready}", file=sys.stderr, flush=True)
@@ -264,6 +297,8 @@ def measure(
                         sums[side][3] += answer["wall"]
                         if "faults" in answer:
                             injected = answer["faults"]
+                        if repeat and hooks:
+                            rounds[side].append(answer)
                     if repeat:
                         for side, (main, cpu, generated, seconds) in sums.items():
                             per_token[side].append(main / generated)
@@ -281,7 +316,7 @@ def measure(
     q1, ratio, q3 = quartiles(ratios)
     whole = [o / v for o, v in zip(process_cpu[a], process_cpu[b], strict=True)]
     wall = [o / v for o, v in zip(walls[a], walls[b], strict=True)]
-    return {
+    figures: dict[str, Any] = {
         "pair": list(pair),
         "layers": layers,
         "faults_injected": injected,
@@ -303,6 +338,9 @@ def measure(
         "iqr_within": max(ratio - q1, q3 - ratio) / ratio,
         "ratios": ratios,
     }
+    if hooks:
+        figures["hooks"] = summary(rounds, pair)
+    return figures
 
 
 def fault_rows(figures: dict[str, Any]) -> list[dict[str, Any]]:
@@ -344,7 +382,12 @@ def rows(figures: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _line(row: dict[str, Any]) -> str:
     value = row["median"]
-    shown = f"{value:.3f}x" if row["unit"] == "x" else f"{value:,.1f} {row['unit']}"
+    if row["unit"] == "x":
+        shown = f"{value:.3f}x"
+    elif row["unit"] == "%":
+        shown = f"{value:.2f} %"
+    else:
+        shown = f"{value:,.1f} {row['unit']}"
     met = "" if row["met"] is None else ("met" if row["met"] else "NOT MET")
     return f"| {row['name']} | {shown} | {row['target']} | {met} |"
 
@@ -380,15 +423,23 @@ def main(argv: list[str] | None = None) -> int:
         "--faults", action="store_true", help="ours with failing children ÷ ours without"
     )
     parser.add_argument(
+        "--hooks",
+        action="store_true",
+        help="time the connectors' hooks in each engine (bench/engine_hooks.py): their rows "
+        "instead of the ratio's",
+    )
+    parser.add_argument(
         "--serve", choices=("ours", "vllm", "faulty", "healthy"), help=argparse.SUPPRESS
     )
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.model, args.prompts, args.tokens)
+        serve(args.serve, args.model, args.prompts, args.tokens, hooks=args.hooks)
         return 0
     if args.quick:
         args.prompts, args.tokens, args.repeats, args.blocks, args.pairs = 4, 4, 2, 1, 1
+    if args.hooks and args.faults:
+        parser.error("--hooks times ours against vLLM's: not with --faults")
     if args.pairs > args.repeats:
         parser.error(f"--pairs {args.pairs} must be at most --repeats ({args.repeats})")
     started = time.perf_counter()
@@ -401,9 +452,15 @@ def main(argv: list[str] | None = None) -> int:
         pair,
         layers=args.layers,
         pairs=args.pairs,
+        hooks=args.hooks,
     )
     figures["seconds"] = time.perf_counter() - started
-    table = fault_rows(figures) if args.faults else rows(figures)
+    if args.hooks:
+        table = hook_rows(
+            figures["hooks"], "engine" if args.layers == h.LAYERS else f"{label(args.layers)}:"
+        )
+    else:
+        table = fault_rows(figures) if args.faults else rows(figures)
     print("| figure | median | target | met |\n|---|---|---|---|")
     for row in table:
         print(_line(row))
@@ -420,11 +477,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.faults:
         print(f"faults injected in the faulty engine: {figures['faults_injected']}")
+    if args.hooks:
+        print("per hook, the largest differences first (the ratio above has the timers in):")
+        print("\n".join(largest(figures["hooks"])))
     if args.json:
         merged: dict[str, Any] = {}
         if args.json.exists():
             merged = json.loads(args.json.read_text())
-        if args.faults:
+        if args.hooks:
+            merged[key("engine_hooks", args.layers)] = figures
+        elif args.faults:
             merged[key("engine_faults", args.layers)] = figures
         else:
             merged[key("engine", args.layers)] = figures

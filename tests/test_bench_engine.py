@@ -47,6 +47,7 @@ def _figures(pair: tuple[str, str], ratio: float, layers: int) -> dict[str, Any]
         (["--pairs", "0"], "must be at least 1"),
         (["--pairs", "x"], "is not an integer"),
         (["--repeats", "4", "--pairs", "5"], "--pairs 5 must be at most --repeats (4)"),
+        (["--hooks", "--faults"], "--hooks times ours against vLLM's: not with --faults"),
     ],
 )
 def test_a_bad_layer_or_pair_count_is_one_line_on_stderr_and_exit_2(
@@ -65,7 +66,7 @@ def test_a_bad_layer_or_pair_count_is_one_line_on_stderr_and_exit_2(
     assert "Traceback" not in done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1, lines
-    named = "--pairs" if "--pairs" in options else "--layers"
+    named = next(o for o in ("--hooks", "--pairs", "--layers") if o in options)
     assert named in lines[0] and says in lines[0], lines[0]
     assert done.stdout == "" and not out.exists()  # nothing ran, nothing was written
 
@@ -75,7 +76,8 @@ def test_the_layer_count_is_parsed_and_passed_to_the_model(
 ) -> None:
     seen: list[tuple[Any, ...]] = []
 
-    def measure(*args: Any, layers: int, pairs: int) -> dict[str, Any]:
+    def measure(*args: Any, layers: int, pairs: int, hooks: bool) -> dict[str, Any]:
+        assert hooks is False
         seen.append((*args, pairs, layers))
         return _figures(args[4], 0.97, layers)
 
@@ -127,7 +129,9 @@ def test_both_rows_merge_into_one_bench_json(
 ) -> None:
     ratios = {2: 0.99, 32: 0.97}
     monkeypatch.setattr(
-        engine_row, "measure", lambda *a, layers, pairs: _figures(a[4], ratios[layers], layers)
+        engine_row,
+        "measure",
+        lambda *a, layers, pairs, hooks: _figures(a[4], ratios[layers], layers),
     )
     out = tmp_path / "bench.json"
     out.write_text(json.dumps({"rows": [{"name": "lifecycle", "median": 1.0, "met": True}]}))
