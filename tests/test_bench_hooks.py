@@ -78,7 +78,10 @@ def test_the_summary_pairs_rounds_and_sums_per_hook() -> None:
     assert figures["per_hook_us"]["vllm"]["w.b"] == [5, pytest.approx(1000.0)]
     rows = engine_hooks.hook_rows(figures, "engine")
     assert [row["median"] for row in rows] == pytest.approx([2.5, 1.25, 2.25])
-    assert all(row["unit"] == "%" and row["met"] is None for row in rows)  # not judged
+    assert all(row["unit"] == "%" for row in rows)
+    assert [row["met"] for row in rows] == [None, None, False]  # 2.25 % > the 1 % guard
+    figures["difference"] = engine_hooks.GUARD
+    assert engine_hooks.hook_rows(figures, "engine")[2]["met"] is True
     lines = engine_hooks.largest(figures)
     assert "s.a" in lines[0] and "+40.00 ms" in lines[0]  # 20 x 3 ms against 20 x 1 ms
     assert "w.b" in lines[1] and "+5.00 ms" in lines[1]
