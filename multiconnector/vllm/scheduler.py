@@ -649,6 +649,8 @@ class SchedulerPart:
                     answer = child.request_finished(request, blocks)
             except Exception as exc:
                 failures.append((name, exc))
+                if name in tails:  # it took the partial tail before: that save is still owed
+                    savers.append(name)
                 continue
             saves, params, error = finish_answer(name, answer, load_only=roles[name] is _LOAD)
             if saves or name in tails:
@@ -670,7 +672,7 @@ class SchedulerPart:
                 "request_finished",
                 failures,
                 "its params dropped (awaited if it answered garbage: it may have started a "
-                "save; not if it raised)",
+                "save, or if it took the partial tail; else not if it raised)",
             )
         return self._shared_savers(tuple(savers)), merged
 

@@ -331,6 +331,42 @@ def test_a_child_raising_in_request_finished_is_not_awaited(model: Path) -> None
     assert engine.connector.child_failures() == {"a": {"request_finished": 1}}
 
 
+@pytest.mark.parametrize("other_saver", [True, False], ids=["beside-a-saver", "alone"])
+def test_a_tail_saver_that_raises_in_request_finished_is_still_awaited(
+    model: Path, other_saver: bool
+) -> None:
+    # vLLM offers a finishing request's partial tail before request_finished; a child answering
+    # True "accepts responsibility for the sources and the request's blocks must remain alive
+    # until get_finished()" (vLLM's base class). Raising in request_finished afterwards does not
+    # take that promise back: its tail save is awaited, beside another saver's or alone.
+    tail = script(tail=True, raise_in={"request_finished": RuntimeError("tail is broken")})
+    disk = script(saves=other_saver)
+    e = Engine(make_config(model, [child("tail", tail), child("disk", disk)]))
+    # vLLM finalizes a partial tail on a hybrid model (none on this tiny OPT): its KV cache
+    # manager answers one here, and the rest is vLLM's own _connector_finished.
+    e.scheduler.kv_cache_manager.finalize_partial_tail_offloads = lambda request: [(0, 1, 8)]
+    e.add(make_request("r", num_tokens=40, max_tokens=2))
+    for _ in range(6):
+        e.step()
+        if "r" in e.outputs:
+            break
+    assert "r" in e.outputs
+    assert tail.names("register_finished_partial_tail") == [("register_finished_partial_tail", "r")]
+    assert tail.names("request_finished") == [("request_finished", "r")]  # it raised there
+    assert e.connector.child_failures() == {"tail": {"request_finished": 1}}
+    assert e.held("r")
+    if other_saver:
+        disk.sending.add("r")  # the other saver reports; "tail" still writes its partial tail
+    e.step()
+    e.step()
+    assert e.held("r"), "blocks freed while the child that took the partial tail owes its save"
+    tail.sending.add("r")
+    e.step()
+    e.step()
+    assert not e.held("r")
+    assert len(e.connector.tracker) == 0 and len(e.worker.ledger) == 0
+
+
 # -- a child that never reports: counted and warned about, its request still held ---------------
 
 OVERDUE = 0.05  # report_overdue_seconds in these tests
