@@ -59,8 +59,8 @@ class Counted:
         self.outcomes: dict[tuple[Any, str], int] = {}
         #: Load completions every worker reported, held back until the child's last report.
         self._held: set[str] = set()
-        #: Counted loads a forwarded report said failed.
-        self._failed: set[str] = set()
+        #: Counted loads a forwarded report said failed, with their child.
+        self._failed: dict[str, str] = {}
 
     def _names(self) -> dict[str, tuple[str, ...]]:
         """The report names, registered on the books when first needed."""
@@ -144,10 +144,15 @@ class Counted:
                     record = tracker.peek(request_id)
                     tracker.transfer_finished(request_id, counted_name(mine, record, load=False))
 
-    def loads(self, connector_output: Any, worker_meta: Any) -> Any:
+    def loads(self, connector_output: Any, worker_meta: Any) -> tuple[set[str], dict[str, str]]:
         """Apply the forwarded load reports; hold back the load completions of the requests
-        whose counted loader still owes a report, and pass each on (with its failure, if a
-        report said so) in the step the last one came. Returns the completions passed on."""
+        whose counted loader still owes a report, and pass each on in the step the last one
+        came. Returns the completions passed on, and the loads a report said failed whose last
+        report came, with their child: those are not passed on now (vLLM reads
+        ``failed_recving`` before this hook runs, so a failure added here would go unseen and
+        the blocks nothing wrote would be taken as loaded): the caller has every worker report
+        them failed, as any load the scheduler knows failed, and vLLM sees the failure with
+        their completion."""
         tracker = self._tracker
         if worker_meta is not None and worker_meta.loaded:
             ranks = self._names() if self._kids.counted() else {}
@@ -160,7 +165,7 @@ class Counted:
                             self._stranger(name, request_id, save=False)
                         continue
                     if request_id in failed_of:
-                        self._failed.add(request_id)
+                        self._failed[request_id] = name
                     for _ in range(n):
                         record = tracker.peek(request_id)
                         # Only its load's names: a report of a load is never a save's.
@@ -173,12 +178,12 @@ class Counted:
             else:
                 self._held.discard(request_id)
                 recving.add(request_id)
-        if self._failed and not self._failed.isdisjoint(recving):
-            failed_now = self._failed & recving
-            self._failed -= failed_now
-            connector_output.failed_recving = set(connector_output.failed_recving) | failed_now
+        failed_now: dict[str, str] = {}
+        if self._failed and not self._failed.keys().isdisjoint(recving):
+            failed_now = {r: self._failed.pop(r) for r in recving if r in self._failed}
+            recving -= failed_now.keys()
         connector_output.finished_recving = recving or None
-        return recving
+        return recving, failed_now
 
     def active(self) -> bool:
         """Whether a load completion is held back, or a failure kept for one."""

@@ -471,7 +471,10 @@ class SchedulerPart:
         if self._kids.counted() and (
             loaded or self.counted.active() or (worker_meta is not None and worker_meta.loaded)
         ):
-            loaded = self.counted.loads(connector_output, worker_meta)
+            loaded, failed_counted = self.counted.loads(connector_output, worker_meta)
+            for request_id, name in failed_counted.items():
+                self._failed_loads[request_id] = name  # every worker reports it next step
+                self._load_failed(name, request_id)
         tracker = self.tracker
         recving = connector_output.finished_recving
         if recving and len(tracker):
@@ -524,15 +527,21 @@ class SchedulerPart:
                     self.hits.add(loader, "loads_completed")
 
     def _mark_failed(self, request_ids: Any) -> None:
-        """The loads of ``request_ids`` failed: their loaders are not asked again for them
-        (while they live: a finished request is looked up no more, and nothing of it kept)."""
-        live = self.live
+        """The loads of ``request_ids`` failed (a split load's, under its first part's
+        loader); a counted loader's were marked when its last report came (Counted.loads)."""
+        tracker, owner = self.tracker, self.counted.owner
         for request_id in request_ids:
-            loader = self.loader(request_id)
-            if loader is not None:
-                if request_id in live:
-                    self.lookups.failed(loader, request_id)
-                self.hits.add(loader, "loads_failed")
+            record = tracker.peek(request_id)
+            if record is not None and record.loader is not None and record.loader not in owner:
+                self._load_failed(record.loader, request_id)
+
+    def _load_failed(self, name: str, request_id: str) -> None:
+        """Child ``name``'s load (or part) of ``request_id`` failed: counted, and the child is
+        not asked to load it again (while it lives: a finished request is looked up no more,
+        and nothing of it kept)."""
+        if request_id in self.live:
+            self.lookups.failed(name, request_id)
+        self.hits.add(name, "loads_failed")
 
     def _parts_failed(self, load_failed: Mapping[str, Mapping[str, int]]) -> None:
         """The workers reported these children's parts of split loads failed (their blocks
@@ -546,9 +555,7 @@ class SchedulerPart:
                     and (name in record.parts or name == record.loader)
                     and name not in self._kids.counted()  # counted loaders': Counted.loads
                 ):
-                    if request_id in self.live:  # as in _mark_failed
-                        self.lookups.failed(name, request_id)
-                    self.hits.add(name, "loads_failed")
+                    self._load_failed(name, request_id)
 
     def _route_output(self, connector_output: Any, worker_meta: Any, events: Any) -> None:
         """Every child's ``update_connector_output``, with its own entries of ``worker_meta``

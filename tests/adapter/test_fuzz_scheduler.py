@@ -306,24 +306,29 @@ def test_a_counted_childs_load_is_one_completion_with_saves_in_flight() -> None:
 
 
 def test_a_counted_childs_failed_load_reaches_the_scheduler_once_counted() -> None:
+    # vLLM reads failed_recving before it calls update_connector_output: a counted loader's
+    # failure, known in that hook, reaches vLLM the step after, from every worker, with the
+    # load's one completion (as any load the scheduler knows failed).
     world = World(ours=True, counts=(None, None, 1))
-    seen: list[tuple[set[str], set[str]]] = []
+    seen: list[tuple[set[str], set[str], set[str]]] = []
     update = world.connector.update_connector_output
 
     def watched(connector_output: Any) -> None:
+        read_by_vllm = set(connector_output.failed_recving)  # before the hook, as vLLM reads it
         update(connector_output)
-        seen.append(
-            (set(connector_output.finished_recving or ()), set(connector_output.failed_recving))
-        )
+        finished = set(connector_output.finished_recving or ())
+        seen.append((finished, set(connector_output.failed_recving), read_by_vllm))
 
     world.connector.update_connector_output = watched
     add(world, "r", hit="c", tokens=17)
     step(world, 2)
-    assert all("r" not in finished for finished, _ in seen)  # every worker's, held back
+    assert all("r" not in finished for finished, _, _ in seen)  # every worker's, held back
     world.boards["c"].workers[0].failed.add("r")
     step(world)
-    assert seen[-1] == ({"r"}, {"r"})
-    assert sum("r" in finished for finished, _ in seen) == 1
+    assert "r" not in seen[-1][0]  # its last report came, failed: not passed on as loaded
+    step(world)
+    assert seen[-1] == ({"r"}, {"r"}, {"r"})
+    assert sum("r" in finished for finished, _, _ in seen) == 1
     world.check_counts()
     world.drain()
 
