@@ -318,6 +318,8 @@ class SchedulerPart:
         if not self.lookups.loads_async(request_id):
             self._new_splits[request_id] = tuple(shares)  # for a child failing on a worker
         elif shares:
+            for name in bad.intersection(name for name, _, _ in parts):
+                self._part_failed(request_id, name)
             self.loads_in_flight.add(request_id)
             self._load_since[request_id] = time.monotonic()
             self._new_loads[request_id] = shares[0][0]
@@ -434,6 +436,9 @@ class SchedulerPart:
             if request_id in self._new_loads:
                 if kept:
                     self._new_loads[request_id] = kept[0][0]
+                    for name, _ in shares:
+                        if name in names:
+                            self._part_failed(request_id, name)
                 else:
                     del self._new_splits[request_id]
                     del self._new_loads[request_id]
@@ -555,7 +560,14 @@ class SchedulerPart:
                     and (name in record.parts or name == record.loader)
                     and name not in self._kids.counted()  # counted loaders': Counted.loads
                 ):
-                    self._load_failed(name, request_id)
+                    self._part_failed(request_id, name)
+
+    def _part_failed(self, request_id: str, name: str) -> None:
+        """Child ``name``'s part of split load ``request_id`` failed while the other parts
+        load: settled on the books now, and counted once (its report at the load's completion,
+        or another worker's of the same failure, is then a duplicate, not a completion)."""
+        if self.tracker.load_finished(request_id, name) is _APPLIED:
+            self._load_failed(name, request_id)
 
     def _route_output(self, connector_output: Any, worker_meta: Any, events: Any) -> None:
         """Every child's ``update_connector_output``, with its own entries of ``worker_meta``

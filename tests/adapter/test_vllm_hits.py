@@ -14,6 +14,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram  # noqa: E402
 from vllm.v1.metrics.prometheus import unregister_vllm_metrics  # noqa: E402
+from vllm.v1.request import RequestStatus  # noqa: E402
 from vllm_children import child, script  # noqa: E402
 from vllm_harness import Engine, make_config, make_request  # noqa: E402
 
@@ -21,6 +22,7 @@ from multiconnector import InvalidArgumentError  # noqa: E402
 from multiconnector.vllm import (  # noqa: E402
     HIT_METRICS_KEY,
     LOOKUP_KEY,
+    SPLIT_KEY,
     MultiConnector,
     NamedPromMetrics,
 )
@@ -114,3 +116,42 @@ def test_every_steps_new_counts_are_reported_not_only_the_first() -> None:
     hits.chosen("b", 16)
     assert hits.take_unreported() == {"a": {"asked": 1}, "b": {"chosen": 1, "tokens_chosen": 16}}
     assert hits.counts() == {"a": {"asked": 2}, "b": {"chosen": 1, "tokens_chosen": 16}}
+
+
+@pytest.mark.parametrize("where", ["worker", "alloc", "metadata"])
+def test_a_failed_part_of_a_split_load_is_counted_failed_not_completed(
+    model: Path, where: str
+) -> None:
+    # A part of a split load is its child's load (counted chosen for it): a part that failed
+    # (reported failed on the worker, or its child raising in update_state_after_alloc_range
+    # or in build_connector_meta) is counted loads_failed, once, and never loads_completed.
+    fast, slow = script(holds=16, load_async=True), script(holds=32, load_async=True)
+    if where == "alloc":
+        slow.raise_in["update_state_after_alloc_range"] = RuntimeError("boom")
+    elif where == "metadata":
+        slow.raise_in["build_connector_meta"] = RuntimeError("boom")
+    config = make_config(
+        model,
+        [child("fast", fast, "RangeConnector"), child("slow", slow, "RangeConnector")],
+        extra={SPLIT_KEY: True},
+    )
+    assert config.kv_transfer_config is not None
+    config.kv_transfer_config.kv_load_failure_policy = "recompute"
+    e = Engine(config)
+    request = e.add(make_request("r", num_tokens=40, max_tokens=2))
+    e.step()
+    assert request.status is RequestStatus.WAITING_FOR_REMOTE_KVS
+    fast.recving.add("r")
+    if where == "worker":
+        slow.recving.add("r")
+        slow.failed.add("r")
+    for _ in range(5):
+        e.step()
+    assert {"r": 40 - 16} in e.scheduled  # slow's part recomputed, fast's 16 tokens kept
+    assert "r" in e.outputs
+    hits = e.connector.child_hits()
+    assert hits["fast"]["chosen"] == 1 and hits["fast"]["loads_completed"] == 1
+    assert "loads_failed" not in hits["fast"]
+    assert hits["slow"]["chosen"] == 1
+    assert "loads_completed" not in hits["slow"], hits["slow"]
+    assert hits["slow"]["loads_failed"] == 1, hits["slow"]
