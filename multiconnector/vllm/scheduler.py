@@ -155,9 +155,9 @@ class SchedulerPart:
 
     def _ensure(self, request: Any) -> str:
         request_id: str = request.request_id
-        self.live[request_id] = request
         if request_id not in self.tracker:
-            self.tracker.begin(request_id)
+            self.tracker.begin(request_id)  # a bad id, or after shutdown: raises, nothing kept
+        self.live[request_id] = request
         return request_id
 
     # -- binding -------------------------------------------------------------------------------
@@ -597,6 +597,10 @@ class SchedulerPart:
         block_ids: tuple[list[int], ...],
         partial_tail_offloads: list[tuple[int, int, int]],
     ) -> bool:
+        if self._kids.closed:  # as request_finished: no child is asked, nothing is kept
+            raise ShutDownError(
+                "register_finished_partial_tail() refused: this MultiConnector was shut down"
+            )
         accepted = self._kids.gather_soft(
             "register_finished_partial_tail",
             lambda _, c: c.register_finished_partial_tail(

@@ -287,6 +287,21 @@ def test_request_finished_after_shutdown_is_refused_as_request_finished(model: P
     assert engine.connector.tracker.get("r1").loader == "a"  # the books as they were
 
 
+def test_the_scheduler_hooks_after_shutdown_refuse_and_keep_nothing(model: Path) -> None:
+    tail = script(tail=True)
+    engine = Engine(make_config(model, [child("tail", tail), child("b", script())]))
+    engine.connector.shutdown()
+    part = engine.connector._scheduler
+    late = make_request("late", num_tokens=40, max_tokens=4)
+    with pytest.raises(ShutDownError):
+        engine.connector.get_num_new_matched_tokens(late, 0)
+    with pytest.raises(ShutDownError, match=r"register_finished_partial_tail\(\) refused"):
+        engine.connector.register_finished_partial_tail(late, ([1, 2],), [(0, 1, 2)])
+    assert tail.names("register_finished_partial_tail") == []  # no child asked
+    assert "late" not in part.live and not part._tail_savers
+    assert len(engine.connector.tracker) == 0
+
+
 def test_a_request_aborted_while_loading_still_frees_its_blocks(model: Path) -> None:
     a = script(tokens=32, load_async=True)
     engine = Engine(make_config(model, [child("a", a), child("b", script())]))
