@@ -20,6 +20,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Final
 
 from vllm.config.cache import _layout_from_name
+from vllm.distributed.kv_events import KVConnectorKVEvents as KVEvents
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -607,6 +608,22 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         (``None`` when no child has one): vLLM's output aggregator merges it across workers
         child by child, and the scheduler hands each child back its own."""
         found = self._kids.present("get_kv_connector_kv_cache_events", soft=True)
+        wrong = [name for name, events in found.items() if not isinstance(events, KVEvents)]
+        if wrong:  # vLLM's aggregator would call its methods: that child's failure, here
+            self._kids.absorb(
+                "get_kv_connector_kv_cache_events",
+                [
+                    (
+                        name,
+                        InvalidArgumentError(
+                            f"child {name!r} answered get_kv_connector_kv_cache_events with "
+                            f"{shown(found.pop(name))}; must be a KVConnectorKVEvents or None"
+                        ),
+                    )
+                    for name in wrong
+                ],
+                "its events of this step dropped",
+            )
         return NamedKVEvents(found) if found else None
 
     def get_handshake_metadata(self) -> NamedHandshakeMetadata | None:

@@ -23,6 +23,7 @@ from ..aggregator import MultiConnector as Aggregator
 from ..errors import (
     InvalidArgumentError,
     InvalidParamsError,
+    InvalidValueError,
     KeyClashError,
     ShutDownError,
 )
@@ -464,8 +465,11 @@ class SchedulerPart:
         ):
             _named(worker_meta, NamedMultiConnectorWorkerMetadata, "kv_connector_worker_meta")
         events = connector_output.kv_cache_events
-        if events is not None and events.__class__ is not NamedKVEvents:
-            _named(events, NamedKVEvents, "kv_cache_events")
+        if events is not None:
+            if events.__class__ is not NamedKVEvents:
+                _named(events, NamedKVEvents, "kv_cache_events")
+            if events.failed:
+                self._events_failed(events)
         loaded = connector_output.finished_recving or ()  # as the workers reported them
         if self._kids.fan.update_connector_output:
             self._route_output(connector_output, worker_meta, events)
@@ -499,6 +503,19 @@ class SchedulerPart:
             savers_of.pop(request_id, None)
         if handed or sending:
             connector_output.finished_sending = {*unknown, *handed} or None
+
+    def _events_failed(self, events: NamedKVEvents) -> None:
+        """The children whose KV cache events raised while vLLM merged the workers' (dropped
+        there: :class:`NamedKVEvents`): their failure, counted under their names."""
+        failures: list[tuple[str, BaseException]] = [
+            (name, InvalidValueError(f"child {name!r}'s KV cache events did not merge: {why}"))
+            for name, why in events.failed.items()
+            if name in self._kids.by_name
+        ]
+        if failures:
+            self._kids.absorb(
+                "get_kv_connector_kv_cache_events", failures, "its events of this step dropped"
+            )
 
     def _saves_confirmed(self, finished: Any) -> list[str]:
         """Every worker reported ``finished`` sent (vLLM's output aggregator awaits every

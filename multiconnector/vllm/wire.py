@@ -330,12 +330,19 @@ class NamedKVEvents(KVConnectorKVEvents):  # type: ignore[misc]
     ``increment_workers(1)``), or takes it as that name's first. The scheduler then gives each
     child its own object (:attr:`children`), of its own class, and only that.
 
+    vLLM calls these methods outside any ``try`` of the connector's (in its output aggregator),
+    so a child's object that raises there is that child's failure, not the engine's: its events
+    of the step are dropped, and :attr:`failed` says why (the scheduler counts it under the
+    child's name).
+
     .. versionadded:: 0.1.0
     """
 
     def __init__(self, children: Mapping[str, Any] | None = None, workers: int = 1) -> None:
         self.children: dict[str, Any] = dict(children or {})
         self._workers = workers
+        #: Per child name, why its events were dropped while merged (``"<type>: <message>"``).
+        self.failed: dict[str, str] = {}
 
     def add_events(self, events: list[Any]) -> None:
         for item in events:
@@ -344,16 +351,29 @@ class NamedKVEvents(KVConnectorKVEvents):  # type: ignore[misc]
                     f"an item of events={shown(item)} must be a NamedEvents (a NamedKVEvents "
                     "merges only another worker's NamedKVEvents)"
                 )
+            if item.name in self.failed:
+                continue  # dropped for this step: a half-merged object is no one's events
             mine = self.children.get(item.name)
             if mine is None:
                 self.children[item.name] = item.events
-            else:
+                continue
+            try:
                 mine.add_events(item.events.get_all_events())
                 mine.increment_workers(1)
+            except Exception as exc:
+                self._drop(item.name, exc)
+
+    def _drop(self, name: str, exc: Exception) -> None:
+        """Child ``name``'s events object raised while merged: dropped, and why kept."""
+        self.children.pop(name, None)
+        self.failed[name] = f"{type(exc).__name__}: {exc}"[:500]
 
     def aggregate(self) -> NamedKVEvents:
-        for events in self.children.values():
-            events.aggregate()
+        for name, events in list(self.children.items()):
+            try:
+                events.aggregate()
+            except Exception as exc:
+                self._drop(name, exc)
         return self
 
     def increment_workers(self, count: int = 1) -> None:
@@ -367,12 +387,16 @@ class NamedKVEvents(KVConnectorKVEvents):  # type: ignore[misc]
         return self._workers
 
     def clear_events(self) -> None:
-        for events in self.children.values():
-            events.clear_events()
+        for name, events in list(self.children.items()):
+            try:
+                events.clear_events()
+            except Exception as exc:
+                self._drop(name, exc)
         self._workers = 1
 
     def __repr__(self) -> str:
-        return f"NamedKVEvents(children={self.children!r}, workers={self._workers})"
+        failed = f", failed={self.failed!r}" if self.failed else ""
+        return f"NamedKVEvents(children={self.children!r}, workers={self._workers}{failed})"
 
 
 @dataclass(frozen=True)
