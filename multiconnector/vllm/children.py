@@ -14,7 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from numbers import Integral
-from typing import Any, TypeVar, final
+from typing import Any, Final, TypeVar, final
+
+from vllm.distributed.kv_events import KVConnectorKVEvents
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from .._validate import shown
 from ..errors import ConnectorFailures, InvalidArgumentError, InvalidValueError
@@ -25,7 +29,7 @@ from .fanout import Fanout
 from .trouble import Trouble
 from .wire import NamedMultiConnectorMetadata
 
-__all__ = ["Children", "Slot", "failed"]
+__all__ = ["ANSWER_TYPES", "Children", "Slot", "failed", "wrong_answer"]
 
 _T = TypeVar("_T")
 
@@ -263,6 +267,24 @@ class Children:
                 "scheduler and the workers must be configured with the same children"
             )
         return metadata
+
+
+def wrong_answer(name: str, hook: str, answer: Any) -> InvalidArgumentError:
+    """Child ``name`` answered per-step ``hook`` with what is not the type vLLM's interface
+    says (:data:`ANSWER_TYPES`): vLLM would call its methods outside the adapter's calls."""
+    return InvalidArgumentError(
+        f"child {name!r} answered {hook} with {shown(answer)}; must be a "
+        f"{ANSWER_TYPES[hook].__name__} or None"
+    )
+
+
+#: The type of a per-step hook's answer whose methods vLLM calls itself (aggregating the
+#: workers' answers, logging, exporting): any other answer is that child's failure.
+ANSWER_TYPES: Final[dict[str, type[Any]]] = {
+    "get_kv_connector_stats": KVConnectorStats,
+    "get_kv_connector_kv_cache_events": KVConnectorKVEvents,
+    "build_connector_worker_meta": KVConnectorWorkerMetadata,
+}
 
 
 def _all(what: str, failures: list[tuple[str, Exception]], result: Any) -> ConnectorFailures:

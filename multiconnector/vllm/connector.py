@@ -20,7 +20,6 @@ from contextlib import AbstractContextManager
 from typing import Any, Final
 
 from vllm.config.cache import _layout_from_name
-from vllm.distributed.kv_events import KVConnectorKVEvents as KVEvents
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -35,7 +34,7 @@ from ..aggregator import MultiConnector as Aggregator
 from ..errors import InvalidArgumentError
 from ..ledger import SaveLedger
 from ..outcome import Outcome
-from .children import Children, Failures, failed
+from .children import ANSWER_TYPES, Children, Failures, failed, wrong_answer
 from .config import child_specs, connector_class, settings_of, specs_of, without_hma
 from .counted import WORKERS
 from .errors import ChildrenConflictError, HMAUnsupportedError
@@ -608,20 +607,14 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         (``None`` when no child has one): vLLM's output aggregator merges it across workers
         child by child, and the scheduler hands each child back its own."""
         found = self._kids.present("get_kv_connector_kv_cache_events", soft=True)
-        wrong = [name for name, events in found.items() if not isinstance(events, KVEvents)]
+        hook = "get_kv_connector_kv_cache_events"
+        wrong = [
+            name for name, events in found.items() if not isinstance(events, ANSWER_TYPES[hook])
+        ]
         if wrong:  # vLLM's aggregator would call its methods: that child's failure, here
             self._kids.absorb(
-                "get_kv_connector_kv_cache_events",
-                [
-                    (
-                        name,
-                        InvalidArgumentError(
-                            f"child {name!r} answered get_kv_connector_kv_cache_events with "
-                            f"{shown(found.pop(name))}; must be a KVConnectorKVEvents or None"
-                        ),
-                    )
-                    for name in wrong
-                ],
+                hook,
+                [(name, wrong_answer(name, hook, found.pop(name))) for name in wrong],
                 "its events of this step dropped",
             )
         return NamedKVEvents(found) if found else None
@@ -720,8 +713,14 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             except Exception as exc:
                 failures = failed(failures, name, exc)
                 continue
-            if found is not None:
-                stats[name] = found
+            if found is None:
+                continue
+            if not isinstance(found, KVConnectorStats):  # vLLM would call its methods
+                failures = failed(
+                    failures, name, wrong_answer(name, "get_kv_connector_stats", found)
+                )
+                continue
+            stats[name] = found
         if failures is not None:
             self._kids.absorb("get_kv_connector_stats", failures, "its stats of this step dropped")
         new = self._kids.trouble.take_unreported()

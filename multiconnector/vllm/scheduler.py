@@ -459,17 +459,17 @@ class SchedulerPart:
         load completion of a request with saves is taken (its one completion is its save's).
         """
         worker_meta = connector_output.kv_connector_worker_meta
-        if (
-            worker_meta is not None
-            and worker_meta.__class__ is not NamedMultiConnectorWorkerMetadata
-        ):
-            _named(worker_meta, NamedMultiConnectorWorkerMetadata, "kv_connector_worker_meta")
+        if worker_meta is not None:
+            if worker_meta.__class__ is not NamedMultiConnectorWorkerMetadata:
+                _named(worker_meta, NamedMultiConnectorWorkerMetadata, "kv_connector_worker_meta")
+            if worker_meta.failed:
+                self._merge_failed("build_connector_worker_meta", worker_meta.failed, "metadata")
         events = connector_output.kv_cache_events
         if events is not None:
             if events.__class__ is not NamedKVEvents:
                 _named(events, NamedKVEvents, "kv_cache_events")
             if events.failed:
-                self._events_failed(events)
+                self._merge_failed("get_kv_connector_kv_cache_events", events.failed, "events")
         loaded = connector_output.finished_recving or ()  # as the workers reported them
         if self._kids.fan.update_connector_output:
             self._route_output(connector_output, worker_meta, events)
@@ -504,18 +504,17 @@ class SchedulerPart:
         if handed or sending:
             connector_output.finished_sending = {*unknown, *handed} or None
 
-    def _events_failed(self, events: NamedKVEvents) -> None:
-        """The children whose KV cache events raised while vLLM merged the workers' (dropped
-        there: :class:`NamedKVEvents`): their failure, counted under their names."""
+    def _merge_failed(self, hook: str, why_of: Mapping[str, str], what: str) -> None:
+        """The children whose answers to ``hook`` raised while vLLM merged the workers' (their
+        ``what`` dropped there: :class:`NamedKVEvents`, worker metadata): their failure,
+        counted under their names."""
         failures: list[tuple[str, BaseException]] = [
-            (name, InvalidValueError(f"child {name!r}'s KV cache events did not merge: {why}"))
-            for name, why in events.failed.items()
+            (name, InvalidValueError(f"child {name!r}'s {what} did not merge: {why}"))
+            for name, why in why_of.items()
             if name in self._kids.by_name
         ]
         if failures:
-            self._kids.absorb(
-                "get_kv_connector_kv_cache_events", failures, "its events of this step dropped"
-            )
+            self._kids.absorb(hook, failures, f"its {what} of this step dropped")
 
     def _saves_confirmed(self, finished: Any) -> list[str]:
         """Every worker reported ``finished`` sent (vLLM's output aggregator awaits every

@@ -17,7 +17,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
     MultiKVConnectorStats,
     MultiKVConnectorWorkerMetadata,
@@ -38,6 +41,11 @@ __all__ = [
     "msgspec_dec_hook",
     "msgspec_enc_hook",
 ]
+
+
+def _why(exc: Exception) -> str:
+    """What a child's object raised, for a failure recorded where vLLM called it: one line."""
+    return f"{type(exc).__name__}: {exc}"[:500]
 
 
 class NamedMultiConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
@@ -239,7 +247,9 @@ class NamedMultiConnectorWorkerMetadata(MultiKVConnectorWorkerMetadata):  # type
     workers reported each request finished sending (1 from one worker; summed as workers'
     metadata is aggregated): the scheduler counts them against the child's finished count.
     ``loaded`` carries such a child's load reports (of the requests it was chosen to load) the
-    same way, and ``load_failed`` those of them that were failed loads.
+    same way, and ``load_failed`` those of them that were failed loads. ``failed`` names the
+    children whose metadata raised while vLLM aggregated the workers' (outside the connector's
+    calls): dropped for the step, each with why; the scheduler counts them.
 
     A vLLM ``MultiKVConnectorWorkerMetadata``: :attr:`metadata` is vLLM's view, one entry per
     child in configuration order (``order``, the names), ``None`` for a child with none. It is
@@ -256,6 +266,7 @@ class NamedMultiConnectorWorkerMetadata(MultiKVConnectorWorkerMetadata):  # type
         load_failed: dict[str, dict[str, int]] | None = None,
         *,
         order: tuple[str, ...] = (),
+        failed: dict[str, str] | None = None,
     ) -> None:
         self.children: dict[str, Any] = {} if children is None else children
         self.sent: dict[str, dict[str, int]] = {} if sent is None else sent
@@ -263,6 +274,8 @@ class NamedMultiConnectorWorkerMetadata(MultiKVConnectorWorkerMetadata):  # type
         self.load_failed: dict[str, dict[str, int]] = {} if load_failed is None else load_failed
         #: Every child's name, in configuration order (empty: the order of ``children``).
         self.order = order
+        #: Per child name, why its metadata was dropped while aggregated.
+        self.failed: dict[str, str] = {} if failed is None else failed
 
     @property
     def metadata(self) -> tuple[Any, ...]:
@@ -276,16 +289,27 @@ class NamedMultiConnectorWorkerMetadata(MultiKVConnectorWorkerMetadata):  # type
             raise InvalidArgumentError(
                 f"other={shown(other)} must be a NamedMultiConnectorWorkerMetadata"
             )
-        merged = dict(self.children)
+        failed = {**self.failed, **other.failed}
+        merged = {name: meta for name, meta in self.children.items() if name not in failed}
         for name, theirs in other.children.items():
             mine = merged.get(name)
-            merged[name] = theirs if mine is None else mine.aggregate(theirs)
+            if name in failed:
+                continue
+            if mine is None:
+                merged[name] = theirs
+                continue
+            try:
+                merged[name] = mine.aggregate(theirs)
+            except Exception as exc:  # that child's failure: its metadata of the step dropped
+                del merged[name]
+                failed[name] = _why(exc)
         return NamedMultiConnectorWorkerMetadata(
             merged,
             _summed(self.sent, other.sent),
             _summed(self.loaded, other.loaded),
             _summed(self.load_failed, other.load_failed),
             order=self.order or other.order,
+            failed=failed,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -366,7 +390,7 @@ class NamedKVEvents(KVConnectorKVEvents):  # type: ignore[misc]
     def _drop(self, name: str, exc: Exception) -> None:
         """Child ``name``'s events object raised while merged: dropped, and why kept."""
         self.children.pop(name, None)
-        self.failed[name] = f"{type(exc).__name__}: {exc}"[:500]
+        self.failed[name] = _why(exc)
 
     def aggregate(self) -> NamedKVEvents:
         for name, events in list(self.children.items()):
@@ -445,23 +469,40 @@ class NamedMultiConnectorStats(MultiKVConnectorStats):  # type: ignore[misc]
     reach the log line under :data:`ADAPTER_KEY` and the Prometheus metrics of
     :class:`NamedPromMetrics`.
 
+    vLLM calls these methods outside any ``try`` of the connector's (aggregating the workers'
+    stats, logging, exporting): a child's stats that raise in their own ``aggregate``,
+    ``to_dict``, ``reduce``, ``is_empty`` or ``reset`` (or aggregate into what is no stats) are
+    that child's failure, not the engine's: its stats are dropped from this object and counted
+    under ``"failed.get_kv_connector_stats"`` in its ``counts``.
+
     .. versionadded:: 0.1.0
     """
 
     sources: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
+    def _failed(self, name: str) -> None:
+        """Child ``name``'s stats raised where vLLM called them: dropped, and counted."""
+        self.data.pop(name, None)
+        counts = self.counts.setdefault(name, {})
+        counts[_STATS_FAILED] = counts.get(_STATS_FAILED, 0) + 1
+
     def to_dict(self) -> dict[str, Any]:
         payload: dict[str, Any] = {}
-        for name, stats in self.data.items():
+        for name, stats in list(self.data.items()):
+            try:
+                own = stats.to_dict()
+            except Exception:
+                self._failed(name)
+                continue
             source = self.sources.get(name)
             if source is None:
-                payload[name] = stats.to_dict()
+                payload[name] = own
                 continue
             payload[name] = {
                 "kv_connector": source[0],
                 "kv_connector_module_path": source[1],
-                "stats": stats.to_dict(),
+                "stats": own,
             }
         for name, counts in self.counts.items():
             source = self.sources.get(name)
@@ -475,9 +516,12 @@ class NamedMultiConnectorStats(MultiKVConnectorStats):  # type: ignore[misc]
         return payload
 
     def reset(self) -> None:
-        for stats in self.data.values():
-            stats.reset()
         self.counts.clear()
+        for name, stats in list(self.data.items()):
+            try:
+                stats.reset()
+            except Exception:
+                self._failed(name)  # reported with the next interval's stats
 
     def aggregate(self, other: Any) -> NamedMultiConnectorStats:
         """Fold ``other`` (ours or vLLM's ``MultiKVConnectorStats``) into this accumulator,
@@ -487,7 +531,18 @@ class NamedMultiConnectorStats(MultiKVConnectorStats):  # type: ignore[misc]
         theirs = getattr(other, "sources", {})
         for name, stats in other.data.items():
             mine = self.data.get(name)
-            self.data[name] = stats if mine is None else mine.aggregate(stats)
+            if mine is None:
+                self.data[name] = stats
+                continue
+            try:
+                merged = mine.aggregate(stats)
+            except Exception:
+                self._failed(name)
+                continue
+            if isinstance(merged, KVConnectorStats):
+                self.data[name] = merged
+            else:
+                self._failed(name)
         for name, source in theirs.items():
             self.sources.setdefault(name, source)
         for name, counts in getattr(other, "counts", {}).items():
@@ -499,7 +554,12 @@ class NamedMultiConnectorStats(MultiKVConnectorStats):  # type: ignore[misc]
     def reduce(self) -> dict[str, Any]:
         """Each entry's reduced values, under its name (vLLM's shape); the adapter's counts,
         if any, under :data:`ADAPTER_KEY`, as ``"<child>.<count>"``."""
-        reduced: dict[str, Any] = {name: stats.reduce() for name, stats in self.data.items()}
+        reduced: dict[str, Any] = {}
+        for name, stats in list(self.data.items()):
+            try:
+                reduced[name] = stats.reduce()
+            except Exception:
+                self._failed(name)
         ours = {
             f"{name}.{key}": n
             for name, counts in sorted(self.counts.items())
@@ -510,13 +570,19 @@ class NamedMultiConnectorStats(MultiKVConnectorStats):  # type: ignore[misc]
         return reduced
 
     def is_empty(self) -> bool:
-        return all(stats.is_empty() for stats in self.data.values()) and not any(
-            self.counts.values()
-        )
+        for name, stats in list(self.data.items()):
+            try:
+                if not stats.is_empty():
+                    return False
+            except Exception:
+                self._failed(name)
+        return not any(self.counts.values())
 
 
 #: The prefix of a count of a child's failures in one hook: ``"failed.<hook>"``.
 FAILED: Final = "failed."
+#: The count of a child whose stats raised where vLLM called them.
+_STATS_FAILED: Final = FAILED + "get_kv_connector_stats"
 
 #: Where :meth:`NamedMultiConnectorStats.reduce` puts the adapter's own counts: not a child name
 #: (a name has no whitespace), so it never hides a child's entry.

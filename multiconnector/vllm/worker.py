@@ -25,7 +25,7 @@ from ..ledger import SaveLedger
 from ..machine import State
 from ..outcome import Outcome
 from ..rule import count
-from .children import Children, Failures, failed
+from .children import ANSWER_TYPES, Children, Failures, failed, wrong_answer
 from .config import Settings
 from .errors import ChildrenConflictError
 from .wire import (
@@ -511,10 +511,16 @@ class WorkerPart:
             except Exception as exc:
                 failures = failed(failures, name, exc)
                 continue
-            if meta is not None:
-                if found is None:
-                    found = {}
-                found[name] = meta
+            if meta is None:
+                continue
+            if not isinstance(meta, ANSWER_TYPES["build_connector_worker_meta"]):
+                failures = failed(
+                    failures, name, wrong_answer(name, "build_connector_worker_meta", meta)
+                )
+                continue
+            if found is None:
+                found = {}
+            found[name] = meta
         if failures is not None:
             self._kids.absorb(
                 "build_connector_worker_meta", failures, "its worker metadata dropped"

@@ -15,16 +15,21 @@ from vllm_support import require_vllm
 
 require_vllm()
 
+import copy  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 from vllm.distributed.kv_events import BlockRemoved, KVConnectorKVEvents  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
+    KVConnectorRole,
+    KVConnectorWorkerMetadata,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import (  # noqa: E402
     LMCacheKVEvents,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm_children import child, script  # noqa: E402
 from vllm_harness import make_config, make_connector  # noqa: E402
@@ -156,3 +161,131 @@ def test_a_childs_broken_events_do_not_crash_the_aggregator(model: Path, kind: s
     else:
         assert scheduler.child_failures() == {"bad": hook}
         assert [w.child_failures() for w in workers] == [{}, {}]
+
+
+class BrokenStats(KVConnectorStats):  # type: ignore[misc]
+    """A child's stats one of whose methods raises where vLLM calls it (a child's bug)."""
+
+    def __init__(self, broken: str) -> None:
+        super().__init__(data={"count": 1})
+        self.broken = broken
+
+    def _check(self, method: str) -> None:
+        if method == self.broken:
+            raise RuntimeError(f"child's stats: {method} broke")
+
+    def aggregate(self, other: KVConnectorStats) -> Any:
+        self._check("aggregate")
+        return None if self.broken == "aggregate into None" else self
+
+    def reduce(self) -> dict[str, int | float]:
+        self._check("reduce")
+        return {"count": 1}
+
+    def is_empty(self) -> bool:
+        self._check("is_empty")
+        return False
+
+    def to_dict(self) -> dict[str, Any]:
+        self._check("to_dict")
+        return {"data": dict(self.data)}
+
+    def reset(self) -> None:
+        self._check("reset")
+
+
+class BrokenWorkerMetadata(KVConnectorWorkerMetadata):  # type: ignore[misc]
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        raise RuntimeError("child's worker metadata: aggregate broke")
+
+
+def two_workers(model: Path, answers: dict[str, Any]) -> tuple[Any, list[Any], Any]:
+    """A scheduler's and two workers' connectors with a good child ("good", stats 1, its own
+    worker metadata) and a bad one, whose worker-side hooks answer ``answers`` (a fresh answer
+    a call, from a function); then vLLM's aggregation of the workers' outputs."""
+    good, bad = script(stats=1), script()
+    config = make_config(model, [child("good", good), child("bad", bad)])
+    scheduler = make_connector(config, KVConnectorRole.SCHEDULER)
+    workers = [make_connector(config, KVConnectorRole.WORKER) for _ in range(2)]
+    for instance in bad.instances:
+        for method, make in answers.items():
+            setattr(instance, method, make)
+    outputs = [
+        ModelRunnerOutput(
+            req_ids=[],
+            req_id_to_index={},
+            kv_connector_output=KVConnectorOutput(
+                kv_connector_stats=w.get_kv_connector_stats(),
+                kv_connector_worker_meta=w.build_connector_worker_meta(),
+            ),
+        )
+        for w in workers
+    ]
+    merged = KVOutputAggregator(expected_finished_count=2).aggregate(outputs)
+    assert merged is not None
+    return scheduler, workers, merged.kv_connector_output
+
+
+BROKEN_STATS = ["aggregate", "aggregate into None", "reduce", "is_empty", "to_dict", "reset"]
+
+
+@pytest.mark.parametrize("broken", BROKEN_STATS)
+def test_a_childs_broken_stats_are_its_failure_not_the_engines(model: Path, broken: str) -> None:
+    # vLLM aggregates the workers' stats, asks is_empty(), logs reduce(), exports to_dict()
+    # and resets, all outside the connector's calls: a child's stats that raise there (or
+    # aggregate into what is no stats) are dropped and counted in that child's counts; the
+    # other child's stats stand, aggregated over both workers.
+    _, _, output = two_workers(model, {"get_kv_connector_stats": lambda: BrokenStats(broken)})
+    stats = output.kv_connector_stats
+    failed = {"bad": {"failed.get_kv_connector_stats": 1}}
+    if broken == "is_empty":  # asked child by child until one is not empty: the bad one alone
+        alone = type(stats)(data={"bad": stats.data["bad"]}, sources=dict(stats.sources))
+        assert alone.is_empty() is False  # its failure is to be reported
+        assert alone.counts == failed and not alone.data
+    assert not stats.is_empty()
+    reduced = stats.reduce()
+    payload = copy.deepcopy(stats.to_dict())  # the stats' own dicts, which reset() clears
+    counts = {name: dict(per) for name, per in stats.counts.items()}
+    stats.reset()
+    assert reduced["good"] == {"count": 2}  # both workers' counts, aggregated
+    assert payload["good"]["stats"] == {"count": 2}
+    if broken in ("reset", "is_empty"):
+        assert reduced["bad"] == {"count": 1}
+        assert stats.counts == (failed if broken == "reset" else {})  # reset: the next interval's
+        return
+    assert counts == failed
+    assert ("bad" in reduced) is (broken == "to_dict")  # dropped where it raised, not before
+    assert "bad" not in stats.data
+    assert payload["bad"] == {
+        "kv_connector": "ScriptedConnector",
+        "kv_connector_module_path": payload["bad"]["kv_connector_module_path"],
+        "stats": None,  # its entry carries the count alone
+        "counts": {"failed.get_kv_connector_stats": 1},
+    }
+
+
+def test_a_childs_stats_of_the_wrong_type_are_its_failure_on_the_worker(model: Path) -> None:
+    _, workers, output = two_workers(model, {"get_kv_connector_stats": lambda: {"count": 1}})
+    assert output.kv_connector_stats.reduce()["good"] == {"count": 2}
+    assert [w.child_failures() for w in workers] == [{"bad": {"get_kv_connector_stats": 1}}] * 2
+
+
+@pytest.mark.parametrize("answer", ["raises in aggregate", "a string"])
+def test_a_childs_broken_worker_metadata_is_its_failure_not_the_engines(
+    model: Path, answer: str
+) -> None:
+    # vLLM aggregates the workers' metadata outside the connector's calls: a child's that
+    # raises there, or is of the wrong type, is dropped for the step and counted; the other
+    # child's metadata reaches it, aggregated over both workers.
+    made = BrokenWorkerMetadata if answer == "raises in aggregate" else (lambda: "metadata")
+    scheduler, workers, output = two_workers(model, {"build_connector_worker_meta": made})
+    scheduler.update_connector_output(output)
+    good = scheduler.sub_connectors[0].script
+    seen = [call[1] for call in good.names("update_connector_output")]
+    assert [meta.seen for meta in seen] == [[good.label, good.label]]
+    hook = {"build_connector_worker_meta": 1}
+    if answer == "a string":  # refused by each worker before it was sent
+        assert [w.child_failures() for w in workers] == [{"bad": hook}] * 2
+        assert scheduler.child_failures() == {}
+    else:  # dropped while vLLM aggregated: the scheduler counts it
+        assert scheduler.child_failures() == {"bad": hook}
