@@ -6,6 +6,7 @@ Everything here is keyed by child name, never by position.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -579,6 +580,8 @@ class NamedMultiConnectorStats(MultiKVConnectorStats):  # type: ignore[misc]
         return not any(self.counts.values())
 
 
+logger: Final = logging.getLogger("multiconnector")
+
 #: The prefix of a count of a child's failures in one hook: ``"failed.<hook>"``.
 FAILED: Final = "failed."
 #: The count of a child whose stats raised where vLLM called them.
@@ -624,6 +627,8 @@ class NamedPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
     ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self.by_name = dict(by_name)
+        #: The children whose metrics' failure was logged (once each).
+        self._warned: set[str] = set()
         self.child_failures = self._counter_cls(
             name="vllm:multiconnector_child_failures",
             documentation="Failures of a child connector of multiconnector's MultiConnector, by "
@@ -645,10 +650,28 @@ class NamedPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
             metrics = self.by_name.get(name)
             stats = entry.get("stats", {})
             if metrics is not None and stats is not None:
-                metrics.observe(stats, engine_idx)
+                try:
+                    metrics.observe(stats, engine_idx)
+                except Exception:  # its class's metrics' failure: the others are recorded
+                    self._observe_failed(name, engine_idx)
             counts = entry.get("counts")
             if counts:
                 self._observe_counts(name, counts, engine_idx)
+
+    def _observe_failed(self, name: str, engine_idx: int) -> None:
+        """Child ``name``'s class's metrics raised recording its stats (vLLM calls this outside
+        the connector's calls, in the front end): counted under the hook ``observe``, logged
+        with its traceback the first time for that child."""
+        values = self.per_engine_labelvalues[engine_idx]
+        self.child_failures.labels(*values, name, "observe").inc()
+        if name not in self._warned:
+            self._warned.add(name)
+            logger.warning(
+                "child connector %r's Prometheus metrics failed to record its stats (counted "
+                "under hook 'observe'; later failures are counted, not logged)",
+                name,
+                exc_info=True,
+            )
 
     def _observe_counts(self, name: str, counts: Mapping[str, int], engine_idx: int) -> None:
         values = self.per_engine_labelvalues[engine_idx]

@@ -644,6 +644,35 @@ def test_a_childs_failures_are_a_prometheus_counter_by_child_and_hook(model: Pat
     )
 
 
+def test_a_childs_metrics_that_raise_are_counted_and_the_others_recorded(
+    model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # vLLM's front end calls observe() outside the connector's calls: a child's class's
+    # metrics that raise there are that child's failure, not the server's.
+    class Broken:
+        def observe(self, stats: Any, engine_idx: int = 0) -> None:
+            raise RuntimeError("metrics broke")
+
+    class Recording:
+        def __init__(self) -> None:
+            self.seen: list[Any] = []
+
+        def observe(self, stats: Any, engine_idx: int = 0) -> None:
+            self.seen.append(stats)
+
+    metrics = _prom_metrics(model)
+    good = Recording()
+    metrics.by_name = {"a": Broken(), "b": good}
+    for step in range(2):
+        metrics.observe({"a": {"stats": {"n": step}}, "b": {"stats": {"n": step}}})
+    assert good.seen == [{"n": 0}, {"n": 1}]
+    name = "vllm:multiconnector_child_failures_total"
+    labels = {"engine": "0", "child": "a", "hook": "observe"}
+    assert REGISTRY.get_sample_value(name, labels) == 2
+    logged = [r for r in caplog.records if "Prometheus metrics failed" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None  # once, with its traceback
+
+
 def test_shutdown_attempts_every_child(model: Path) -> None:
     a, b = script(shutdown_error=RuntimeError("a")), script()
     w = worker(model, a=a, b=b)
