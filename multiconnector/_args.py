@@ -6,21 +6,33 @@
   before any work starts. A directory, a missing parent folder, or a place that cannot be
   written is a usage error; no parent folder is ever created.
 * :func:`name_list`: a comma-separated list of connector names, each by the library's name rule.
+* :func:`read_json`: the JSON document an option names (``-``: standard input).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
+import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ._validate import name_problem
 
-__all__ = ["Parser", "name_list", "output_dir", "output_file", "plain", "split_list"]
+__all__ = [
+    "Parser",
+    "name_list",
+    "output_dir",
+    "output_file",
+    "plain",
+    "read_json",
+    "split_list",
+    "unique_list",
+]
 
 _ROLE = re.compile(r":[a-z]+:`~?([^`<]*?)\s*(?:<[^>]*>)?`")
 _LITERAL = re.compile(r"``(.+?)``")
@@ -62,15 +74,44 @@ def split_list(text: str, what: str) -> list[str]:
     return items
 
 
+def unique_list(text: str, what: str) -> list[str]:
+    """:func:`split_list`, with no item given twice."""
+    return _once(split_list(text, what))
+
+
+def _once(items: list[str]) -> list[str]:
+    twice = sorted({n for n in items if items.count(n) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"{', '.join(map(repr, twice))} given twice")
+    return items
+
+
 def name_list(text: str) -> list[str]:
     """Connector names, comma-separated, each by the library's name rule, none twice."""
     names = split_list(text, "connector names")
     for name in names:
         _check_name(name)
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise argparse.ArgumentTypeError(f"{', '.join(map(repr, twice))} given twice")
-    return names
+    return _once(names)
+
+
+def read_json(file: str) -> Any:
+    """The JSON document in ``file`` (``"-"``: standard input), for an option naming it.
+
+    Raises :class:`OSError` when it cannot be read (standard input closed included) and
+    :class:`ValueError` when it is not JSON: not UTF-8, malformed, or nested too deeply for the
+    parser (its :class:`RecursionError`).
+    """
+    if file == "-":
+        if sys.stdin is None:  # the command was started with its stdin closed
+            raise OSError("standard input is closed")
+        text = sys.stdin.read()
+    else:
+        with open(file, encoding="utf-8") as fh:
+            text = fh.read()
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to read") from None
 
 
 def _check_name(name: str) -> None:

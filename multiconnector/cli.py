@@ -5,12 +5,16 @@ dispatches, so importing the library never imports a command's dependencies.
 
 A user mistake is one line on stderr and exit status 2, never a traceback. When the reader of
 stdout goes away (``multiconnector --help | head -1``) the command ends quietly: with its own
-status if it had finished, else 141 (the shell's status for a closed pipe).
+status if it had finished, else 141 (the shell's status for a closed pipe). A command started
+with no stdout at all (``multiconnector demo >&-``) is refused the same way as a mistake; a
+character stdout's encoding cannot write (``PYTHONIOENCODING=ascii``) is written escaped
+(``\\u2014``).
 """
 
 from __future__ import annotations
 
 import importlib
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -47,6 +51,11 @@ CLOSED_PIPE = 141
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad arguments)."""
+    if sys.stdout is None:  # started with its stdout closed: nowhere to write the results
+        print("multiconnector: error: standard output is closed", file=sys.stderr)
+        return 2
+    for stream in (sys.stdout, sys.stderr):
+        _escape_unencodable(stream)
     status: int | None = None
     try:
         status = _dispatch(list(sys.argv[1:] if argv is None else argv))
@@ -67,6 +76,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(status)
     return status
+
+
+def _escape_unencodable(stream: object) -> None:
+    """Characters ``stream``'s encoding lacks are written as escapes, not raised."""
+    if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+        stream.reconfigure(errors="backslashreplace")
 
 
 def _dispatch(args: list[str]) -> int:

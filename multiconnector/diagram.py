@@ -25,7 +25,6 @@ True
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from typing import Any, Final, cast
 
 from transitions.extensions import GraphMachine
 
-from ._args import Parser, output_dir, output_file
+from ._args import Parser, output_dir, output_file, read_json
 from ._drawing import (
     FORMATS,
     DiagramMachine,
@@ -211,6 +210,10 @@ def find_path(
             raise InvalidArgumentError(f"{argument}={shown(value)} must be a str or None")
     if prop is not None:
         props = data.get("properties") if isinstance(data, Mapping) else None
+        if props is not None and not isinstance(props, list):
+            raise InvalidArgumentError(
+                f"data's 'properties'={shown(props)} must be a list, as a check report's is"
+            )
         named = {str(p.get("name")): p for p in props or () if isinstance(p, Mapping)}
         if prop not in named:
             raise InvalidValueError(
@@ -264,12 +267,7 @@ def read_path(
 
 
 def _load(file: str | os.PathLike[str]) -> Any:
-    if os.fspath(file) == "-":
-        text = sys.stdin.read()
-    else:
-        with open(file, encoding="utf-8") as fh:
-            text = fh.read()
-    return json.loads(text)
+    return read_json(os.fspath(file))
 
 
 def trace_numbers(
@@ -284,8 +282,11 @@ def trace_numbers(
     .. versionadded:: 0.1.0
     """
     if prop is not None and isinstance(data, Mapping):
+        props = data.get("properties")
         named = {
-            str(p.get("name")): p for p in data.get("properties") or () if isinstance(p, Mapping)
+            str(p.get("name")): p
+            for p in (props if isinstance(props, list) else ())
+            if isinstance(p, Mapping)
         }
         data = (named.get(prop) or {}).get("counterexample") or {}
     found: list[Any] = []
@@ -498,6 +499,19 @@ def _output(text: str) -> str:
     return str(output_file(text))
 
 
+#: The longest ``--title``: a title is one line of a diagram (Graphviz's ``dot`` refuses a line
+#: of some 16,000 characters).
+MAX_TITLE: Final = 200
+
+
+def _title(text: str) -> str:
+    if len(text) > MAX_TITLE:
+        raise argparse.ArgumentTypeError(
+            f"a title of {len(text):,} characters; at most {MAX_TITLE}"
+        )
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="multiconnector diagram",
@@ -534,7 +548,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="in a check report, the property whose counterexample to draw",
     )
-    parser.add_argument("--title", help="the diagram's title")
+    parser.add_argument(
+        "--title", type=_title, help=f"the diagram's title (at most {MAX_TITLE} characters)"
+    )
     parser.add_argument(
         "--machine",
         metavar="MODULE:ATTR",
@@ -564,8 +580,7 @@ def run_cli(argv: Sequence[str]) -> int:
 
         return run_machine_cli(args, parser)
     if args.state is not None:
-        parser.print_usage(sys.stderr)
-        print("multiconnector diagram: --state needs --machine", file=sys.stderr)
+        print(f"{parser.prog}: error: --state needs --machine", file=sys.stderr)
         return 2
     narrowing = args.request is not None or args.property is not None
     if args.all is not None and (args.path is not None or narrowing):
@@ -582,8 +597,9 @@ def run_cli(argv: Sequence[str]) -> int:
             data = _load(args.path)
             request, path = find_path(data, args.request, args.property)
             numbers = trace_numbers(data, request, args.property, len(path))
-        except (OSError, ValueError, InvalidArgumentError) as exc:
-            print(f"multiconnector diagram: --path {args.path}: {exc}", file=sys.stderr)
+        except (OSError, ValueError, InvalidArgumentError, RecursionError) as exc:
+            text = "nested too deeply to read" if isinstance(exc, RecursionError) else str(exc)
+            print(f"{parser.prog}: error: --path {args.path}: {text}", file=sys.stderr)
             return 2
     try:
         if args.all is not None:  # the folder was made (not its parents) when it was checked

@@ -17,8 +17,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from ._args import Parser, output_file, split_list
+import attrs
+
+from ._args import Parser, output_file, unique_list
 from ._workload import FAULT_KINDS, Simulation, SimulationConfig, SimulationResult
+from ._workload.config import MAX_BLOCKS, MAX_POOL_BLOCKS, MAX_REQUESTS, MAX_THREADS
 from .errors import InvalidArgumentError
 
 __all__ = [
@@ -195,7 +198,7 @@ def _faults(text: str) -> frozenset[str]:
         return frozenset(FAULT_KINDS)
     if text.strip() == "none":
         return frozenset()
-    kinds = frozenset(split_list(text, "fault kinds (or all, or none)"))
+    kinds = frozenset(unique_list(text, "fault kinds (or all, or none)"))
     unknown = sorted(kinds - set(FAULT_KINDS))
     if unknown:
         raise argparse.ArgumentTypeError(
@@ -214,10 +217,11 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = parser.add_argument
-    add("--requests", type=int, default=defaults.requests, help="requests to run (%(default)s)")
+    add("--requests", type=int, default=defaults.requests,
+        help=f"requests to run (%(default)s; at most {MAX_REQUESTS:,})")  # fmt: skip
     add("--seed", type=int, default=defaults.seed, help="the run's seed (%(default)s)")
     add("--threads", type=int, default=defaults.threads,
-        help="threads delivering the connectors' reports (%(default)s); "
+        help=f"threads delivering the connectors' reports (%(default)s; at most {MAX_THREADS}); "
         "only a 1-thread run is reproducible")  # fmt: skip
     add("--faults", type=_faults, default=defaults.faults, metavar="KIND[,KIND...]",
         help="fault kinds to inject: all (default), none, or a comma-separated list")  # fmt: skip
@@ -225,7 +229,9 @@ def _parser() -> argparse.ArgumentParser:
         help="probability per request and fault kind (%(default)s)")  # fmt: skip
     add("--cancel-rate", type=float, default=defaults.cancel_rate,
         help="probability that a request is cancelled (%(default)s)")  # fmt: skip
-    add("--blocks", type=int, default=defaults.blocks, help="KV blocks in the pool (%(default)s)")
+    add("--blocks", type=int, default=defaults.blocks,
+        help=f"KV blocks in the pool, {MAX_BLOCKS} to {MAX_POOL_BLOCKS:,} (%(default)s)"
+        )  # fmt: skip
     add("--stripes", type=int, default=defaults.stripes,
         help="the aggregator's lock stripes, a power of two (%(default)s)")  # fmt: skip
     add("--json", type=output_file, metavar="FILE",
@@ -251,8 +257,10 @@ def run_cli(argv: Sequence[str]) -> int:
             blocks=args.blocks,
             stripes=args.stripes,
         )
-    except InvalidArgumentError as exc:
-        parser.error(str(exc))
+    except InvalidArgumentError as exc:  # "requests=... must be ...": named as its option
+        field = str(exc).partition("=")[0]
+        named = field in attrs.fields_dict(SimulationConfig)
+        parser.error(f"argument --{field.replace('_', '-')}: {exc}" if named else str(exc))
     with _progress(args.progress, config.requests) as on_progress:
         result = simulate(config, on_progress=on_progress)
     _print_summary(result, sys.stdout, fancy=sys.stdout.isatty())

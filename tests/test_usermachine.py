@@ -122,7 +122,7 @@ def test_svg_of_a_path() -> None:
         (["check", "--machine", "docs_example:OrderFlow", "--requests", "3"], r"--requests"),
         (["check", "--machine", "docs_example:OrderFlow", "--per-request"], r"--per-request"),
         (["check", "--machine", "docs_example:OrderFlow", "--params"], r"--params"),
-        (["check", "--invariant", "docs_example:OrderFlow"], r"need --machine"),
+        (["check", "--invariant", "docs_example:OrderFlow"], r"--invariant needs --machine"),
         (["diagram", "--machine", "docs_example:OrderFlow", "--state", "x"], r"state='x'"),
         (["diagram", "--state", "held"], r"--state needs --machine"),
     ],

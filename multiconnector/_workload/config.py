@@ -10,7 +10,15 @@ import attrs
 from .._validate import bad_argument, check_stripes, shown
 from ..errors import InvalidArgumentError, InvalidValueError
 
-__all__ = ["CONNECTORS", "FAULT_KINDS", "MAX_BLOCKS", "SimulationConfig"]
+__all__ = [
+    "CONNECTORS",
+    "FAULT_KINDS",
+    "MAX_BLOCKS",
+    "MAX_POOL_BLOCKS",
+    "MAX_REQUESTS",
+    "MAX_THREADS",
+    "SimulationConfig",
+]
 
 #: The fault kinds ``--faults`` picks from, and what each injects.
 FAULT_KINDS: Final[dict[str, str]] = {
@@ -29,6 +37,16 @@ FAULT_KINDS: Final[dict[str, str]] = {
 CONNECTORS: Final[tuple[str, ...]] = ("cache", "pd@0", "pd@1", "nixl")
 #: The most blocks a request takes: the pool must hold at least one such request.
 MAX_BLOCKS: Final = 32
+#: The most requests a run takes: ten times the documented million, an hour or so of work.
+#: The run keeps a byte per request, and a number as large as fits an int would only fail later
+#: (out of memory, or after days).
+MAX_REQUESTS: Final = 10_000_000
+#: The largest pool: the pool keeps about 50 bytes per block (a million: some 50 MB), and more
+#: blocks than this only make every request fit at once.
+MAX_POOL_BLOCKS: Final = 1_000_000
+#: The most worker threads: each is an OS thread with its own stack, and a run with more
+#: threads than this would race no more than one with fewer.
+MAX_THREADS: Final = 256
 
 
 def _check_rate(value: Any, argument: str) -> float:
@@ -39,10 +57,10 @@ def _check_rate(value: Any, argument: str) -> float:
     raise error(f"{argument}={shown(value)} must be a number from 0 to 1")
 
 
-def _check_count(value: Any, argument: str, minimum: int) -> None:
-    if type(value) is not int or value < minimum:
+def _check_count(value: Any, argument: str, minimum: int, maximum: int) -> None:
+    if type(value) is not int or not minimum <= value <= maximum:
         error = InvalidValueError if type(value) is int else InvalidArgumentError
-        raise error(f"{argument}={shown(value)} must be an int >= {minimum}")
+        raise error(f"{argument}={shown(value)} must be an int >= {minimum} and <= {maximum:,}")
 
 
 def _check_faults(value: Any) -> frozenset[str]:
@@ -68,6 +86,8 @@ class SimulationConfig:
     ``fault_rate`` is the probability, per request and per fault kind, that the fault is injected
     (connectors are unregistered ten times less often); ``cancel_rate`` the probability that the
     scheduler cancels a request at a random moment of its life; ``blocks`` the pool's size.
+    ``requests`` is at most 10,000,000, ``threads`` 256 and ``blocks`` 1,000,000
+    (``MAX_REQUESTS``, ``MAX_THREADS``, ``MAX_POOL_BLOCKS``).
     """
 
     requests: int = 100_000
@@ -80,11 +100,11 @@ class SimulationConfig:
     stripes: int = 64
 
     def __attrs_post_init__(self) -> None:
-        _check_count(self.requests, "requests", 1)
+        _check_count(self.requests, "requests", 1, MAX_REQUESTS)
         if type(self.seed) is not int:
             raise InvalidArgumentError(f"seed={shown(self.seed)} must be an int")
-        _check_count(self.threads, "threads", 1)
-        _check_count(self.blocks, "blocks", MAX_BLOCKS)
+        _check_count(self.threads, "threads", 1, MAX_THREADS)
+        _check_count(self.blocks, "blocks", MAX_BLOCKS, MAX_POOL_BLOCKS)
         check_stripes(self.stripes)
         _check_rate(self.fault_rate, "fault_rate")
         _check_rate(self.cancel_rate, "cancel_rate")

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Collection, Sequence
 from typing import Final
 
-from .._args import Parser, name_list, output_file, split_list
+from .._args import Parser, name_list, output_file, split_list, unique_list
 from .._explore import EXIT_STATUS
 from ..errors import (
     MultiConnectorError,
@@ -23,6 +23,7 @@ from .scenario import (
     EARLY_REPORTS,
     KINDS,
     LOAD_EVENTS,
+    MAX_CONNECTORS,
     MAX_REQUESTS,
     SAVER,
     SPLIT_EVENTS,
@@ -45,11 +46,15 @@ def _parse_connectors(text: str) -> dict[str, str | None]:
         if name in kinds:
             raise argparse.ArgumentTypeError(f"{name!r} is given twice")
         kinds[name] = None if kind == "none" else kind
+    if len(kinds) > MAX_CONNECTORS:
+        raise argparse.ArgumentTypeError(
+            f"{len(kinds)} connectors; a check takes at most {MAX_CONNECTORS}"
+        )
     return kinds
 
 
 def _parse_list(text: str) -> list[str]:
-    return split_list(text, "event kinds")
+    return unique_list(text, "event kinds")
 
 
 def _default_unknown(connectors: Collection[str]) -> list[str]:
@@ -123,7 +128,7 @@ def _add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
         type=_parse_connectors,
         default=dict(DEFAULT_CONNECTORS),
         metavar="SPEC",
-        help=f"NAME[={_CHOICES}],... (default: {default})",
+        help=f"NAME[={_CHOICES}],..., at most {MAX_CONNECTORS} (default: {default})",
     )
     parser.add_argument(
         "--unknown",

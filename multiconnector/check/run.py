@@ -60,6 +60,7 @@ from .scenario import (
     GARBAGE,
     KINDS,
     LOADER,
+    MAX_CONNECTORS,
     MAX_REQUESTS,
     PARAM_CHOICES,
     RAISES,
@@ -110,12 +111,13 @@ def check_aggregator(
     ``request_finished``), ``"raises"`` (its calls raise), ``"garbage"`` (it answers a bare
     ``True``), ``"store"`` (a saver with ``Role.save``), ``"loader"`` (``Role.load``: it answers
     ``match_tokens``, promises a save never awaited), ``"counted"`` (as ``<name>@1``, ``@2``:
-    docs/check.md) or ``None`` (not ready); a store or a loader adds :data:`ROLES_KEPT`. Default:
-    :data:`DEFAULT_CONNECTORS`. ``unknown`` names are never registered; their reports are
-    events. ``requests`` request ids take part. ``events`` chooses the alphabet among
-    :data:`ALPHABET` (the default) and :data:`LOAD_EVENTS`; with a load event, savers also
-    answer ``match_tokens`` (0, 1 or ``None``, every combination) and the report adds
-    :data:`LOAD_ONCE` after ``no leak``. ``factory(registry, trace=True, stripes=1)`` builds the
+    docs/check.md) or ``None`` (not ready); a store or a loader adds :data:`ROLES_KEPT`. At
+    most 16 connectors (``MAX_CONNECTORS``); default: :data:`DEFAULT_CONNECTORS`. ``unknown``
+    names are never registered; their reports are events. ``requests`` request ids take part.
+    ``events`` chooses the alphabet among :data:`ALPHABET` (the default) and
+    :data:`LOAD_EVENTS`; with a load event, savers also answer ``match_tokens`` (0, 1 or
+    ``None``, every combination) and the report adds :data:`LOAD_ONCE` after ``no leak``.
+    ``factory(registry, trace=True, stripes=1)`` builds the
     aggregator (a subclass, or a ``functools.partial``). ``max_states``, ``max_depth``,
     ``max_seconds`` (default: none, so it finishes) and ``progress``, or a ``config``
     (:class:`SearchConfig`), bound and show the search.
@@ -308,6 +310,11 @@ def _kinds(
     if not isinstance(connectors, Mapping) or not connectors:
         raise bad_argument(isinstance(connectors, Mapping))(
             f"connectors={shown(connectors)} must be a non-empty Mapping of name to kind"
+        )
+    if len(connectors) > MAX_CONNECTORS:
+        raise InvalidValueError(
+            f"connectors={shown(connectors)} has {len(connectors)} connectors; a check takes at "
+            f"most {MAX_CONNECTORS} (every subset of the savers is a request_finished event)"
         )
     kinds: dict[str, str | None] = {}
     for name, kind in connectors.items():

@@ -96,6 +96,10 @@ DEFAULT_CONNECTORS: Final[Mapping[str, str | None]] = {"a": SAVER, "b": SAVER}
 DEFAULT_UNKNOWN: Final[tuple[str, ...]] = ("ghost",)
 #: The most request ids a check takes part (``requests``, ``--requests``).
 MAX_REQUESTS: Final = 6
+#: The most connectors a check registers (``connectors``, ``--connectors``): each
+#: ``request_finished`` event is one subset of the ready savers, ``2**n`` of them for ``n``
+#: savers of different kinds (65,536 at the bound). The docs' largest check has nine.
+MAX_CONNECTORS: Final = 16
 #: What a scripted saver may answer as params when the scenario checks them (``params=True``),
 #: each a symbol the ``request_finished`` event carries per saver: nothing, a key of its own
 #: (its name), that key plus the shared key ``=shared`` with the value 1 (equal across savers)

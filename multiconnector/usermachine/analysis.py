@@ -549,7 +549,17 @@ class _ModelScenario(_Scenario):
         self.collecting = gc.isenabled()
 
     def initial(self) -> _Run:
-        made = self.factory()
+        """A fresh model from the factory, on its own machine or attached to the given one.
+
+        The factory is the caller's argument: when it raises, or makes something that cannot
+        be a model, :class:`~multiconnector.InvalidArgumentError` says so (the search stops).
+        """
+        try:
+            made = self.factory()
+        except Exception as exc:
+            raise InvalidArgumentError(
+                f"model={shown(self.factory)} raised {type(exc).__name__} when called: {exc}"
+            ) from None
         machine = owned_machine(made)
         model = made
         if machine is not None and made is machine:
@@ -559,9 +569,18 @@ class _ModelScenario(_Scenario):
                     f"model={shown(self.factory)} made a machine with no model attached"
                 )
         if machine is None:
+            if made is None:  # transitions would take it for "no model" and attach nothing
+                raise InvalidArgumentError(f"model={shown(self.factory)} made None, not a model")
             if self.previous is not None:
                 self.shared.remove_model(self.previous)
-            self.shared.add_model(made)
+                self.previous = None
+            try:
+                self.shared.add_model(made)
+            except Exception as exc:  # an int, a str: transitions cannot give it triggers
+                raise InvalidArgumentError(
+                    f"model={shown(self.factory)} made {shown(made)}, which cannot be a model: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from None
             self.previous = made
             machine = self.shared
         attribute = str(getattr(machine, "model_attribute", "state"))
@@ -620,7 +639,12 @@ class _ModelScenario(_Scenario):
             return None
         for trigger in self.events(run):
             may = getattr(run.model, f"may_{trigger}", None)
-            if may is None or may():
+            try:
+                if may is None or may():
+                    return None
+            except Exception:  # its guard raised (or is missing): not a deadlock
+                # Applying the event runs the same guard: the exception is reported there, as
+                # the property "no exception" (the event's exception, with its trace).
                 return None
         return f"no event can fire in {run.state!r}, which is not final"
 

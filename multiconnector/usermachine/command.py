@@ -22,8 +22,12 @@ _AGGREGATOR_OPTIONS: Final = (
     "requests",
     "events",
     "load",
+    "split",
     "params",
+    "early_reports",
     "per_request",
+    "no_reduction",
+    "strict_coverage",
     "no_symmetry",
 )
 
@@ -64,19 +68,26 @@ def run_check_cli(args: Any, parser: Any) -> int:
     """``multiconnector check --machine``: 0 PASS, 1 a property FAILs, 2 bad input, 3
     INCONCLUSIVE (``--max-states`` or ``--max-seconds`` cut the search short)."""
     if args.machine is None:
-        parser.print_usage(sys.stderr)
-        print(
-            "multiconnector check: error: --model, --free-guards and --invariant need --machine",
-            file=sys.stderr,
-        )
+        given = [
+            option
+            for option, value in (
+                ("--model", args.model),
+                ("--free-guards", args.free_guards),
+                ("--invariant", args.invariant),
+            )
+            if value
+        ]
+        options = " and ".join([", ".join(given[:-1]), given[-1]] if given[:-1] else given)
+        verb = "needs" if len(given) == 1 else "need"
+        print(f"{parser.prog}: error: {options} {verb} --machine", file=sys.stderr)
         return 2
     given = [o for o in _AGGREGATOR_OPTIONS if getattr(args, o) != parser.get_default(o)]
     if given:
-        parser.print_usage(sys.stderr)
         print(
-            "multiconnector check: error: "
+            f"{parser.prog}: error: "
             + ", ".join("--" + o.replace("_", "-") for o in given)
-            + " applies to the transfer machine, not to --machine",
+            + (" applies" if len(given) == 1 else " apply")
+            + " to the transfer machine, not to --machine",
             file=sys.stderr,
         )
         return 2
@@ -95,9 +106,8 @@ def run_check_cli(args: Any, parser: Any) -> int:
             progress=not args.no_progress,
         )
     except (InvalidArgumentError, InvalidMachineError) as exc:
-        where = "" if isinstance(exc, InvalidArgumentError) else f"--machine {args.machine}: "
-        text = str(exc).replace("\n  - ", "; ")
-        print(f"multiconnector check: error: {where}{text}", file=sys.stderr)
+        text = str(exc).replace(":\n  - ", ": ").replace("\n  - ", "; ")
+        print(f"{parser.prog}: error: {_blamed(exc, args)}{text}", file=sys.stderr)
         return 2
     print(report.to_text())
     if args.json is not None:
@@ -105,7 +115,24 @@ def run_check_cli(args: Any, parser: Any) -> int:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         except OSError as exc:
-            print(f"multiconnector check: error: cannot write --json: {exc}", file=sys.stderr)
+            print(f"{parser.prog}: error: cannot write --json: {exc}", file=sys.stderr)
             return 2
         print(f"report written to {args.json}")
     return EXIT_STATUS[report.verdict]
+
+
+def _blamed(exc: Exception, args: Any) -> str:
+    """The option an error of :func:`check_machine` is about, as its message's prefix.
+
+    :func:`load` names the option itself (``--model='x:y': ...``); the check names its own
+    parameter first (``model=...``, ``invariants ...``); anything else is about the machine.
+    """
+    text = str(exc)
+    if isinstance(exc, InvalidArgumentError) and text.startswith("--"):
+        return ""
+    if text.startswith("model=") and args.model is not None:
+        return f"--model {args.model}: "
+    if text.startswith("invariants"):
+        return "--invariant: "
+    # A machine class or factory is its own model factory when --model is not given.
+    return f"--machine {args.machine}: "

@@ -135,7 +135,7 @@ def load(spec: str, argument: str = "spec") -> Any:
             f"{argument}={spec!r}: no module named {exc.name!r} (run from the directory that "
             "holds it, or put it on PYTHONPATH)"
         ) from None
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a module that exits while imported fails too
         raise InvalidArgumentError(
             f"{argument}={spec!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}"
         ) from None
@@ -213,7 +213,9 @@ def _problems_of_declaration(decl: Mapping[str, Any]) -> list[str]:
         problems.append(f"'final' must be a list of states, not {shown(final)}")
     else:
         for s in finals:
-            if s not in known:
+            if not isinstance(s, str):
+                problems.append(f"'final' item {shown(s)} must be a state name")
+            elif s not in known:
                 problems.append(f"final state {s!r} is not a declared state")
     transitions = decl.get("transitions", ())
     if isinstance(transitions, str) or not isinstance(transitions, Sequence):
@@ -237,9 +239,13 @@ def _problems_of_declaration(decl: Mapping[str, Any]) -> list[str]:
             problems.append(f"transitions[{i}] source={shown(source)} must name states")
             sources = []
         for s in sources:
-            if s != "*" and s not in known:
+            if not isinstance(s, str):
+                problems.append(f"transitions[{i}] source {shown(s)} must be a state name")
+            elif s != "*" and s not in known:
                 problems.append(f"transitions[{i}] source {s!r} is not a declared state")
-        if dest is not None and dest != "=" and dest not in known:
+        if dest is not None and not isinstance(dest, str):
+            problems.append(f"transitions[{i}] dest {shown(dest)} must be a state name or None")
+        elif dest is not None and dest != "=" and dest not in known:
             problems.append(f"transitions[{i}] dest {dest!r} is not a declared state")
     return problems
 
@@ -329,6 +335,10 @@ def resolve(obj: Any) -> tuple[Machine, Callable[[], Any] | None]:
         except TypeError as exc:
             raise InvalidArgumentError(
                 f"machine={shown(obj)} must be callable with no arguments: {exc}"
+            ) from None
+        except Exception as exc:  # the user's code: its error, named, is the machine's problem
+            raise InvalidArgumentError(
+                f"machine={shown(obj)} raised {type(exc).__name__} when called: {exc}"
             ) from None
         machine = owned_machine(made)
         if machine is None:

@@ -19,7 +19,6 @@ True
 from __future__ import annotations
 
 import contextlib
-import json
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,10 +26,11 @@ from typing import Any, cast, final
 
 import attrs
 
+from .._args import read_json
 from .._drawing import FORMATS, DiagramMachine, cell, machine_class, mark_initial, titled_mermaid
 from .._explore import Counterexample
 from .._validate import check_choice, shown
-from ..errors import InvalidArgumentError, InvalidValueError
+from ..errors import InvalidArgumentError, InvalidMachineError, InvalidValueError
 from .declaration import Declared, declare, load
 
 __all__ = ["Diagram", "draw", "path_of", "run_cli"]
@@ -275,38 +275,42 @@ def _report_path(data: Any, prop: str | None) -> Any:
 
 def run_cli(args: Any, parser: Any) -> int:
     """``multiconnector diagram --machine``: 0, 1 when rendering failed, 2 for bad input."""
-    if args.all is not None or args.request is not None:
-        parser.print_usage(sys.stderr)
+    given = [o for o, v in (("--all", args.all), ("--request", args.request)) if v is not None]
+    if given:
+        verb = "draws" if len(given) == 1 else "draw"
         print(
-            "multiconnector diagram: --all and --request draw the transfer machine only",
+            f"{parser.prog}: error: {' and '.join(given)} {verb} the transfer machine only, "
+            "not --machine",
             file=sys.stderr,
         )
         return 2
-    try:
-        machine = load(args.machine, "--machine")
-        path = None
-        if args.path is not None:
-            if args.path == "-":
-                text = sys.stdin.read()
-            else:
-                with open(args.path, encoding="utf-8") as fh:
-                    text = fh.read()
-            path = _report_path(json.loads(text), args.property)
-        elif args.property is not None:
-            parser.print_usage(sys.stderr)
-            print("multiconnector diagram: --property needs --path", file=sys.stderr)
-            return 2
-        diagram = draw(machine, path=path, state=args.state, title=args.title)
-        if args.title is None:
-            base = diagram.declared.name or args.machine
-            diagram = attrs.evolve(diagram, title=base + (": a path" if path is not None else ""))
-    except (OSError, ValueError, InvalidArgumentError) as exc:
-        where = "" if isinstance(exc, InvalidArgumentError) else f"--machine {args.machine}: "
-        if isinstance(exc, OSError | json.JSONDecodeError):
-            where = f"--path {args.path}: "
-        text = str(exc).replace("\n  - ", "; ")
-        print(f"multiconnector diagram: error: {where}{text}", file=sys.stderr)
+    if args.property is not None and args.path is None:
+        print(f"{parser.prog}: error: --property needs --path", file=sys.stderr)
         return 2
+    try:
+        declared = declare(load(args.machine, "--machine"))
+    except (InvalidArgumentError, InvalidMachineError) as exc:
+        # load() names --machine itself; the machine's own problems are prefixed with it.
+        text = str(exc).replace(":\n  - ", ": ").replace("\n  - ", "; ")
+        where = "" if text.startswith("--machine") else f"--machine {args.machine}: "
+        print(f"{parser.prog}: error: {where}{text}", file=sys.stderr)
+        return 2
+    path = None
+    try:
+        if args.path is not None:
+            path = _report_path(read_json(args.path), args.property)
+            path_of(declared, path, "path")  # its steps checked here, to name --path
+    except (OSError, ValueError, InvalidArgumentError) as exc:
+        print(f"{parser.prog}: error: --path {args.path}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        diagram = draw(declared, path=path, state=args.state, title=args.title)
+    except InvalidArgumentError as exc:  # the only argument left unchecked: --state
+        print(f"{parser.prog}: error: --state {args.state}: {exc}", file=sys.stderr)
+        return 2
+    if args.title is None:
+        base = declared.name or args.machine
+        diagram = attrs.evolve(diagram, title=base + (": a path" if path is not None else ""))
     try:
         out = diagram.render(args.format)
     except (RuntimeError, subprocess.CalledProcessError) as exc:
@@ -323,6 +327,6 @@ def run_cli(args: Any, parser: Any) -> int:
         with open(args.output, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(out)
     except OSError as exc:  # writable when checked, no longer
-        print(f"multiconnector diagram: error: cannot write --output: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: error: cannot write --output: {exc}", file=sys.stderr)
         return 2
     return 0
