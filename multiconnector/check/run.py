@@ -117,10 +117,9 @@ def check_aggregator(
     ``events`` chooses the alphabet among :data:`ALPHABET` (the default) and
     :data:`LOAD_EVENTS`; with a load event, savers also answer ``match_tokens`` (0, 1 or
     ``None``, every combination) and the report adds :data:`LOAD_ONCE` after ``no leak``.
-    ``factory(registry, trace=True, stripes=1)`` builds the
-    aggregator (a subclass, or a ``functools.partial``). ``max_states``, ``max_depth``,
-    ``max_seconds`` (default: none, so it finishes) and ``progress``, or a ``config``
-    (:class:`SearchConfig`), bound and show the search.
+    ``factory(registry, trace=True, stripes=1)`` builds the aggregator (a subclass, or a
+    ``functools.partial``). ``max_states``, ``max_depth``, ``max_seconds`` (default: none) and
+    ``progress``, or a ``config`` (:class:`SearchConfig`), bound and show the search.
 
     Coverage (``states reached``, ``transitions fired``) fails only for what the configuration
     can reach (:func:`reachable_in`); ``strict_coverage=True`` requires every declared state and
