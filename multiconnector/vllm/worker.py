@@ -25,7 +25,7 @@ from ..ledger import SaveLedger
 from ..machine import State
 from ..outcome import Outcome
 from ..rule import count
-from .children import ANSWER_TYPES, Children, Failures, failed, wrong_answer
+from .children import Children, Failures, failed
 from .config import Settings
 from .errors import ChildrenConflictError
 from .wire import (
@@ -513,11 +513,9 @@ class WorkerPart:
                 continue
             if meta is None:
                 continue
-            if not isinstance(meta, ANSWER_TYPES["build_connector_worker_meta"]):
-                failures = failed(
-                    failures, name, wrong_answer(name, "build_connector_worker_meta", meta)
-                )
-                continue
+            # Not type-checked: vLLM's own tests give MagicMock children (their metadata is a
+            # MagicMock); one that fails to aggregate is dropped there (NamedMultiConnector-
+            # WorkerMetadata.aggregate) and counted by the scheduler.
             if found is None:
                 found = {}
             found[name] = meta

@@ -270,7 +270,7 @@ def test_a_childs_stats_of_the_wrong_type_are_its_failure_on_the_worker(model: P
     assert [w.child_failures() for w in workers] == [{"bad": {"get_kv_connector_stats": 1}}] * 2
 
 
-@pytest.mark.parametrize("answer", ["raises in aggregate", "a string"])
+@pytest.mark.parametrize("answer", ["raises in aggregate"])
 def test_a_childs_broken_worker_metadata_is_its_failure_not_the_engines(
     model: Path, answer: str
 ) -> None:
