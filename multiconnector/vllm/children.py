@@ -17,7 +17,6 @@ from numbers import Integral
 from typing import Any, Final, TypeVar, final
 
 from vllm.distributed.kv_events import KVConnectorKVEvents
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from .._validate import shown
@@ -283,7 +282,6 @@ def wrong_answer(name: str, hook: str, answer: Any) -> InvalidArgumentError:
 ANSWER_TYPES: Final[dict[str, type[Any]]] = {
     "get_kv_connector_stats": KVConnectorStats,
     "get_kv_connector_kv_cache_events": KVConnectorKVEvents,
-    "build_connector_worker_meta": KVConnectorWorkerMetadata,
 }
 
 
