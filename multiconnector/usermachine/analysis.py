@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import functools
 import gc
 import itertools
 import time
@@ -27,6 +26,8 @@ from .._explore import (
 from .._validate import bad_argument, shown
 from ..errors import InvalidArgumentError, InvalidMachineError
 from .declaration import Candidate, Declared, load, machine_name, owned_machine, read, resolve
+from .overlap import by_guards, by_names
+from .values import data_items, model_data, shown_state, values_text
 
 __all__ = [
     "DEFAULT_MODEL_STATES",
@@ -87,14 +88,6 @@ def _possible(group: Sequence[Candidate]) -> list[tuple[Candidate, dict[str, boo
     return out
 
 
-def _overlap(a: Candidate, b: Candidate) -> bool:
-    """Whether some guard values let both ``a`` and ``b`` fire (a name required by one and
-    refused by the other separates them; the same name required twice does not)."""
-    if set(a.conditions) & set(a.unless) or set(b.conditions) & set(b.unless):
-        return False
-    return not (set(a.conditions) & set(b.unless) or set(a.unless) & set(b.conditions))
-
-
 @attrs.define(slots=True)
 class _FreeModel:
     """What a user invariant sees without a model factory: only the state."""
@@ -117,51 +110,6 @@ class _Run:
     @property
     def state(self) -> str:
         return machine_name(getattr(self.model, self.attribute))
-
-
-#: A bare machine's own attributes, left out of a machine-as-model's snapshot.
-@functools.cache
-def _machine_keys() -> frozenset[str]:
-    return frozenset(vars(Machine(model=None, states=["a"], initial="a")))
-
-
-def _freeze(value: Any) -> Hashable:
-    if isinstance(value, Mapping):
-        return tuple(sorted(((repr(k), _freeze(v)) for k, v in value.items())))
-    if isinstance(value, list | tuple):
-        return tuple(_freeze(v) for v in value)
-    if isinstance(value, set | frozenset):
-        return frozenset(_freeze(v) for v in value)
-    try:
-        hash(value)
-    except TypeError:
-        return repr(value)
-    return value  # type: ignore[no-any-return]
-
-
-def _data_items(model: Any, attribute: str) -> list[tuple[str, Any]] | None:
-    """The model's own data attributes, less callables, machines and machine internals
-    (``None``: the model has no ``__dict__``)."""
-    try:
-        items = vars(model).items()
-    except TypeError:
-        return None
-    skip = _machine_keys() if isinstance(model, Machine) else frozenset()
-    return [
-        (k, v)
-        for k, v in items
-        if k != attribute
-        and k not in skip
-        and not callable(v)
-        and not isinstance(v, Machine)
-        and not k.startswith("__")
-    ]
-
-
-def _model_data(model: Any, attribute: str) -> Hashable:
-    """The model's own data, frozen: what a state is made of besides its name."""
-    items = _data_items(model, attribute)
-    return () if items is None else tuple(sorted((k, _freeze(v)) for k, v in items))
 
 
 # -- the check -----------------------------------------------------------------------------------
@@ -193,11 +141,15 @@ def _user_check(fn: Callable[[Any], object]) -> Callable[[_Run], object]:
 
     def check(run: _Run) -> object:
         try:
-            return fn(run.model)
+            result = fn(run.model)
         except AssertionError:
             raise
         except Exception as exc:
             return f"the invariant raised {type(exc).__name__}: {exc}"
+        if result is False:  # said here, not by its docstring again (the report's heading)
+            values = values_text(run.model, run.attribute)
+            return f"it returned False in {run.state!r}" + (f" with {values}" if values else "")
+        return result
 
     check.__doc__ = getattr(fn, "__doc__", None)
     return check
@@ -269,7 +221,7 @@ def check_machine(
         goal=_final_goal(declared),
         machine=declared.build(),
         fired=_fired,
-        describe=lambda run: run.state,
+        describe=_shown,
         label=scenario.label,
         data=scenario.data,
         annotate=scenario.annotate,
@@ -368,7 +320,9 @@ def _invariant_checks(
     """The built-in invariants, then the user's (whose names must not be a built-in's)."""
     invariant_checks: dict[str, Callable[[_Run], object]] = {
         NO_DEADLOCK: scenario.no_deadlock,
-        DETERMINISTIC: _deterministic(declared),
+        DETERMINISTIC: by_names(declared)
+        if isinstance(scenario, _FreeScenario)
+        else by_guards(declared),
         FINAL_IS_FINAL: _final_is_final(declared),
     }
     for key, fn in checks.items():
@@ -396,32 +350,13 @@ def _final_goal(declared: Declared) -> Callable[[_Run], bool] | None:
     return is_final
 
 
+def _shown(run: _Run) -> str:
+    """A state of a trace: its name and its model's values (``closed (failures=3)``)."""
+    return shown_state(run.state, run.model, run.attribute)
+
+
 def _fired(run: _Run) -> list[tuple[str, str, str]]:
     return [run.last] if run.last is not None else []
-
-
-def _deterministic(declared: Declared) -> Callable[[_Run], object]:
-    """Per state: the pairs of transitions one event could take at once."""
-    clashes: dict[str, list[str]] = {}
-    for trigger in declared.triggers:
-        for source in declared.states:
-            group = declared.candidates(source, trigger)
-            for a, b in itertools.combinations(group, 2):
-                if a.dest != b.dest and _overlap(a, b):
-                    clashes.setdefault(source, []).append(
-                        f"{trigger!r} in {source!r} can take both -> {a.dest}"
-                        + (f" [{a.guard_text}]" if a.guard_text else "")
-                        + f" and -> {b.dest}"
-                        + (f" [{b.guard_text}]" if b.guard_text else "")
-                        + " (transitions takes the first)"
-                    )
-
-    def no_overlapping_guards(run: _Run) -> object:
-        """no event has two transitions, to different states, whose guards can hold at once"""
-        found = clashes.get(run.state)
-        return "; ".join(found) if found else None
-
-    return no_overlapping_guards
 
 
 def _final_is_final(declared: Declared) -> Callable[[_Run], object]:
@@ -601,7 +536,7 @@ class _ModelScenario(_Scenario):
     def snapshot(self, run: _Run) -> Hashable:
         if self.user_snapshot is not None:
             return (run.state, self.user_snapshot(run.model))
-        return (run.state, _model_data(run.model, run.attribute))
+        return (run.state, model_data(run.model, run.attribute))
 
     def fork(self, run: _Run) -> _Run | None:
         """A fresh model given a deep copy of ``run``'s data and its state; ``None`` (and no
@@ -611,7 +546,7 @@ class _ModelScenario(_Scenario):
         self.copies += 1
         if self.collecting and self.copies & _COLLECT_EVERY == 0:
             gc.collect(0)  # the copies dropped since the last time (the search paused it)
-        items = _data_items(run.model, run.attribute)
+        items = data_items(run.model, run.attribute)
         copied = None if items is None else self._copied(run, items)
         if copied is None or self.snapshot(copied) != self.snapshot(run):
             self.forking = False
@@ -655,7 +590,7 @@ class _ModelScenario(_Scenario):
         return str(event)
 
     def annotate(self, run: _Run) -> Mapping[str, Any]:
-        return {"model": repr(_model_data(run.model, run.attribute))}
+        return {"model": repr(model_data(run.model, run.attribute))}
 
 
 # -- validation ----------------------------------------------------------------------------------

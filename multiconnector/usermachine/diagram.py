@@ -32,6 +32,7 @@ from .._explore import Counterexample
 from .._validate import check_choice, shown
 from ..errors import InvalidArgumentError, InvalidMachineError, InvalidValueError
 from .declaration import Declared, declare, load
+from .values import state_name
 
 __all__ = ["Diagram", "draw", "path_of", "run_cli"]
 
@@ -56,13 +57,15 @@ def path_of(declared: Declared, path: Any, argument: str = "path") -> tuple[Trip
             "steps": [{"event": s.event, "data": s.data, "state": s.state} for s in path.steps],
         }
     if isinstance(path, Mapping) and "steps" in path:
-        at = str(path.get("initial"))
+        # A trace shows each state with its model's values: ``closed (failures=3)``.
+        at = state_name(str(path.get("initial")), declared.states)
         for item in path["steps"] or ():
             data = item.get("data") if isinstance(item, Mapping) else None
             trigger = data.get("trigger") if isinstance(data, Mapping) else data
             state = item.get("state") if isinstance(item, Mapping) else None
             if not isinstance(trigger, str) or not isinstance(state, str):
                 raise InvalidArgumentError(f"{argument}: a step {shown(item)} has no trigger")
+            state = state_name(state, declared.states)
             steps.append((trigger, at, state))
             at = state
     elif isinstance(path, Iterable) and not isinstance(path, str | bytes | Mapping):
