@@ -120,6 +120,23 @@ def test_svg_of_a_path() -> None:
         (["check", "--machine", "docs_example"], r"must be MODULE:ATTR"),
         (["check", "--machine", "docs_example:Nope"], r"has no attribute 'Nope'"),
         (["check", "--machine", "docs_example:OrderFlow", "--requests", "3"], r"--requests"),
+        # The transfer machine's defaults, typed out, are refused as well: not ignored.
+        (
+            ["check", "--machine", "docs_example:OrderFlow", "--requests", "2"],
+            r"error: --requests applies to the transfer machine, not to --machine$",
+        ),
+        (
+            ["check", "--machine", "docs_example:OrderFlow", "--connectors", "a,b"],
+            r"error: --connectors applies to the transfer machine",
+        ),
+        (
+            ["check", "--machine", "docs_example:OrderFlow", "--early-reports", "savers"],
+            r"--early-reports applies",
+        ),
+        (
+            ["check", "--machine", "x:Y", "--connectors", "a,b", "--requests", "2"],
+            r"--connectors, --requests apply to the transfer machine",
+        ),
         (["check", "--machine", "docs_example:OrderFlow", "--per-request"], r"--per-request"),
         (["check", "--machine", "docs_example:OrderFlow", "--params"], r"--params"),
         (["check", "--invariant", "docs_example:OrderFlow"], r"--invariant needs --machine"),
@@ -132,8 +149,8 @@ def test_bad_input_is_one_line_exit_2(
 ) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert re.search(message, err), err
-    assert "Traceback" not in err
+    assert re.search(message, err, re.M), err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def _machine(transitions: list[Any], **extra: Any) -> dict[str, Any]:

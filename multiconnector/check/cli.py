@@ -126,7 +126,7 @@ def _add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--connectors",
         type=_parse_connectors,
-        default=dict(DEFAULT_CONNECTORS),
+        default=None,  # None: not given (refused with --machine even when typed as the default)
         metavar="SPEC",
         help=f"NAME[={_CHOICES}],..., at most {MAX_CONNECTORS} (default: {default})",
     )
@@ -141,7 +141,7 @@ def _add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--requests",
         type=_requests,
-        default=2,
+        default=None,  # None: check_aggregator's default, 2
         metavar="N",
         help=f"request ids, 1 to {MAX_REQUESTS} (default: 2)",
     )
@@ -176,7 +176,7 @@ def _add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--early-reports",
         choices=EARLY_REPORTS,
-        default="savers",
+        default=None,  # None: check_aggregator's default, savers
         help="which reports that come while request_finished still asks (kept as early) are "
         "explored: from the savers of that call (the default), from every ready connector "
         "not awaited (all), or none (off); see docs/check.md, Early reports",
@@ -254,17 +254,20 @@ def run_cli(argv: Sequence[str]) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     if args.machine is not None or args.model is not None or args.invariant or args.free_guards:
         return run_check_cli(args, parser)
+    connectors = DEFAULT_CONNECTORS if args.connectors is None else args.connectors
     unknown = args.unknown
     if unknown is None:
-        unknown = _default_unknown(args.connectors)
-    elif clash := [n for n in unknown if n in args.connectors]:
+        unknown = _default_unknown(connectors)
+    elif clash := [n for n in unknown if n in connectors]:
         names = ", ".join(clash)
         print(f"{parser.prog}: error: --unknown {names}: also in --connectors", file=sys.stderr)
         return 2
     try:
+        # Options not given (None) are left out: check_aggregator's defaults apply.
+        given = {"requests": args.requests, "early_reports": args.early_reports}
         report = check_aggregator(
-            args.connectors,
-            requests=args.requests,
+            dict(connectors),
+            **{k: v for k, v in given.items() if v is not None},
             unknown=unknown,
             events=_alphabet(args.events, args.load, args.split),
             symmetry=not args.no_symmetry,
@@ -275,7 +278,6 @@ def run_cli(argv: Sequence[str]) -> int:
             reduction=not args.no_reduction,
             params=args.params,
             per_request=args.per_request,
-            early_reports=args.early_reports,
             progress=not args.no_progress,
         )
     except MultiConnectorError as exc:

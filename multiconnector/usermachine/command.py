@@ -81,7 +81,9 @@ def run_check_cli(args: Any, parser: Any) -> int:
         verb = "needs" if len(given) == 1 else "need"
         print(f"{parser.prog}: error: {options} {verb} --machine", file=sys.stderr)
         return 2
-    given = [o for o in _AGGREGATOR_OPTIONS if getattr(args, o) != parser.get_default(o)]
+    # Each of these defaults to None (a value) or False (a flag): typed out, even as the
+    # default value, it is refused.
+    given = [o for o in _AGGREGATOR_OPTIONS if getattr(args, o) not in (None, False)]
     if given:
         print(
             f"{parser.prog}: error: "
