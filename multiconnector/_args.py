@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ._validate import name_problem
+from .errors import InvalidJSONError
 
 __all__ = [
     "Parser",
@@ -98,20 +99,25 @@ def read_json(file: str) -> Any:
     """The JSON document in ``file`` (``"-"``: standard input), for an option naming it.
 
     Raises :class:`OSError` when it cannot be read (standard input closed included) and
-    :class:`ValueError` when it is not JSON: not UTF-8, malformed, or nested too deeply for the
-    parser (its :class:`RecursionError`).
+    :class:`~multiconnector.errors.InvalidJSONError` (a ``ValueError``) when it is not JSON:
+    not UTF-8, malformed, or nested too deeply for the parser (its :class:`RecursionError`).
     """
-    if file == "-":
-        if sys.stdin is None:  # the command was started with its stdin closed
-            raise OSError("standard input is closed")
-        text = sys.stdin.read()
-    else:
-        with open(file, encoding="utf-8") as fh:
-            text = fh.read()
+    try:
+        if file == "-":
+            if sys.stdin is None:  # the command was started with its stdin closed
+                raise OSError("standard input is closed")
+            text = sys.stdin.read()
+        else:
+            with open(file, encoding="utf-8") as fh:
+                text = fh.read()
+    except UnicodeDecodeError as exc:
+        raise InvalidJSONError(f"not UTF-8 text: {exc}") from None
     try:
         return json.loads(text)
     except RecursionError:
-        raise ValueError("nested too deeply to read") from None
+        raise InvalidJSONError("nested too deeply to read") from None
+    except ValueError as exc:  # json.JSONDecodeError
+        raise InvalidJSONError(str(exc)) from None
 
 
 def _check_name(name: str) -> None:

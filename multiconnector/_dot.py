@@ -14,7 +14,15 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any, Final
 
-__all__ = ["Digraph", "quote"]
+from .errors import GraphvizMissingError
+
+__all__ = ["MISSING_DOT", "Digraph", "quote"]
+
+#: What :class:`GraphvizMissingError` says: what is missing, and how to install it.
+MISSING_DOT: Final = (
+    "the svg format needs Graphviz's `dot` program, not found on PATH ('apt-get install "
+    "graphviz', or your system's package manager, installs it)"
+)
 
 #: An identifier DOT takes unquoted: a name or a number.
 _ID: Final = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*|-?(\.[0-9]+|[0-9]+(\.[0-9]*)?))$")
@@ -91,11 +99,11 @@ class Digraph:
         return "".join([*lines, *self.body, "}\n"])
 
     def pipe(self, format: str = "svg", encoding: str = "utf-8") -> str:
-        """The graph rendered by Graphviz's ``dot`` program (``RuntimeError`` when it is not
-        on ``PATH``; ``CalledProcessError`` when it fails)."""
+        """The graph rendered by Graphviz's ``dot`` program (:class:`GraphvizMissingError`, a
+        ``RuntimeError``, when it is not on ``PATH``; ``CalledProcessError`` when it fails)."""
         program = shutil.which("dot")
         if program is None:
-            raise RuntimeError("failed to execute 'dot': not found on PATH")
+            raise GraphvizMissingError(MISSING_DOT)
         done = subprocess.run(
             [program, f"-K{self.engine}", f"-T{format}"],
             input=self.source.encode(encoding),

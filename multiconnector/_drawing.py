@@ -8,13 +8,15 @@ the travelled transitions, its styles per engine, and the text touches both draw
 from __future__ import annotations
 
 import json
+import shutil
 from typing import Any, Final, cast
 
 from transitions.extensions import GraphMachine
 from transitions.extensions.diagrams_base import BaseGraph
 from transitions.extensions.diagrams_graphviz import Graph as GraphvizGraph
 
-from ._dot import Digraph
+from ._dot import MISSING_DOT, Digraph
+from .errors import GraphvizMissingError
 
 __all__ = [
     "DOT_STYLES",
@@ -23,8 +25,10 @@ __all__ = [
     "DiagramMachine",
     "Numbers",
     "cell",
+    "dot_failed",
     "machine_class",
     "mark_initial",
+    "svg_of",
     "titled_mermaid",
 ]
 
@@ -159,6 +163,22 @@ def mark_initial(graph: Any, initial: str, title: str) -> Any:
     graph.name = title
     graph.graph_attr["label"] = title
     return graph
+
+
+def svg_of(graph: Any) -> str:
+    """``graph`` (the ``graphviz`` package's or :class:`~multiconnector._dot.Digraph`) drawn as
+    SVG by Graphviz's ``dot``: :class:`~multiconnector.errors.GraphvizMissingError` when ``dot``
+    is not on ``PATH``, with or without the package (whose own error would differ)."""
+    if shutil.which("dot") is None:
+        raise GraphvizMissingError(MISSING_DOT)
+    return str(graph.pipe(format="svg", encoding="utf-8"))
+
+
+def dot_failed(exc: Any) -> str:
+    """One line saying why Graphviz's ``dot`` failed (its ``CalledProcessError``)."""
+    said = exc.stderr.decode("utf-8", "replace") if isinstance(exc.stderr, bytes) else ""
+    said = " ".join(said.split()) or f"exit status {exc.returncode}"
+    return f"Graphviz's dot failed: {said}"
 
 
 def cell(text: str) -> str:

@@ -39,12 +39,14 @@ from ._drawing import (
     DiagramMachine,
     Numbers,
     cell,
+    dot_failed,
     machine_class,
     mark_initial,
+    svg_of,
     titled_mermaid,
 )
 from ._validate import bad_argument, check_choice, shown
-from .errors import InvalidArgumentError, InvalidValueError
+from .errors import GraphvizMissingError, InvalidArgumentError, InvalidValueError
 from .machine import INITIAL, STATES, TERMINAL, RequestTransferState, State, Step, build_machine
 
 __all__ = [
@@ -345,8 +347,7 @@ def _dot_graph(path: tuple[Step, ...] | None, title: str, at: Sequence[int] | No
 
 
 def _svg(path: tuple[Step, ...] | None, title: str, at: Sequence[int] | None = None) -> str:
-    svg: str = _dot_graph(path, title, at).pipe(format="svg", encoding="utf-8")
-    return svg
+    return svg_of(_dot_graph(path, title, at))
 
 
 def _guard_text(tran: Mapping[str, Any]) -> str:
@@ -569,7 +570,8 @@ def _write(file: str, text: str) -> None:
 
 
 def run_cli(argv: Sequence[str]) -> int:
-    """``multiconnector diagram``; returns 0, 1 when rendering failed, 2 for bad arguments."""
+    """``multiconnector diagram``; returns 0, 1 when Graphviz's ``dot`` failed, 2 for bad
+    arguments (Graphviz missing for ``svg`` included)."""
     parser = _parser()
     try:
         args = parser.parse_args(list(argv))
@@ -609,12 +611,11 @@ def run_cli(argv: Sequence[str]) -> int:
                 _write(os.path.join(args.all, name), text)
             return 0
         text = render(args.format, path=path, title=args.title, request=request, numbers=numbers)
-    except (RuntimeError, subprocess.CalledProcessError) as exc:  # no `dot`, or it failed
-        print(
-            f"multiconnector diagram: {exc}\n(the svg format needs Graphviz's `dot` on PATH; "
-            "'apt-get install graphviz', or your system's package manager, installs it)",
-            file=sys.stderr,
-        )
+    except GraphvizMissingError as exc:  # what to install: a usage error, one line
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except subprocess.CalledProcessError as exc:  # `dot` ran and failed
+        print(f"{parser.prog}: {dot_failed(exc)}", file=sys.stderr)
         return 1
     except OSError as exc:  # writable when checked, no longer
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)

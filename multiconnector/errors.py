@@ -24,6 +24,8 @@ A bad argument's error is a :class:`TypeError` when its type is wrong and also a
         ├── InvalidMachineError         (also ValueError)   a state machine that fails validation
         ├── NondeterminismError         (also RuntimeError) a model check's replay that diverged
         ├── ShutDownError               (also RuntimeError) work asked of a shut-down aggregator
+        ├── GraphvizMissingError        (also RuntimeError) SVG asked for, Graphviz's dot absent
+        ├── InvalidJSONError            (also ValueError)   a JSON file an option names is not JSON
         ├── ConnectorFailures           (also ExceptionGroup) connectors raised during a fan-out
         │   (below: the vLLM adapter's, in multiconnector.vllm.errors)
         ├── ChildClassError             (also ValueError)   a child connector's class not found
@@ -57,8 +59,10 @@ __all__ = [
     "ConnectorFailures",
     "DuplicateConnectorError",
     "DuplicateRequestError",
+    "GraphvizMissingError",
     "InvalidAnswerError",
     "InvalidArgumentError",
+    "InvalidJSONError",
     "InvalidMachineError",
     "InvalidNameError",
     "InvalidParamsError",
@@ -234,6 +238,24 @@ class ShutDownError(MultiConnectorError, RuntimeError):
     After :meth:`~multiconnector.MultiConnector.shutdown`, every call that would begin, finish,
     report or load a request, ask a connector, or register one raises this. Cancelling, taking
     and reading what is held still work, and a second ``shutdown()`` does nothing.
+    """
+
+
+class GraphvizMissingError(MultiConnectorError, RuntimeError):
+    """An SVG was asked for and Graphviz's ``dot`` program, which draws it, is not on ``PATH``.
+
+    The other formats (``mermaid``, ``dot``, ``md``) are text and need nothing more. A
+    :class:`RuntimeError`, as the ``graphviz`` package's own error for a missing ``dot`` is.
+
+    .. versionadded:: 0.1.0
+    """
+
+
+class InvalidJSONError(MultiConnectorError, ValueError):
+    """A JSON document an option names (``diagram --path``) is not JSON: not UTF-8, malformed,
+    or nested too deeply to read. The message says which, and where.
+
+    .. versionadded:: 0.1.0
     """
 
 

@@ -392,8 +392,9 @@ def test_svg_without_dot_fails_with_a_hint(tmp_path: Path) -> None:
         text=True,
         env=env,
     )
-    assert done.returncode == 1
+    assert done.returncode == 2  # what to install: one line, as a usage error
     assert "apt-get install graphviz" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     assert done.stdout == ""
 
 
@@ -443,8 +444,9 @@ def test_all_without_dot_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "generated"
     env = {**os.environ, "PATH": str(tmp_path)}  # no `dot` there: svg fails
     done = _without_graphviz("diagram", "--all", str(out), env=env)
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert "apt-get install graphviz" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in out.iterdir()) == []  # no partial set left behind
 
 

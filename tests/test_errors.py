@@ -7,11 +7,15 @@ import importlib.util
 import pkgutil
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 
 import multiconnector
 from multiconnector import errors
+from multiconnector._args import read_json
+from multiconnector._dot import Digraph
+from multiconnector.diagram import render
 from multiconnector.errors import ConnectorFailures, KeyClashError, MultiConnectorError
 
 #: A line of the tree: its indent (the depth) and the class it names.
@@ -138,3 +142,33 @@ def test_names_and_exceptions_stay_paired_after_split(kind: type[Exception]) -> 
     for part in (kept, rest):
         assert part is not None
         assert len(part.failed) in {len(part.exceptions), len(part.exceptions) - 1}
+
+
+# -- the errors the commands' helpers raise: under the root too --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"{", "Expecting property name"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b"\x00\xff\xfe\x01", "not UTF-8"),
+    ],
+)
+def test_a_file_that_is_not_json_is_an_invalid_json_error(
+    tmp_path: Path, content: bytes, said: str
+) -> None:
+    file = tmp_path / "x.json"
+    file.write_bytes(content)
+    with pytest.raises(errors.InvalidJSONError, match=said) as caught:
+        read_json(str(file))
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, MultiConnectorError)
+
+
+def test_svg_without_dot_is_a_graphviz_missing_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "")
+    for draw in (lambda: Digraph("g").pipe(), lambda: render("svg")):
+        with pytest.raises(errors.GraphvizMissingError, match="apt-get install graphviz") as caught:
+            draw()
+        assert isinstance(caught.value, RuntimeError)
+        assert isinstance(caught.value, MultiConnectorError)

@@ -27,10 +27,24 @@ from typing import Any, cast, final
 import attrs
 
 from .._args import read_json
-from .._drawing import FORMATS, DiagramMachine, cell, machine_class, mark_initial, titled_mermaid
+from .._drawing import (
+    FORMATS,
+    DiagramMachine,
+    cell,
+    dot_failed,
+    machine_class,
+    mark_initial,
+    svg_of,
+    titled_mermaid,
+)
 from .._explore import Counterexample
 from .._validate import check_choice, shown
-from ..errors import InvalidArgumentError, InvalidMachineError, InvalidValueError
+from ..errors import (
+    GraphvizMissingError,
+    InvalidArgumentError,
+    InvalidMachineError,
+    InvalidValueError,
+)
 from .declaration import Declared, declare, load
 from .values import state_name
 
@@ -164,7 +178,7 @@ class Diagram:
 
     def svg(self) -> str:
         """The SVG, drawn by Graphviz's ``dot`` program."""
-        return str(self._dot_graph().pipe(format="svg", encoding="utf-8"))
+        return svg_of(self._dot_graph())
 
     def markdown(self) -> str:
         d = self.declared
@@ -277,7 +291,8 @@ def _report_path(data: Any, prop: str | None) -> Any:
 
 
 def run_cli(args: Any, parser: Any) -> int:
-    """``multiconnector diagram --machine``: 0, 1 when rendering failed, 2 for bad input."""
+    """``multiconnector diagram --machine``: 0, 1 when Graphviz's ``dot`` failed, 2 for bad
+    input (Graphviz missing for ``svg`` included)."""
     given = [o for o, v in (("--all", args.all), ("--request", args.request)) if v is not None]
     if given:
         verb = "draws" if len(given) == 1 else "draw"
@@ -316,12 +331,11 @@ def run_cli(args: Any, parser: Any) -> int:
         diagram = attrs.evolve(diagram, title=base + (": a path" if path is not None else ""))
     try:
         out = diagram.render(args.format)
-    except (RuntimeError, subprocess.CalledProcessError) as exc:
-        print(
-            f"multiconnector diagram: {exc}\n(the svg format needs Graphviz's `dot` on PATH; "
-            "'apt-get install graphviz', or your system's package manager, installs it)",
-            file=sys.stderr,
-        )
+    except GraphvizMissingError as exc:  # what to install: a usage error, one line
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except subprocess.CalledProcessError as exc:  # `dot` ran and failed
+        print(f"{parser.prog}: {dot_failed(exc)}", file=sys.stderr)
         return 1
     if args.output is None:
         sys.stdout.write(out)
