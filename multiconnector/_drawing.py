@@ -26,10 +26,13 @@ __all__ = [
     "Numbers",
     "cell",
     "dot_failed",
+    "last_style",
     "machine_class",
     "mark_initial",
+    "needs_property",
     "svg_of",
     "titled_mermaid",
+    "traced_properties",
 ]
 
 #: The formats every diagram is drawn in.
@@ -45,7 +48,10 @@ MERMAID_STYLES: Final[dict[str, Any]] = {
         "default": {"fillcolor": "white", "color": "black"},
         "terminal": {"fillcolor": "white", "color": "black", "stroke-width": "3px"},
         "visited": {"fillcolor": "#dbeafe", "color": "#1e3a8a", "stroke": VISITED_COLOUR},
-        "final": {
+        # The path's last state (or the state highlighted): amber, with the terminal mark (the
+        # thick border) only when it is terminal.
+        "final": {"fillcolor": "#fde68a", "color": "#78350f", "stroke": FINAL_COLOUR},
+        "final_terminal": {
             "fillcolor": "#fde68a",
             "color": "#78350f",
             "stroke": FINAL_COLOUR,
@@ -66,7 +72,8 @@ DOT_STYLES: Final[dict[str, Any]] = {
         },
         "terminal": {"peripheries": "2"},
         "visited": {"fillcolor": "#dbeafe", "color": VISITED_COLOUR, "penwidth": "2"},
-        "final": {
+        "final": {"fillcolor": "#fde68a", "color": FINAL_COLOUR, "penwidth": "3"},
+        "final_terminal": {
             "fillcolor": "#fde68a",
             "color": FINAL_COLOUR,
             "penwidth": "3",
@@ -96,6 +103,34 @@ class _NumberedLabels(BaseGraph):
             return label
         noun = "step" if len(found) == 1 else "steps"
         return f"{label} ({noun} {', '.join(map(str, found))})"
+
+
+def last_style(terminal: bool) -> str:
+    """The style of the state a path ends in (or the one highlighted): the terminal mark (a
+    double border; in mermaid, a thick one) only when the state is terminal."""
+    return "final_terminal" if terminal else "final"
+
+
+class _TakenEdges(BaseGraph):
+    """Mixed into a Graphviz graph class: a transition taken is drawn in the ``visited`` style,
+    on an edge of its own when other events share its two states (``transitions`` draws them
+    as one edge, labelled ``a | b``), so an event never taken is never coloured."""
+
+    def _add_edges(self, transitions: list[dict[str, Any]], container: Any) -> None:
+        numbers: Numbers = getattr(self.machine, "step_numbers", {})
+        styles = cast(Any, self.machine).style_attributes.get("edge", {})
+        # Grouped as transitions groups them (by source, then destination), then by taken.
+        edges: dict[str, dict[str, dict[bool, list[str]]]] = {}
+        for tran in transitions:
+            dest = tran.get("dest", tran["source"])
+            taken = (tran["trigger"], tran["source"], dest) in numbers
+            by_taken = edges.setdefault(tran["source"], {}).setdefault(dest, {})
+            by_taken.setdefault(taken, []).append(self._transition_label(tran))
+        for source, dests in edges.items():
+            for dest, by_taken in dests.items():
+                for taken, labels in by_taken.items():
+                    style = styles.get("visited" if taken else "", {})
+                    container.edge(source, dest, label=" | ".join(labels), **style)
 
 
 class _TextGraph(GraphvizGraph):
@@ -134,7 +169,9 @@ class DiagramMachine(GraphMachine):
         name = base.__module__.rsplit("_", 1)[-1]  # diagrams_mermaid -> mermaid
         if name != graph_engine:  # transitions falls back to mermaid when graphviz is missing
             base = _TextGraph
-        return type(f"Numbered{base.__name__}", (_NumberedLabels, base), {})
+        # Mermaid's state diagrams cannot style one transition: only its label's step numbers.
+        mixins = (_NumberedLabels,) if graph_engine == "mermaid" else (_NumberedLabels, _TakenEdges)
+        return type(f"Numbered{base.__name__}", (*mixins, base), {})
 
 
 def machine_class(engine: str, name: str) -> type[DiagramMachine]:
@@ -179,6 +216,27 @@ def dot_failed(exc: Any) -> str:
     said = exc.stderr.decode("utf-8", "replace") if isinstance(exc.stderr, bytes) else ""
     said = " ".join(said.split()) or f"exit status {exc.returncode}"
     return f"Graphviz's dot failed: {said}"
+
+
+def traced_properties(data: Any) -> list[str]:
+    """The properties of a check report (``check --json``) that failed with a counterexample,
+    in the report's order; ``[]`` when ``data`` is not a report."""
+    props = data.get("properties") if isinstance(data, dict) else None
+    if not isinstance(props, list):
+        return []
+    return [str(p.get("name")) for p in props if isinstance(p, dict) and p.get("counterexample")]
+
+
+def needs_property(traced: list[str]) -> str | None:
+    """Why ``--property`` must be given to draw a path from a report whose ``traced``
+    properties failed with a counterexample: several did, and none is drawn silently."""
+    if len(traced) < 2:
+        return None
+    names = ", ".join(repr(name) for name in traced)
+    return (
+        f"--property is needed: {len(traced)} properties failed with a counterexample "
+        f"({names}); name the one to draw"
+    )
 
 
 def cell(text: str) -> str:

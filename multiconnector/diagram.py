@@ -40,10 +40,13 @@ from ._drawing import (
     Numbers,
     cell,
     dot_failed,
+    last_style,
     machine_class,
     mark_initial,
+    needs_property,
     svg_of,
     titled_mermaid,
+    traced_properties,
 )
 from ._validate import bad_argument, check_choice, shown
 from .errors import GraphvizMissingError, InvalidArgumentError, InvalidValueError
@@ -329,12 +332,11 @@ def _graph(engine: str, path: tuple[Step, ...] | None, at: Sequence[int] | None 
         if state in TERMINAL:
             graph.set_node_style(state.value, "terminal")
     if path is not None:
+        # The travelled transitions are styled by their step numbers (``_drawing``).
         final = path[-1].dest if path else INITIAL
         for state in {INITIAL, *(s.dest for s in path)}:
-            graph.set_node_style(state.value, "final" if state is final else "visited")
-        edges = cast(Any, graph).custom_styles["edge"]
-        for one in path:
-            edges[one.source.value][one.dest.value] = "visited"
+            style = last_style(state in TERMINAL) if state is final else "visited"
+            graph.set_node_style(state.value, style)
     return graph.get_graph(title=TITLE)
 
 
@@ -569,6 +571,44 @@ def _write(file: str, text: str) -> None:
         fh.write(text)
 
 
+def _read_path(
+    args: argparse.Namespace, prog: str
+) -> tuple[str | None, tuple[Step, ...], tuple[int, ...] | None, str | None] | int:
+    """``--path``'s request, steps and trace step numbers, and the property whose
+    counterexample they are (``None``: not a check report); or the exit status (2) once the
+    reason why not is printed: several properties failed with a trace and ``--property`` does
+    not choose one, the report is of a machine of your own (``--machine`` is missing), ..."""
+    try:
+        data = _load(args.path)
+        traced = traced_properties(data)
+        problem = _own_machine(data) if _is_report(data) else None
+        if problem is None and args.property is None:
+            problem = needs_property(traced)
+        if problem is not None:
+            print(f"{prog}: error: {problem}", file=sys.stderr)
+            return 2
+        request, path = find_path(data, args.request, args.property)
+        numbers = trace_numbers(data, request, args.property, len(path))
+    except (OSError, ValueError, InvalidArgumentError, RecursionError) as exc:
+        text = "nested too deeply to read" if isinstance(exc, RecursionError) else str(exc)
+        print(f"{prog}: error: --path {args.path}: {text}", file=sys.stderr)
+        return 2
+    drawn = args.property if args.property is not None else next(iter(traced), None)
+    return request, path, numbers, drawn
+
+
+def _own_machine(report: Mapping[str, Any]) -> str | None:
+    """What is missing to draw ``report`` when it is a check of a machine of your own."""
+    bounds = report.get("bounds")
+    if not isinstance(bounds, Mapping) or "machine" not in bounds:
+        return None
+    machine = str(bounds["machine"])
+    return (
+        f"--machine is missing: the report is of 'check --machine {machine}'; draw its "
+        f"counterexample with --machine {machine}"
+    )
+
+
 def run_cli(argv: Sequence[str]) -> int:
     """``multiconnector diagram``; returns 0, 1 when Graphviz's ``dot`` failed, 2 for bad
     arguments (Graphviz missing for ``svg`` included)."""
@@ -594,15 +634,15 @@ def run_cli(argv: Sequence[str]) -> int:
     path: tuple[Step, ...] | None = None
     request = None
     numbers: tuple[int, ...] | None = None
+    title = args.title
     if args.path is not None:
-        try:
-            data = _load(args.path)
-            request, path = find_path(data, args.request, args.property)
-            numbers = trace_numbers(data, request, args.property, len(path))
-        except (OSError, ValueError, InvalidArgumentError, RecursionError) as exc:
-            text = "nested too deeply to read" if isinstance(exc, RecursionError) else str(exc)
-            print(f"{parser.prog}: error: --path {args.path}: {text}", file=sys.stderr)
-            return 2
+        read = _read_path(args, parser.prog)
+        if isinstance(read, int):
+            return read
+        request, path, numbers, drawn = read
+        if title is None and chosen is not None:
+            who = f"path of {request}" if request is not None else "a path"
+            title = f"{TITLE}: {who}, counterexample to {chosen!r}"
     try:
         if args.all is not None:  # the folder was made (not its parents) when it was checked
             # Every diagram drawn before any is written: a format that fails leaves no part.
@@ -610,7 +650,7 @@ def run_cli(argv: Sequence[str]) -> int:
             for name, text in drawn.items():
                 _write(os.path.join(args.all, name), text)
             return 0
-        text = render(args.format, path=path, title=args.title, request=request, numbers=numbers)
+        text = render(args.format, path=path, title=title, request=request, numbers=numbers)
     except GraphvizMissingError as exc:  # what to install: a usage error, one line
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2

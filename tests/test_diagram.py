@@ -164,7 +164,7 @@ def test_traced_history_is_marked_on_mermaid() -> None:
     assert classes(text) == {
         "pending": "visited",
         "finishing": "visited",
-        "finished": "final",
+        "finished": "final_terminal",
         "cancelled": "terminal",
     }
     assert "pending --> finishing: request_finished [has_savers] (step 1)" in text
@@ -202,26 +202,63 @@ def test_empty_path_ends_where_it_began() -> None:
     assert classes(render("mermaid", path=[]))["pending"] == "final"
 
 
+def _node(dot: str, state: str) -> str:
+    found = re.search(rf"^\t{state} \[(.*)\]$", dot, re.M)
+    assert found is not None, dot
+    return found.group(1)
+
+
+def test_the_last_state_has_the_terminal_mark_only_when_terminal() -> None:
+    """A path ending in ``finishing`` ends amber with a single border; one in ``finished``
+    (terminal) keeps its double border, amber too."""
+    unfinished = traced("s a")  # request_finished, a reports: b still owes its report
+    assert unfinished[-1].dest is State.finishing
+    assert classes(render("mermaid", path=unfinished))["finishing"] == "final"
+    assert "s_final fill:#fde68a,color:#78350f,stroke:#b45309\n" in render("mermaid")
+    node = _node(render("dot", path=unfinished), "finishing")
+    assert 'fillcolor="#fde68a"' in node and "peripheries" not in node
+    finished = traced("s a b")
+    assert classes(render("mermaid", path=finished))["finished"] == "final_terminal"
+    assert "peripheries=2" in _node(render("dot", path=finished), "finished")
+
+
+def test_a_merged_edge_is_coloured_only_for_the_events_taken() -> None:
+    """``transfer_finished [!is_last]`` and ``connector_gone [!is_last]`` share an edge; a path
+    taking the first colours it alone, on an edge of its own."""
+    dot = render("dot", path=traced("s a"))
+    edges = re.findall(r"^\tfinishing -> finishing \[(.*)\]$", dot, re.M)
+    assert edges == [
+        'label="transfer_finished [!is_last] (step 2)" color="#1d4ed8" fontcolor="#1d4ed8" '
+        "penwidth=2.5",
+        'label="connector_gone [!is_last]"',
+    ]
+    # Without a path, the edges are merged as transitions draws them.
+    plain = re.findall(r"^\tfinishing -> finishing \[(.*)\]$", render("dot"), re.M)
+    assert plain == ['label="transfer_finished [!is_last] | connector_gone [!is_last]"']
+
+
 @needs_dot
 def test_svg_path_colours_visited_states_and_edges() -> None:
     root = ET.fromstring(render("svg", path=traced("s a b")))
-    fills, strokes = {}, {}
+    fills: dict[str, str | None] = {}
+    strokes: dict[str, list[str | None]] = {}  # an edge's events taken and not: two edges
     for g in root.iter(f"{SVG}g"):
         title = g.findtext(f"{SVG}title") or ""
         shape = g.find(f"{SVG}path")
         if g.get("class") == "node" and shape is not None:
             fills[title] = shape.get("fill")
         elif g.get("class") == "edge" and shape is not None:
-            strokes[title.replace("&#45;&gt;", "->")] = shape.get("stroke")
+            strokes.setdefault(title.replace("&#45;&gt;", "->"), []).append(shape.get("stroke"))
     assert fills == {
         "pending": "#dbeafe",
         "finishing": "#dbeafe",
         "finished": "#fde68a",
         "cancelled": "white",
     }
-    assert strokes["pending->finishing"] == strokes["finishing->finished"] == "#1d4ed8"
-    assert strokes["finishing->finishing"] == "#1d4ed8"
-    assert strokes["pending->cancelled"] == strokes["pending->finished"] == "black"
+    assert strokes["pending->finishing"] == ["#1d4ed8"]
+    assert strokes["finishing->finished"] == ["#1d4ed8", "black"]  # connector_gone not taken
+    assert strokes["finishing->finishing"] == ["#1d4ed8", "black"]
+    assert strokes["pending->cancelled"] == strokes["pending->finished"] == ["black"]
 
 
 def test_path_markdown_lists_steps_with_connectors() -> None:
@@ -474,3 +511,54 @@ def test_graphviz_is_present_where_it_is_required() -> None:
     if os.environ.get("MULTICONNECTOR_REQUIRE_DOT") != "1":
         pytest.skip("Graphviz is optional here (MULTICONNECTOR_REQUIRE_DOT is not set)")
     assert HAS_DOT, "Graphviz's dot is missing: `make system` installs it"
+
+
+# -- which counterexample a report's path is drawn from ------------------------------------------
+
+
+def _report(*names: str) -> dict[str, object]:
+    """A check report whose properties ``names`` failed, each with a counterexample for r1."""
+    return {
+        "title": "multiconnector check: the transfer machine",
+        "bounds": {"connectors": ["a", "b"]},
+        "properties": [
+            {"name": "passing", "result": "PASS", "counterexample": None},
+            *(
+                {"name": n, "result": "FAIL", "counterexample": {"paths": {"r1": path}}}
+                for n, path in zip(names, (ONE, TWO), strict=False)
+            ),
+        ],
+    }
+
+
+def test_several_failures_need_property_and_the_title_names_the_one_drawn(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "check.json"
+    report.write_text(json.dumps(_report("no early free", "no leak")))
+    assert run_cli(["--path", str(report)]) == 2
+    err = capsys.readouterr().err
+    assert "--property is needed: 2 properties failed" in err
+    assert "'no early free', 'no leak'" in err and len(err.strip().splitlines()) == 1
+    assert run_cli(["--path", str(report), "--property", "no leak"]) == 0
+    out = capsys.readouterr().out
+    assert "title: \"request transfer: path of r1, counterexample to 'no leak'\"" in out
+    assert "pending --> finished: request_finished [!has_savers] (step 1)" in out
+    report.write_text(json.dumps(_report("no leak")))  # one: drawn, and named
+    assert run_cli(["--path", str(report)]) == 0
+    assert "counterexample to 'no leak'" in capsys.readouterr().out
+
+
+def test_a_report_of_your_own_machine_says_machine_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "docs"))
+    report = tmp_path / "order.json"
+    argv = ["check", "--machine", "docs_example:OrderFlow", "--no-progress", "--json"]
+    assert main([*argv, str(report)]) == 1
+    capsys.readouterr()
+    for narrowing in ([], ["--property", "no trap"]):
+        assert main(["diagram", "--path", str(report), *narrowing]) == 2
+        err = capsys.readouterr().err
+        assert "--machine is missing" in err and "--machine docs_example:OrderFlow" in err
+        assert "no counterexample" not in err and len(err.strip().splitlines()) == 1

@@ -332,7 +332,7 @@ def test_the_docs_page_shows_the_current_machine_and_diagram() -> None:
     drawn = draw(
         "docs_example:OrderFlow",
         path=report.result(NO_TRAP).counterexample,
-        title="docs_example:OrderFlow: a path",
+        title="docs_example:OrderFlow: counterexample to 'no trap'",
     )
     assert mermaid_blocks(page) == [drawn.mermaid()]
 
@@ -457,3 +457,66 @@ def test_a_model_that_cannot_be_copied_is_replayed() -> None:
 
     report = check_machine(Handle)
     assert report.verdict == "PASS" and report.distinct_states == 2 * 21
+
+
+# -- path diagrams: marks where taken and terminal, the property drawn named -------------------
+
+
+def test_a_path_ending_outside_a_final_state_has_no_terminal_mark() -> None:
+    report = check_machine("docs_example:OrderFlow")
+    trap = draw("docs_example:OrderFlow", path=report.result(NO_TRAP).counterexample)
+    assert re.search(r"^\s*Class held s_final$", trap.mermaid(), re.M)  # held is not final
+    held = re.search(r"^\theld \[(.*)\]$", trap.dot(), re.M)
+    assert held is not None and "peripheries" not in held.group(1)
+    steps = [["place", "cart", "placed"], ["pay", "placed", "paid"], ["ship", "paid", "shipped"]]
+    delivered = draw("docs_example:OrderFlow", path=[*steps, ["deliver", "shipped", "delivered"]])
+    assert re.search(r"^\s*Class delivered s_final_terminal$", delivered.mermaid(), re.M)
+    node = re.search(r"^\tdelivered \[(.*)\]$", delivered.dot(), re.M)
+    assert node is not None and "peripheries=2" in node.group(1)
+
+
+TWO_FAILURES = {
+    "states": ["a", "b", "z"],
+    "initial": "a",
+    "final": ["z"],
+    # Both unguarded (overlapping guards), and b is a deadlock and a trap.
+    "transitions": [["go", "a", "b"], ["go", "a", "z"]],
+}
+
+
+def test_several_failures_need_property_and_the_drawn_one_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "two_failures", types.SimpleNamespace(M=TWO_FAILURES))
+    report = tmp_path / "r.json"
+    assert main(["check", "--machine", "two_failures:M", "--no-progress", "--json", str(report)])
+    capsys.readouterr()
+    draw_it = ["diagram", "--machine", "two_failures:M", "--path", str(report)]
+    assert main(draw_it) == 2
+    err = capsys.readouterr().err
+    assert "--property is needed: 3 properties failed with a counterexample" in err
+    assert "('no deadlock', 'no overlapping guards', 'no trap')" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main([*draw_it, "--property", "no trap"]) == 0
+    assert "title: \"two_failures:M: counterexample to 'no trap'\"" in capsys.readouterr().out
+
+
+def test_a_transfer_machine_report_with_machine_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "transfer.json"
+    report.write_text(
+        json.dumps(
+            {
+                "bounds": {"connectors": ["a"]},
+                "properties": [
+                    {"name": "x", "counterexample": {"paths": {"r1": [["cancel", "pending"]]}}}
+                ],
+            }
+        )
+    )
+    argv = ["diagram", "--machine", "docs_example:OrderFlow", "--path", str(report)]
+    assert main(argv) == 2
+    assert "report of the transfer machine's check: draw it without --machine" in (
+        capsys.readouterr().err
+    )

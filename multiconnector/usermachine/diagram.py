@@ -32,10 +32,13 @@ from .._drawing import (
     DiagramMachine,
     cell,
     dot_failed,
+    last_style,
     machine_class,
     mark_initial,
+    needs_property,
     svg_of,
     titled_mermaid,
+    traced_properties,
 )
 from .._explore import Counterexample
 from .._validate import check_choice, shown
@@ -157,14 +160,12 @@ class Diagram:
         graph = machine.graph_cls(machine)
         for s in self.declared.final:
             graph.set_node_style(s, "terminal")
-        if self.path:
+        if self.path:  # its transitions are styled by their step numbers (``_drawing``)
             for s in {self.declared.initial, *(d for _, _, d in self.path)}:
                 graph.set_node_style(s, "visited")
-            edges = cast(Any, graph).custom_styles["edge"]
-            for source, _, dest in self.path:
-                edges[source][dest] = "visited"
         if self.highlighted is not None:
-            graph.set_node_style(self.highlighted, "final")
+            terminal = self.highlighted in self.declared.final
+            graph.set_node_style(self.highlighted, last_style(terminal))
         return graph.get_graph(title=self.title)
 
     def mermaid(self) -> str:
@@ -274,6 +275,11 @@ def _report_path(data: Any, prop: str | None) -> Any:
             "must be a report of 'multiconnector check --machine ... --json' or a list of "
             "[trigger, source, dest] steps"
         )
+    bounds = data.get("bounds")
+    if isinstance(bounds, Mapping) and "machine" not in bounds:
+        raise InvalidValueError(
+            "is a report of the transfer machine's check: draw it without --machine"
+        )
     traced = {
         str(p.get("name")): p["counterexample"]
         for p in props
@@ -288,6 +294,29 @@ def _report_path(data: Any, prop: str | None) -> Any:
             f"--property {prop!r} must name a property with a counterexample: {sorted(traced)}"
         )
     return traced[prop]
+
+
+def _read_path(args: Any, declared: Declared, prog: str) -> tuple[Any, str | None] | int:
+    """``--path``'s steps, checked against ``declared``, and the property whose counterexample
+    they are (``None``: a plain list of steps); or the exit status (2) once the reason why not
+    is printed. Several properties failed with a trace: ``--property`` must choose one."""
+    try:
+        data = read_json(args.path)
+    except (OSError, ValueError) as exc:
+        print(f"{prog}: error: --path {args.path}: {exc}", file=sys.stderr)
+        return 2
+    traced = traced_properties(data)
+    problem = needs_property(traced) if args.property is None else None
+    if problem is not None:
+        print(f"{prog}: error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        path = _report_path(data, args.property)
+        path_of(declared, path, "path")  # its steps checked here, to name --path
+    except (ValueError, InvalidArgumentError) as exc:
+        print(f"{prog}: error: --path {args.path}: {exc}", file=sys.stderr)
+        return 2
+    return path, args.property if args.property is not None else next(iter(traced), None)
 
 
 def run_cli(args: Any, parser: Any) -> int:
@@ -313,14 +342,12 @@ def run_cli(args: Any, parser: Any) -> int:
         where = "" if text.startswith("--machine") else f"--machine {args.machine}: "
         print(f"{parser.prog}: error: {where}{text}", file=sys.stderr)
         return 2
-    path = None
-    try:
-        if args.path is not None:
-            path = _report_path(read_json(args.path), args.property)
-            path_of(declared, path, "path")  # its steps checked here, to name --path
-    except (OSError, ValueError, InvalidArgumentError) as exc:
-        print(f"{parser.prog}: error: --path {args.path}: {exc}", file=sys.stderr)
-        return 2
+    path, drawn = None, None
+    if args.path is not None:
+        read = _read_path(args, declared, parser.prog)
+        if isinstance(read, int):
+            return read
+        path, drawn = read
     try:
         diagram = draw(declared, path=path, state=args.state, title=args.title)
     except InvalidArgumentError as exc:  # the only argument left unchecked: --state
@@ -328,7 +355,11 @@ def run_cli(args: Any, parser: Any) -> int:
         return 2
     if args.title is None:
         base = declared.name or args.machine
-        diagram = attrs.evolve(diagram, title=base + (": a path" if path is not None else ""))
+        if drawn is not None:
+            base += f": counterexample to {drawn!r}"
+        elif path is not None:
+            base += ": a path"
+        diagram = attrs.evolve(diagram, title=base)
     try:
         out = diagram.render(args.format)
     except GraphvizMissingError as exc:  # what to install: a usage error, one line
