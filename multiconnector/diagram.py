@@ -639,7 +639,7 @@ def run_cli(argv: Sequence[str]) -> int:
         read = _read_path(args, parser.prog)
         if isinstance(read, int):
             return read
-        request, path, numbers, drawn = read
+        request, path, numbers, chosen = read
         if title is None and chosen is not None:
             who = f"path of {request}" if request is not None else "a path"
             title = f"{TITLE}: {who}, counterexample to {chosen!r}"
