@@ -32,29 +32,32 @@ CircuitBreaker = {
     "states": ["closed", "open", "half_open"],
     "initial": "closed",
     "transitions": [
-        {"trigger": "fail", "source": "closed", "dest": "closed",
-         "conditions": "below_limit", "after": "count"},
+        {
+            "trigger": "fail",
+            "source": "closed",
+            "dest": "closed",
+            "conditions": "below_limit",
+            "after": "count",
+        },
         {"trigger": "fail", "source": "closed", "dest": "open", "conditions": "at_limit"},
         ["timeout", "open", "half_open"],
         {"trigger": "succeed", "source": "half_open", "dest": "closed", "after": "reset"},
         ["fail", "half_open", "open"],
     ],
-}  # fmt: skip
+}
 
 
 class Breaker:
     """The circuit breaker's model: the failures counted, and the guards that read them."""
 
-    limit = 3
-
     def __init__(self) -> None:
         self.failures = 0
 
     def below_limit(self) -> bool:
-        return self.failures < self.limit
+        return self.failures < 3
 
     def at_limit(self) -> bool:
-        return self.failures >= self.limit
+        return self.failures >= 3
 
     def count(self) -> None:
         self.failures += 1
@@ -67,4 +70,4 @@ class WrongBreaker(Breaker):
     """The same model with a slip: ``<=`` for ``<``, so at three failures both guards hold."""
 
     def below_limit(self) -> bool:
-        return self.failures <= self.limit
+        return self.failures <= 3

@@ -328,6 +328,13 @@ def test_the_docs_page_shows_the_current_machine_and_diagram() -> None:
     assert flow is not None and f"```python\n{flow.group(0)}```" in page
     fixed = re.search(r"^FixedOrderFlow = \{.*?^\}\n", source, re.S | re.M)
     assert fixed is not None and f"```python\n{fixed.group(0)}```" in page
+    for pattern in (  # the circuit breaker, its model, and the slip
+        r"^CircuitBreaker = \{.*?^\}\n",
+        r"^class Breaker:.*?\n(?=\n\n)",
+        r"^class WrongBreaker\(Breaker\):.*\n",
+    ):
+        shown = re.search(pattern, source, re.S | re.M)
+        assert shown is not None and f"```python\n{shown.group(0)}```" in page, pattern
     report = check_machine("docs_example:OrderFlow")
     drawn = draw(
         "docs_example:OrderFlow",

@@ -9,8 +9,10 @@ and reports, in the same :class:`~multiconnector.check.CheckReport` as ``multico
 ``no deadlock``
     Every reachable state that is not final has an event that can fire.
 ``no overlapping guards``
-    No reachable state has two transitions for one event, to different states, whose named
-    guards can hold together (``transitions`` would silently take the first).
+    No reachable state has two transitions for one event, to different states, that can both
+    fire (``transitions`` would silently take the first): with a model factory, whose guards
+    both hold on that state's model; with free guards, whose guard names do not tell them
+    apart (one name under ``conditions`` and ``unless`` does). See :mod:`.overlap`.
 ``final states final``
     No transition leaves a final state.
 your invariants
@@ -24,7 +26,8 @@ Guards are your code. With a model factory, the machine is explored on fresh mod
 guards, callbacks and model data are real (a state is the model's state plus its data). Without
 one, every guard is a free choice: each named condition may be true or false whenever an event
 is fired, consistently within one firing, and transitions are taken in declaration order, first
-match wins, as ``transitions`` does. The report's bounds say which was done.
+match wins, as ``transitions`` does. The report's bounds say which was done. A trace shows
+each state with its model's values after that step (``closed (failures=2)``).
 
 Final states are those declared ``final`` (``{"name": "done", "final": True}``, a
 ``transitions`` ``State(final=True)``, or a ``"final"`` list in a declaration). A machine that
