@@ -10,7 +10,9 @@ the count at each step. Without a factory, the guards' names are all there is to
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -66,6 +68,19 @@ def test_the_wrong_breaker_fails_with_the_counts_in_its_trace(
     # The trace with its values still draws: the diagram reads the states' names back.
     assert main(["diagram", "--machine", "docs_example:CircuitBreaker", "--path", str(report)]) == 0
     assert "closed --> closed: fail [below_limit] (steps 1, 2, 3)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("model", "status"), [("Breaker", 0), ("WrongBreaker", 1)])
+def test_the_command_as_ci_runs_it(model: str, status: int) -> None:
+    """``python -m multiconnector check --machine ... --model ...`` from docs/: its exit status."""
+    argv = [*BREAKER[1:], "--model", f"docs_example:{model}"]
+    env = {**os.environ, "PYTHONPATH": str(DOCS.parent)}
+    done = subprocess.run(
+        [sys.executable, "-m", "multiconnector", "check", *argv],
+        capture_output=True, text=True, cwd=DOCS, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == status, done.stdout + done.stderr
+    assert done.stderr == ""
 
 
 def test_without_a_model_the_guard_names_decide(capsys: pytest.CaptureFixture[str]) -> None:
