@@ -18,7 +18,8 @@ from vllm.config.cache import _layout_from_name
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
 from .._validate import shown
-from .config import child_specs, specs_of
+from ..errors import MultiConnectorError
+from .config import ChildSpec, child_specs, specs_of
 from .errors import ChildAnswerError, ChildrenConflictError
 
 __all__ = [
@@ -52,12 +53,12 @@ def kv_cache_access(kv_transfer_config: Any) -> Any:
     much, and flags that exclude each other (``LEGACY_IPC`` turns the extensible KV cache off,
     ``EXPORTS_FD`` requires it) stop vLLM. So a child that raises, or answers what is no flags,
     stops the start with a :class:`~multiconnector.vllm.errors.ChildAnswerError` naming it.
+    A configuration ours refuses answers no flags (:func:`_children`).
     """
     from vllm.config.kv_transfer import KVCacheAccess  # noqa: PLC0415 (added in vLLM 0.34)
 
     access = KVCacheAccess.IN_PROCESS
-    for spec in specs_of(kv_transfer_config):
-        spec.connector_class()  # a class that cannot be loaded: named, with the child
+    for spec, _ in _children(kv_transfer_config):
         try:
             answer = KVConnectorFactory.kv_cache_access(spec.config)
         except Exception as exc:
@@ -75,8 +76,10 @@ def supports_lookahead_block_hashes(kv_transfer_config: Any) -> bool:
     as for any connector that does not say): a child that raises, or answers what is not a
     ``bool``, makes the answer ``False``, logged at WARNING naming it.
     """
-    for spec in specs_of(kv_transfer_config):
-        child_cls = spec.connector_class()
+    children = _children(kv_transfer_config)
+    if not children:
+        return False
+    for spec, child_cls in children:
         try:
             answer = child_cls.supports_lookahead_block_hashes(spec.config)
         except Exception:
@@ -98,6 +101,21 @@ def supports_lookahead_block_hashes(kv_transfer_config: Any) -> bool:
         if not answer:
             return False
     return True
+
+
+def _children(kv_transfer_config: Any) -> list[tuple[ChildSpec, type[Any]]]:
+    """The children and their classes; none when the configuration is one ours refuses when
+    built (its error names the key or the child).
+
+    vLLM 0.34 asks the two hooks above while it validates its config, where its validator would
+    turn our typed error into its own ``ValidationError``: such a configuration gets the base
+    class's answer (no flags; no lookahead), never acted on (no connector is built from it),
+    and our error when vLLM builds the connector, as on vLLM 0.32 and 0.33.
+    """
+    try:
+        return [(spec, spec.connector_class()) for spec in specs_of(kv_transfer_config)]
+    except MultiConnectorError:
+        return []
 
 
 def requires_piecewise_for_cudagraph(extra_config: dict[str, Any]) -> bool:

@@ -49,6 +49,7 @@ if not hasattr(KVConnectorBase_V1, "kv_cache_access"):
 from vllm.config.kv_transfer import KVCacheAccess  # noqa: E402
 from vllm_harness import builtin_config, make_connector, make_request, make_scheduler  # noqa: E402
 
+from multiconnector.errors import DuplicateConnectorError, InvalidValueError  # noqa: E402
 from multiconnector.vllm import MultiConnector  # noqa: E402
 from multiconnector.vllm.errors import ChildAnswerError  # noqa: E402
 
@@ -412,3 +413,31 @@ def test_vllms_class_lets_a_childs_may_load_async_exception_reach_the_scheduler(
     built = make_connector(builtin_config(model, children, ours=False), KVConnectorRole.SCHEDULER)
     with pytest.raises(RuntimeError, match="the child's hook raised"):
         built.may_load_async(requests()[PD])
+
+
+@pytest.mark.parametrize(
+    ("children", "error"),
+    [
+        ([], InvalidValueError),
+        (
+            [
+                example(),
+                example()
+                | {"kv_connector_extra_config": {"multiconnector_name": "ExampleConnector"}},
+            ],
+            DuplicateConnectorError,
+        ),
+    ],
+    ids=["no-children", "a-name-twice"],
+)
+def test_a_configuration_ours_refuses_is_refused_by_name_when_built(
+    children: list[dict[str, Any]], error: type[Exception], model: Path
+) -> None:
+    """vLLM 0.34 asks the class-level hooks while it validates its config (where its validator
+    would wrap our error in its own): such a configuration answers as the base class does, and
+    ours refuses it, with its own error, when vLLM builds the connector."""
+    config = transfer(children, ours=True)
+    assert config.kv_cache_access() == NONE
+    assert MultiConnector.supports_lookahead_block_hashes(config) is False
+    with pytest.raises(error):
+        make_connector(builtin_config(model, children, ours=True), KVConnectorRole.SCHEDULER)

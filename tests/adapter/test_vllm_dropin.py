@@ -65,15 +65,9 @@ ONE_LINE = {"kv_connector_module_path": "multiconnector.vllm"}
 
 def docs_config(model: Path) -> Any:
     transfer = {**json.loads(VLLM_DOCS_CONFIG), **ONE_LINE}
-    config = placeholder_config(model)
+    config = make_config(model, [])
     config.kv_transfer_config = KVTransferConfig(**transfer)
     return config
-
-
-def placeholder_config(model: Path) -> Any:
-    """A VllmConfig whose transfer config is to be replaced: vLLM's class over no children (ours
-    refuses an empty child list, when vLLM 0.34 asks it how the KV cache is accessed)."""
-    return make_config(model, [], ours=False)
 
 
 def test_vllms_documented_config_with_one_line_loads_our_class(
@@ -415,7 +409,7 @@ def test_the_migration_example_in_the_docs_is_vllms_plus_one_line(
     documented = json.loads(block)
     assert documented == {**json.loads(VLLM_DOCS_CONFIG), **ONE_LINE}
     monkeypatch.chdir(tmp_path)
-    config = placeholder_config(model)
+    config = make_config(model, [])
     config.kv_transfer_config = KVTransferConfig(**documented)
     built = make_connector(config, KVConnectorRole.SCHEDULER)
     assert type(built) is MultiConnector

@@ -57,7 +57,7 @@ REFUSED: dict[str, str] = {
     # vLLM 0.34's file; one case of the parametrized test (its id: an empty child list).
     "test_multi_connector_children_use_configured_lookahead_hashes"
     "[child_support0-1-True-False-0-False-SCHEDULER]": (
-        "configures an empty child list: ours refuses it when vLLM reads the config, naming "
+        "configures an empty child list: ours refuses it when the connector is built, naming "
         "kv_connector_extra_config['connectors'] (a composition of nothing is a configuration "
         "mistake, and silently a connector that neither loads nor saves)"
     ),
