@@ -145,52 +145,63 @@ test-slow: setup $(VLLM) $(ENGINE) $(NIXL)
 	$(MAKE) --no-print-directory test-vllm-own
 
 ## test-vllm-own: vLLM's own tests of its MultiConnector (tests/v1/kv_connector/unit/
-#                 test_multi_connector.py of vLLM's source package, pinned by version and sha256
-#                 in requirements/vllm-source.txt, fetched once into build/vllm-own), unmodified,
-#                 run by tests/vllm_own/vllm_own_plugin.py against vLLM's class and against ours:
-#                 on vLLM 0.33 (.venv; the engine test skipped) and on vLLM 0.32 with a real
-#                 engine (.venv-engine). tests/vllm_own/compare.py then fails unless every test
-#                 that passes for vLLM's class passes for ours (or is one of the strict xfails
-#                 docs/vllm.md lists). pytest's exit 1 (some test failed) is the comparison's to
-#                 judge; any other non-zero exit fails at once. 571 s on the shared 2-core
-#                 machine, the first fetch included (part of `make test-slow`).
-VLLM_SRC_VERSION := 0.33.0
+#                 test_multi_connector.py of vLLM's source packages, each pinned by version and
+#                 sha256: 0.34.0 in requirements/vllm-source.txt, 0.33.0 in
+#                 requirements/vllm-source-0.33.txt; fetched once into build/vllm-own),
+#                 unmodified, run by tests/vllm_own/vllm_own_plugin.py against vLLM's class and
+#                 against ours: 0.34's file on vLLM 0.34 (.venv), 0.33's on vLLM 0.33
+#                 (.venv-vllm033; on both the engine test skipped), and 0.33's on vLLM 0.32
+#                 with a real engine (.venv-engine). tests/vllm_own/compare.py then fails unless
+#                 every test that passes for vLLM's class passes for ours (or is one of the
+#                 strict xfails docs/vllm.md lists). pytest's exit 1 (some test failed) is the
+#                 comparison's to judge; any other non-zero exit fails at once. Part of
+#                 `make test-slow`.
+VLLM_SRC_VERSIONS := 0.34.0 0.33.0
+VLLM_SRC_REQ_0.34.0 := requirements/vllm-source.txt
+VLLM_SRC_REQ_0.33.0 := requirements/vllm-source-0.33.txt
 VLLM_OWN      := $(BUILD)/vllm-own
-VLLM_SRC      := $(VLLM_OWN)/vllm-$(VLLM_SRC_VERSION)
-VLLM_TARBALL  := $(VLLM_OWN)/vllm-$(VLLM_SRC_VERSION).tar.gz
 VLLM_OWN_FILES := __init__.py v1/__init__.py v1/kv_connector/__init__.py \
   $(addprefix v1/kv_connector/unit/,__init__.py conftest.py utils.py test_multi_connector.py)
 VLLM_OWN_TEST := tests/v1/kv_connector/unit/test_multi_connector.py
 VLLM_OWN_RESULTS := $(VLLM_OWN)/results
+# The file of vLLM's tests of source package $(1).
+vllm_own_file = $(VLLM_OWN)/vllm-$(1)/$(VLLM_OWN_TEST)
 
-# The source package's metadata, which pip download reads, comes from its setup.py: it imports
-# torch (from .venv) and the two build helpers of requirements/vllm-source-build.txt.
-$(VLLM_TARBALL): requirements/vllm-source.txt requirements/vllm-source-build.txt | $(VLLM)
+# Per source package $(1): the tarball, then the test files out of it. The package's metadata,
+# which pip download reads, comes from its setup.py: it imports torch (from .venv) and the two
+# build helpers of requirements/vllm-source-build.txt.
+define vllm_own_source
+$(VLLM_OWN)/vllm-$(1).tar.gz: $(VLLM_SRC_REQ_$(1)) requirements/vllm-source-build.txt | $(VLLM)
 	mkdir -p $(VLLM_OWN)
 	$(PIP) install -q --target $(VLLM_OWN)/build-deps -r requirements/vllm-source-build.txt
 	PYTHONPATH=$(abspath $(VLLM_OWN)/build-deps) VLLM_TARGET_DEVICE=empty \
-	  VLLM_VERSION_OVERRIDE=$(VLLM_SRC_VERSION) $(PIP) download -q --no-deps --no-binary :all: \
-	  --no-build-isolation --require-hashes -r requirements/vllm-source.txt -d $(VLLM_OWN)
-	test -s $@
+	  VLLM_VERSION_OVERRIDE=$(1) $(PIP) download -q --no-deps --no-binary :all: \
+	  --no-build-isolation --require-hashes -r $(VLLM_SRC_REQ_$(1)) -d $(VLLM_OWN)
+	test -s $$@
 
-$(VLLM_SRC)/$(VLLM_OWN_TEST): $(VLLM_TARBALL)
-	tar -xzf $< -C $(VLLM_OWN) $(addprefix vllm-$(VLLM_SRC_VERSION)/tests/,$(VLLM_OWN_FILES))
-	touch $@
+$(call vllm_own_file,$(1)): $(VLLM_OWN)/vllm-$(1).tar.gz
+	tar -xzf $$< -C $(VLLM_OWN) $(addprefix vllm-$(1)/tests/,$(VLLM_OWN_FILES))
+	touch $$@
+endef
+$(foreach version,$(VLLM_SRC_VERSIONS),$(eval $(call vllm_own_source,$(version))))
 
 # One run: $(1) the python, $(2) the class under test (vllm or ours), $(3) the result's label,
-# $(4) MULTICONNECTOR_ENGINE (1 where an engine runs).
-vllm_own_run = cd $(VLLM_SRC) && MULTICONNECTOR_UNDER_TEST=$(2) MULTICONNECTOR_ENGINE=$(4) \
-  PYTHONPATH=$(CURDIR):$(CURDIR)/tests/vllm_own $(abspath $(1)) -m pytest -q \
-  -c $(CURDIR)/tests/vllm_own/pytest.ini --rootdir . -p vllm_own_plugin \
+# $(4) MULTICONNECTOR_ENGINE (1 where an engine runs), $(5) the source package's version.
+vllm_own_run = cd $(VLLM_OWN)/vllm-$(5) && MULTICONNECTOR_UNDER_TEST=$(2) \
+  MULTICONNECTOR_ENGINE=$(4) PYTHONPATH=$(CURDIR):$(CURDIR)/tests/vllm_own $(abspath $(1)) \
+  -m pytest -q -c $(CURDIR)/tests/vllm_own/pytest.ini --rootdir . -p vllm_own_plugin \
   --junitxml=$(abspath $(VLLM_OWN_RESULTS))/$(3)-$(2).xml $(VLLM_OWN_TEST); \
   rc=$$?; [ $$rc -le 1 ] || { echo "vllm-own: $(3) $(2): pytest exited $$rc"; exit $$rc; }
 
-test-vllm-own: $(VLLM_SRC)/$(VLLM_OWN_TEST) $(VLLM) $(ENGINE)
+test-vllm-own: $(foreach version,$(VLLM_SRC_VERSIONS),$(call vllm_own_file,$(version))) \
+  $(VLLM) $(VLLM033) $(ENGINE)
 	rm -rf $(VLLM_OWN_RESULTS) && mkdir -p $(VLLM_OWN_RESULTS)
-	$(call vllm_own_run,$(PY),vllm,vllm-0.33,0)
-	$(call vllm_own_run,$(PY),ours,vllm-0.33,0)
-	$(call vllm_own_run,$(ENGINE_PY),vllm,vllm-0.32,1)
-	$(call vllm_own_run,$(ENGINE_PY),ours,vllm-0.32,1)
+	$(call vllm_own_run,$(PY),vllm,vllm-0.34,0,0.34.0)
+	$(call vllm_own_run,$(PY),ours,vllm-0.34,0,0.34.0)
+	$(call vllm_own_run,$(VLLM033_PY),vllm,vllm-0.33,0,0.33.0)
+	$(call vllm_own_run,$(VLLM033_PY),ours,vllm-0.33,0,0.33.0)
+	$(call vllm_own_run,$(ENGINE_PY),vllm,vllm-0.32,1,0.33.0)
+	$(call vllm_own_run,$(ENGINE_PY),ours,vllm-0.32,1,0.33.0)
 	$(PY) tests/vllm_own/compare.py $(VLLM_OWN_RESULTS)
 
 ## test-deep: the hypothesis properties with many more examples (and the adapter's fuzz inside

@@ -28,15 +28,17 @@ A bad argument's error is a :class:`TypeError` when its type is wrong and also a
         ├── InvalidJSONError            (also ValueError)   a JSON file an option names is not JSON
         ├── ConnectorFailures           (also ExceptionGroup) connectors raised during a fan-out
         │   (below: the vLLM adapter's, in multiconnector.vllm.errors)
+        ├── ChildAnswerError            (also ValueError)   a child's start-up answer unusable
         ├── ChildClassError             (also ValueError)   a child connector's class not found
         ├── ChildStartError             (also RuntimeError) a child connector's constructor raised
         ├── ChildrenConflictError       (also ValueError)   children's answers that do not combine
         ├── HMAUnsupportedError         (also ValueError)   the HMA on, a child without support
         ├── LookupPatienceError         (also TimeoutError) a child looking up past its patience
         ├── MetadataMismatchError       (also ValueError)   metadata not naming exactly the children
+        ├── UncomposedHookError         (also RuntimeError) a newer vLLM's hook ours cannot compose
         └── WrongRoleError              (also RuntimeError) a call the connector's role never gets
 
-Every class above ``ChildClassError`` is defined here;
+Every class above ``ChildAnswerError`` is defined here;
 :class:`UnknownPropertyError` is also importable from :mod:`multiconnector.check`, with the
 check's report. ``tests/test_errors.py`` holds this tree to the classes that exist.
 

@@ -70,12 +70,14 @@ _ADAPTER = "multiconnector.vllm"
 _HAS_VLLM = importlib.util.find_spec("vllm") is not None
 #: The vLLM adapter's errors, listed in the tree; defined only where vLLM imports.
 _ADAPTERS = {
+    "ChildAnswerError",
     "ChildClassError",
     "ChildStartError",
     "ChildrenConflictError",
     "HMAUnsupportedError",
     "LookupPatienceError",
     "MetadataMismatchError",
+    "UncomposedHookError",
     "WrongRoleError",
 }
 

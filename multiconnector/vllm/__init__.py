@@ -90,12 +90,14 @@ from .config import (
 )
 from .connector import MultiConnector
 from .errors import (
+    ChildAnswerError,
     ChildClassError,
     ChildrenConflictError,
     ChildStartError,
     HMAUnsupportedError,
     LookupPatienceError,
     MetadataMismatchError,
+    UncomposedHookError,
     WrongRoleError,
 )
 from .trouble import adopt_vllm_logging
@@ -119,6 +121,7 @@ __all__ = [
     "PATIENCE_KEY",
     "ROLE_KEY",
     "SPLIT_KEY",
+    "ChildAnswerError",
     "ChildClassError",
     "ChildSpec",
     "ChildStartError",
@@ -135,6 +138,7 @@ __all__ = [
     "NamedMultiConnectorWorkerMetadata",
     "NamedPromMetrics",
     "SaveLedger",
+    "UncomposedHookError",
     "WrongRoleError",
     "child_specs",
     "default_name",

@@ -19,7 +19,6 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Final
 
-from vllm.config.cache import _layout_from_name
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -28,17 +27,24 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
+    MultiConnector as VllmMultiConnector,
+)
+from vllm.version import __version__ as VLLM_VERSION
 
 from .._validate import shown
 from ..aggregator import MultiConnector as Aggregator
 from ..errors import InvalidArgumentError
 from ..ledger import SaveLedger
 from ..outcome import Outcome
+from ..registry import Role
+from . import queries
 from .children import ANSWER_TYPES, Children, Failures, failed, wrong_answer
-from .config import child_specs, connector_class, settings_of, specs_of, without_hma
+from .config import connector_class, settings_of, specs_of, without_hma
 from .counted import WORKERS
 from .errors import ChildrenConflictError, HMAUnsupportedError
 from .hits import LOOKUP
+from .hooks import adopt, check_adopted
 from .scheduler import SchedulerPart
 from .wire import (
     FAILED,
@@ -57,15 +63,6 @@ __all__ = ["MultiConnector"]
 _SAVE_DEGRADED: Final = "its save of this step may be incomplete; its report is still awaited"
 
 logger: Final = logging.getLogger("multiconnector")
-
-
-def _resolved_layout(name: str) -> Any:
-    """The KV cache layout ``name`` stands for, as vLLM 0.33 resolves it (``"HND"`` is
-    ``"LBHNC"``); a name vLLM does not know stands for itself (vLLM refuses it later)."""
-    try:
-        return _layout_from_name(name)
-    except (ValueError, TypeError):
-        return name
 
 
 class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
@@ -109,6 +106,11 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             )
         else:
             self._work = WorkerPart(self._kids, self._settings)
+        try:  # a hook of a newer vLLM that ours cannot compose: refused, named (hooks.py)
+            check_adopted(self, VLLM_VERSION)
+        except Exception:
+            self._kids.shutdown()
+            raise
 
     @property
     def _scheduler(self) -> SchedulerPart:
@@ -261,43 +263,33 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
-        # A child class without the method (vLLM 0.32 had none) answers the base class's
-        # default of the version that added it (0.33): True.
-        return all(
-            getattr(spec.connector_class(), "supports_sleep_mode", _sleeps)(spec.config)
-            for spec in specs_of(kv_transfer_config)
-        )
+        """Whether every child supports sleep mode (a child class without the method, from
+        vLLM 0.32, answers the 0.33 base class's ``True``)."""
+        return queries.supports_sleep_mode(kv_transfer_config)
+
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: Any) -> Any:
+        """Every child's ``KVCacheAccess`` flags, OR-ed, as vLLM 0.34's class composes them; a
+        child that raises or answers what is no flags stops the start, named
+        (:func:`~multiconnector.vllm.queries.kv_cache_access`)."""
+        return queries.kv_cache_access(kv_transfer_config)
+
+    @classmethod
+    def supports_lookahead_block_hashes(cls, kv_transfer_config: Any) -> bool:
+        """Whether every child supports lookahead block hashes, as vLLM 0.34's class answers;
+        a child that raises or answers no ``bool`` makes it ``False``, logged
+        (:func:`~multiconnector.vllm.queries.supports_lookahead_block_hashes`)."""
+        return queries.supports_lookahead_block_hashes(kv_transfer_config)
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
-        return any(
-            spec.connector_class().requires_piecewise_for_cudagraph(
-                spec.config.kv_connector_extra_config
-            )
-            for spec in child_specs(extra_config)
-        )
+        return queries.requires_piecewise_for_cudagraph(extra_config)
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
         """The children's one required layout, compared as vLLM resolves layout names (so
         ``"HND"`` and ``"LBHNC"`` agree); the first child's name for it is returned."""
-        layouts: dict[Any, list[tuple[str, str]]] = {}
-        for spec in specs_of(vllm_config.kv_transfer_config):
-            layout = spec.connector_class().get_required_kvcache_layout(
-                spec.vllm_config(vllm_config)
-            )
-            if layout is not None:
-                layouts.setdefault(_resolved_layout(layout), []).append((layout, spec.name))
-        if len(layouts) > 1:
-            raise ChildrenConflictError(
-                f"KV cache layout mismatch: found {len(layouts)} different layouts; "
-                "child connectors require different KV cache layouts: "
-                + "; ".join(
-                    f"{named[0][0]} by {', '.join(name for _, name in named)}"
-                    for named in layouts.values()
-                )
-            )
-        return next((named[0][0] for named in layouts.values()), None)
+        return queries.required_kvcache_layout(vllm_config)
 
     @classmethod
     def build_kv_connector_stats(
@@ -379,6 +371,29 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def on_new_request(self, request: Any) -> None:
         self._scheduler.on_new_request(request)
+
+    def may_load_async(self, request: Any) -> bool:
+        """Whether a child that may load (every role but save-only) may load ``request``
+        asynchronously (vLLM 0.34: the scheduler then queues it for an in-flight load slot).
+
+        A child that raises or answers what is not a ``bool`` fails there, counted and logged:
+        the base class's default (the request's P/D ``do_remote_prefill`` flag) stands for its
+        answer, as for a child that does not implement the hook. Either answer is safe for
+        vLLM (a wrong one costs a load slot or a prefetch, never a block).
+        """
+        roles = self._kids.roles
+        pairs = tuple((n, c) for n, c in self._kids.items if roles[n] is not Role.save)
+        answers = self._kids.gather_soft(
+            "may_load_async",
+            lambda name, child: _flag(name, "may_load_async", child.may_load_async(request)),
+            "the base class's default (the request's do_remote_prefill) stands for its answer",
+            pairs,
+        )
+        if any(answers.values()):
+            return True
+        if len(answers) < len(pairs):
+            return bool(super().may_load_async(request))
+        return False
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
@@ -739,9 +754,13 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return NamedMultiConnectorStats(data=stats, sources=sources, counts=counts)
 
 
-def _sleeps(kv_transfer_config: Any) -> bool:
-    """vLLM 0.33's ``KVConnectorBase_V1.supports_sleep_mode`` default, for a child without it."""
-    return True
+def _flag(name: str, hook: str, answer: Any) -> bool:
+    """Child ``name``'s answer to ``hook``, which must be a ``bool``."""
+    if not isinstance(answer, bool):
+        raise InvalidArgumentError(
+            f"child {name!r} answered {hook} with {shown(answer)}; must be a bool"
+        )
+    return answer
 
 
 def _call_if_present(child: Any, method: str) -> None:
@@ -750,3 +769,9 @@ def _call_if_present(child: Any, method: str) -> None:
     found = getattr(child, method, None)
     if found is not None:
         found()
+
+
+#: The hooks of the installed vLLM's base class that ours neither composes nor inherits on
+#: purpose (none on the tested vLLMs): vLLM's own class's composition, or the base's default
+#: (:mod:`multiconnector.vllm.hooks`).
+ADOPTED: Final = adopt(MultiConnector, (KVConnectorBase_V1, SupportsHMA), VllmMultiConnector)

@@ -8,12 +8,14 @@ from typing import Any
 from ..errors import MultiConnectorError
 
 __all__ = [
+    "ChildAnswerError",
     "ChildClassError",
     "ChildStartError",
     "ChildrenConflictError",
     "HMAUnsupportedError",
     "LookupPatienceError",
     "MetadataMismatchError",
+    "UncomposedHookError",
     "WrongRoleError",
 ]
 
@@ -41,6 +43,30 @@ class ChildClassError(MultiConnectorError, ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.name, self.kv_connector, self.module_path, self.__cause__))
+
+
+class ChildAnswerError(MultiConnectorError, ValueError):
+    """A child's answer to a question vLLM asks before it starts, which the composition cannot
+    answer safely without: the child raised, or answered what is not of the question's kind.
+
+    ``kv_cache_access`` decides how vLLM allocates the KV cache every child reads: an answer
+    guessed for a child could drop the access it needs (a NIXL child that cannot register the
+    cache) or ask for two that exclude each other, so the server does not start, and this names
+    the child and the question. ``name`` is the child's name, ``hook`` the question; the child's
+    own exception, if it raised, is the ``__cause__``. A ``ValueError``, as vLLM's config
+    errors are.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(self, name: str, hook: str, problem: str) -> None:
+        self.name = name
+        self.hook = hook
+        self.problem = problem
+        super().__init__(f"child connector {name!r}: {hook}: {problem}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.hook, self.problem))
 
 
 class ChildStartError(MultiConnectorError, RuntimeError):
@@ -126,6 +152,34 @@ class ChildrenConflictError(MultiConnectorError, ValueError):
 
     .. versionadded:: 0.1.0
     """
+
+
+class UncomposedHookError(MultiConnectorError, RuntimeError):
+    """vLLM's connector base class has a public hook ours neither composes nor lists as safe to
+    inherit (a vLLM newer than the tested range), and vLLM's own ``MultiConnector``'s
+    composition of it, which ours would use, reads books of vLLM's class that ours does not keep.
+
+    Raised at construction, naming the hook and what it reads, rather than when vLLM first calls
+    it mid-serving: docs/vllm.md, "Hooks of a newer vLLM". ``hooks`` maps each such hook to the
+    attributes it reads.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(self, version: str, tested: str, hooks: Mapping[str, Sequence[str]]) -> None:
+        self.version = version
+        self.tested = tested
+        self.hooks = {hook: tuple(names) for hook, names in hooks.items()}
+        listed = "; ".join(f"{hook} (reads {', '.join(names)})" for hook, names in hooks.items())
+        super().__init__(
+            f"vLLM {version} (tested: {tested}) has connector hooks this MultiConnector does "
+            f"not compose, whose composition in vLLM's own MultiConnector reads books ours does "
+            f"not keep: {listed}; use a multiconnector release that supports vLLM {version}, or "
+            "vLLM's own MultiConnector (remove kv_connector_module_path)"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.version, self.tested, self.hooks))
 
 
 class WrongRoleError(MultiConnectorError, RuntimeError):

@@ -9,6 +9,7 @@ require_vllm()
 import dataclasses  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
+import logging  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -26,20 +27,30 @@ from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (  # no
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
-from vllm_children import MOCKED, child, script  # noqa: E402
+from vllm.version import __version__ as VLLM_VERSION  # noqa: E402
+from vllm_children import MOCKED, ScriptedConnector, child, script  # noqa: E402
 from vllm_harness import (  # noqa: E402
     builtin_config,
-    implemented,
     make_config,
     make_connector,
     make_hybrid_kv_cache_config,
+    make_kv_cache_config,
     make_request,
 )
 
-from multiconnector.vllm import ChildStartError, HMAUnsupportedError, MultiConnector  # noqa: E402
+from multiconnector.vllm import (  # noqa: E402
+    ChildStartError,
+    HMAUnsupportedError,
+    MultiConnector,
+    hooks,
+)
+from multiconnector.vllm.connector import ADOPTED  # noqa: E402
+from multiconnector.vllm.errors import UncomposedHookError  # noqa: E402
 from multiconnector.vllm.worker import RULED_FIELDS, _extra_fields  # noqa: E402
 
 pytestmark = pytest.mark.vllm
+
+MC = MultiConnector
 
 #: Copied verbatim from vLLM's docs (vllm-project/vllm, docs/features/disagg_prefill.md, the
 #: MultiConnector example of ``--kv-transfer-config``).
@@ -195,26 +206,177 @@ def test_loaded_group_ids_come_from_the_chosen_child(model: Path) -> None:
     assert answers == [(1,), (1,)]
 
 
-#: Public members of vLLM's base class that MultiConnector inherits on purpose.
-INHERITED = {
-    "role": "a property of the base's own state, set by the base constructor",
-    "has_connector_metadata": (
-        "reads the base's own slot, which bind_connector_metadata sets through super()"
-    ),
-}
-
-
 def public(cls: type[Any]) -> set[str]:
     return {name for name in dir(cls) if not name.startswith("_")}
 
 
-def test_every_base_method_is_implemented_or_listed_as_inherited() -> None:
-    """Fails the day vLLM's base class (or SupportsHMA) gains a method we did not decide on."""
-    api = public(KVConnectorBase_V1) | public(SupportsHMA)
-    ours = implemented(MultiConnector)
-    undecided = {n for n in api if n not in ours and n not in INHERITED}
-    assert not undecided, f"implement, or list in INHERITED with a reason: {sorted(undecided)}"
-    assert not {n for n in INHERITED if n in ours}, "listed but implemented"
+def composed_by_us(cls: type[Any], name: str) -> bool:
+    """Whether ``cls``'s ``name`` is code of this package (not the base's, nor adopted)."""
+    member = inspect.getattr_static(cls, name, None)
+    function = getattr(member, "__func__", getattr(member, "fget", member))
+    return str(getattr(function, "__module__", "")).startswith("multiconnector.")
+
+
+def check_every_hook_decided(*bases: type[Any]) -> None:
+    """The guard: every public hook of ``bases`` (vLLM's base class, ``SupportsHMA``) is composed
+    by ours (``hooks.COMPOSED``, in this package's code) or inherited on purpose
+    (``hooks.INHERITED``, with the reason); an AssertionError naming every other one."""
+    undecided = hooks.undecided(*bases)
+    assert not undecided, (
+        f"vLLM {VLLM_VERSION}'s connector base class has hooks nobody decided on: {undecided}; "
+        "compose each in MultiConnector and list it in multiconnector/vllm/hooks.py's "
+        "COMPOSED, or list it in INHERITED with the reason"
+    )
+    api = set().union(*(public(base) for base in bases))
+    listed_only = sorted(n for n in api & hooks.COMPOSED.keys() if not composed_by_us(MC, n))
+    assert not listed_only, f"in hooks.COMPOSED but not composed by MultiConnector: {listed_only}"
+    both = sorted(n for n in hooks.INHERITED if composed_by_us(MC, n) or n in hooks.COMPOSED)
+    assert not both, f"in hooks.INHERITED but composed: {both}"
+
+
+def test_every_base_method_is_composed_or_listed_as_inherited() -> None:
+    """Fails the day vLLM's base class (or SupportsHMA) gains a hook nobody decided on."""
+    check_every_hook_decided(KVConnectorBase_V1, SupportsHMA)
+    assert hooks.undecided(KVConnectorBase_V1, SupportsHMA) == []
+    assert ADOPTED == {}  # nothing of vLLM's class taken over on a tested vLLM
+
+
+def test_the_guard_fails_naming_a_hook_a_newer_base_class_has() -> None:
+    patched = type(
+        "PatchedBase", (KVConnectorBase_V1,), {"release_kv_lease": lambda self, request: None}
+    )
+    with pytest.raises(AssertionError, match=r"\['release_kv_lease'\]"):
+        check_every_hook_decided(patched, SupportsHMA)
+
+
+def test_the_guard_fails_naming_a_hook_listed_as_composed_that_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hook listed in hooks.COMPOSED whose code is the base's (not ours) fails the guard."""
+    monkeypatch.setattr(MC, "get_finished_count", KVConnectorBase_V1.get_finished_count)
+    with pytest.raises(
+        AssertionError, match=r"not composed by MultiConnector: \['get_finished_count'\]"
+    ):
+        check_every_hook_decided(KVConnectorBase_V1, SupportsHMA)
+
+
+# -- the runtime rule for a hook of a newer vLLM ---------------------------------------------------
+
+NEW_HOOK = "release_kv_lease"
+
+
+def base_default(self: Any, request: Any) -> str:
+    """The patched base class's default of the new hook."""
+    return "base default"
+
+
+def theirs_composition(self: Any, request: Any) -> list[Any]:
+    """vLLM's patched MultiConnector's composition of it: every child's answer, in order."""
+    return [child.release_kv_lease(request) for child in self._connectors]
+
+
+def theirs_private_composition(self: Any, request: Any) -> Any:
+    """A composition that reads vLLM's class's private books, which ours does not keep."""
+    return self._requests_to_connector.get(request.request_id)
+
+
+def named_answer(self: Any, request: Any) -> str:
+    """Each scripted child's answer to the new hook: its script's label."""
+    return str(self.script.label)
+
+
+def newer_vllm(
+    monkeypatch: pytest.MonkeyPatch, composition: Any | None
+) -> tuple[type[Any], dict[str, str]]:
+    """vLLM's base class with one more public hook (scripted children answer it by label), and
+    vLLM's MultiConnector composing it (``composition``, or not at all); a fresh subclass of
+    ours, given what the rule gives it."""
+    monkeypatch.setattr(KVConnectorBase_V1, NEW_HOOK, base_default, raising=False)
+    monkeypatch.setattr(ScriptedConnector, NEW_HOOK, named_answer, raising=False)
+    if composition is not None:
+        monkeypatch.setattr(VllmMultiConnector, NEW_HOOK, composition, raising=False)
+    fresh = type("NewerMultiConnector", (MC,), {})
+    adopted = hooks.adopt(fresh, (KVConnectorBase_V1, SupportsHMA), VllmMultiConnector)
+    return fresh, adopted
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "tested range" in r.getMessage()]
+
+
+def test_a_new_hook_vllms_class_composes_is_composed_so_over_our_children_with_one_warning(
+    model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fresh, adopted = newer_vllm(monkeypatch, theirs_composition)
+    assert adopted == {NEW_HOOK: hooks.THEIRS}
+    with pytest.raises(AssertionError, match=NEW_HOOK):
+        check_every_hook_decided(KVConnectorBase_V1, SupportsHMA)
+    a, b = script(), script()
+    config = make_config(model, [child("b", b), child("a", a)])
+    with caplog.at_level(logging.WARNING, logger="multiconnector"):
+        built = fresh(config, KVConnectorRole.SCHEDULER, make_kv_cache_config())
+    warned = warnings_of(caplog)
+    assert len(warned) == 1
+    assert VLLM_VERSION in warned[0] and "0.32-0.34" in warned[0]
+    assert f"{NEW_HOOK}: {hooks.THEIRS}" in warned[0]
+    # vLLM's composition, over our children in configuration order.
+    assert built.release_kv_lease(make_request("r1")) == [b.label, a.label]
+    assert NEW_HOOK in vars(fresh)  # vLLM's override-completeness test reads __dict__
+    assert NEW_HOOK not in vars(MC)  # the rule ran on the fresh class only
+
+
+def test_a_new_hook_vllms_class_inherits_keeps_the_base_default_with_one_warning(
+    model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fresh, adopted = newer_vllm(monkeypatch, None)
+    assert adopted == {NEW_HOOK: hooks.BASES}
+    config = make_config(model, [child("a", script())])
+    with caplog.at_level(logging.WARNING, logger="multiconnector"):
+        built = fresh(config, KVConnectorRole.SCHEDULER, make_kv_cache_config())
+    (warned,) = warnings_of(caplog)
+    assert f"{NEW_HOOK}: {hooks.BASES}" in warned
+    assert built.release_kv_lease(make_request("r1")) == "base default"
+
+
+def test_a_new_hook_whose_composition_reads_vllms_private_books_refuses_to_start(
+    model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fresh, adopted = newer_vllm(monkeypatch, theirs_private_composition)
+    assert adopted == {NEW_HOOK: hooks.THEIRS}
+    a = script()
+    config = make_config(model, [child("a", a)])
+    with pytest.raises(UncomposedHookError, match=r"release_kv_lease \(reads _requests_to_") as e:
+        fresh(config, KVConnectorRole.SCHEDULER, make_kv_cache_config())
+    assert e.value.hooks == {NEW_HOOK: ("_requests_to_connector",)}
+    assert VLLM_VERSION in str(e.value) and "0.32-0.34" in str(e.value)
+    assert a.shutdowns == 1  # the child built before the refusal was shut down
+
+
+@pytest.mark.parametrize(("version", "warned"), [("0.35.0", 1), ("0.31.2", 1), ("0.34.1", 0)])
+def test_a_vllm_outside_the_tested_range_is_warned_about_once(
+    version: str,
+    warned: int,
+    model: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr("multiconnector.vllm.connector.VLLM_VERSION", version)
+    config = make_config(model, [child("a", script())])
+    with caplog.at_level(logging.WARNING, logger="multiconnector"):
+        make_connector(config, KVConnectorRole.SCHEDULER)
+    found = warnings_of(caplog)
+    assert len(found) == warned
+    if warned:
+        assert f"vLLM {version} is outside the tested range 0.32-0.34" in found[0]
+        assert "does not compose itself: none" in found[0]
+
+
+def test_what_a_composition_reads_off_self_is_found() -> None:
+    assert hooks.reads(theirs_private_composition) == {"_requests_to_connector"}
+    assert hooks.reads(theirs_composition) == {"_connectors"}
+    assert "_kids" in hooks.reads(inspect.getattr_static(MC, "may_load_async"))
+    assert hooks.reads(VllmMultiConnector.__dict__["sub_connectors"]) == {"_connectors"}  # property
+    assert hooks.reads(VllmMultiConnector.__dict__["all_children_support_hma"]) == set()
 
 
 #: Fields of vLLM's KVConnectorTransferResults passed through by name, not ruled, on purpose.
