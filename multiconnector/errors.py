@@ -50,6 +50,7 @@ changed has ``result`` ``None``. docs/bad-input.md lists every call's bad inputs
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -331,12 +332,21 @@ class ConnectorFailures(MultiConnectorError, ExceptionGroup):
         return ConnectorFailures(self.message, excs, failed=failed, result=self.result)
 
 
+#: How :func:`_naming` completes a message.
+_COMPLETED = re.compile(r" \(connectors?: ([^()]*)\)$")
+
+
 def _naming(message: str, failed: Sequence[str]) -> str:
-    """``message``, completed with the names of ``failed`` unless it names each already (as a
-    word of its own or quoted: ``'pd'``)."""
-    names = list(dict.fromkeys(failed))
-    words = {word.strip("'\"()[]:;.") for word in message.replace(",", " ").split()}
-    if all(name in words or repr(name) in message for name in names):
+    """``message``, completed with the names of ``failed`` unless it names them already: ending
+    in their list (``...: a, b``) or naming each as ``connector 'a'``."""
+    names = [str(name) for name in dict.fromkeys(failed)]
+    listed = (": " + ", ".join(names), ": " + ", ".join(map(str, failed)))
+    if not names or message.endswith(listed):
+        return message
+    if all(f"connector {name!r}" in message for name in names):
+        return message
+    completed = _COMPLETED.search(message)  # a part of a group completed before (derive)
+    if completed is not None and set(names) <= set(completed.group(1).split(", ")):
         return message
     noun = "connector" if len(names) == 1 else "connectors"
     return f"{message} ({noun}: {', '.join(names)})"
