@@ -36,7 +36,7 @@ logger: Final = logging.getLogger("multiconnector")
 WARN_SECONDS: Final = 60.0
 
 #: Where this package's code lives: an error raised there is the adapter's own (:func:`verdict`).
-_PACKAGE: Final = str(Path(__file__).resolve().parent.parent)
+_PACKAGE: Final = str(Path(__file__).resolve().parent.parent / "_")[:-1]  # ends with the separator
 
 #: The pseudo-hooks under which a report owed for too long is counted, by kind of transfer: the
 #: field of vLLM's ``KVConnectorOutput`` the child has not reported the request in.
