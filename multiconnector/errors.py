@@ -54,6 +54,7 @@ changed has ``result`` ``None``. docs/bad-input.md lists every call's bad inputs
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -235,11 +236,13 @@ def _role_error(message: str, connector: str, answer: Any) -> RoleError:
 
 
 class ShutDownError(MultiConnectorError, RuntimeError):
-    """The aggregator was shut down: it refuses further work, and nothing changes.
+    """The aggregator was shut down: it refuses new work, and nothing changes.
 
-    After :meth:`~multiconnector.MultiConnector.shutdown`, every call that would begin, finish,
-    report or load a request, ask a connector, or register one raises this. Cancelling, taking
-    and reading what is held still work, and a second ``shutdown()`` does nothing.
+    After :meth:`~multiconnector.MultiConnector.shutdown`, every call that would begin or finish
+    a request, look up or choose its loader, ask a connector, or register one raises this. The
+    calls that drain what is held still work: reports (a connector's last saves and loads),
+    cancelling, unregistering, taking and reading; a second ``shutdown()`` does nothing. The
+    message says what to do (the order: :meth:`~multiconnector.MultiConnector.shutdown`).
     """
 
 
@@ -302,7 +305,8 @@ class ConnectorFailures(MultiConnectorError, ExceptionGroup):
 
     Every connector was still called, and bookkeeping was brought to a consistent state, before
     this was raised. ``failed`` names the connectors in the order of ``exceptions``; ``result``
-    holds what the call would have returned, when it had a result.
+    holds what the call would have returned, when it had a result. The message names every
+    connector of ``failed`` (a message that does not is completed: ``(connectors: a, b)``).
 
     .. versionadded:: 0.1.0
     """
@@ -318,7 +322,7 @@ class ConnectorFailures(MultiConnectorError, ExceptionGroup):
         failed: Sequence[str] = (),
         result: Any = None,
     ) -> ConnectorFailures:
-        self = super().__new__(cls, message, exceptions)
+        self = super().__new__(cls, _naming(message, failed), exceptions)
         self.failed = tuple(failed)
         self.result = result
         return self
@@ -331,7 +335,7 @@ class ConnectorFailures(MultiConnectorError, ExceptionGroup):
         failed: Sequence[str] = (),
         result: Any = None,
     ) -> None:
-        super().__init__(message, exceptions)
+        super().__init__(_naming(message, failed), exceptions)
 
     def derive(self, excs: Sequence[Exception]) -> ConnectorFailures:  # type: ignore[override]
         """The group :meth:`split` and :meth:`subgroup` build from part of ``exceptions``:
@@ -350,6 +354,26 @@ class ConnectorFailures(MultiConnectorError, ExceptionGroup):
                     failed.append(name)
                     break
         return ConnectorFailures(self.message, excs, failed=failed, result=self.result)
+
+
+#: How :func:`_naming` completes a message.
+_COMPLETED = re.compile(r" \(connectors?: ([^()]*)\)$")
+
+
+def _naming(message: str, failed: Sequence[str]) -> str:
+    """``message``, completed with the names of ``failed`` unless it names them already: ending
+    in their list (``...: a, b``) or naming each as ``connector 'a'``."""
+    names = [str(name) for name in dict.fromkeys(failed)]
+    listed = (": " + ", ".join(names), ": " + ", ".join(map(str, failed)))
+    if not names or message.endswith(listed):
+        return message
+    if all(f"connector {name!r}" in message for name in names):
+        return message
+    completed = _COMPLETED.search(message)  # a part of a group completed before (derive)
+    if completed is not None and set(names) <= set(completed.group(1).split(", ")):
+        return message
+    noun = "connector" if len(names) == 1 else "connectors"
+    return f"{message} ({noun}: {', '.join(names)})"
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

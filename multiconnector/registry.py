@@ -94,6 +94,29 @@ class Connector(Protocol):
 
 
 _Optional = Callable[..., Any] | None
+#: The methods a connector may leave out (see :class:`Connector`); one it has must be callable.
+_OPTIONAL_METHODS = (
+    "get_num_new_matched_tokens",
+    "on_finished",
+    "on_load_finished",
+    "get_stats",
+    "shutdown",
+)
+
+
+def _check_optional(connector: Any) -> None:
+    """Refuse ``connector`` when it has one of :data:`_OPTIONAL_METHODS` that is not callable
+    (``on_finished = 5``, say): it would be skipped without a word where it should be called.
+    ``None`` counts as leaving it out."""
+    for attr in _OPTIONAL_METHODS:
+        found = getattr(connector, attr, None)
+        if found is not None and not callable(found):
+            raise InvalidArgumentError(
+                f"connector.{attr}={shown(found)} must be callable (or absent): "
+                f"connector={shown(connector)}"
+            )
+
+
 _ROLE_VALUES = frozenset(role.value for role in Role)
 
 
@@ -267,8 +290,9 @@ class ConnectorRegistry:
         ``str`` of 1 to 128 characters, no whitespace, no ``,`` or ``=``),
         :class:`DuplicateConnectorError` if the name is taken, and
         :class:`~multiconnector.errors.InvalidArgumentError` for a class instead of an instance,
-        an object with no callable ``request_finished``, or a ``role`` that is not a
-        :class:`Role`. Nothing changes when it raises.
+        an object with no callable ``request_finished``, one whose optional method (``on_finished``,
+        say) is there but not callable, or a ``role`` that is not a :class:`Role`. Nothing
+        changes when it raises.
         """
         name = check_name(name)
         check_connector(connector)
@@ -279,6 +303,8 @@ class ConnectorRegistry:
             raise InvalidArgumentError(
                 f"connector={shown(connector)} must have a callable request_finished"
             )
+        if connector is not None:
+            _check_optional(connector)
         with self._lock:
             if name in self._entries:
                 raise DuplicateConnectorError(f"name={name!r} is already registered")

@@ -561,7 +561,7 @@ def test_stats_skip_a_connector_without_them_and_report_a_failure_with_the_other
     mc = make(bare=Bare(), bad=Scripted(raises=down), one=Scripted(), dead=None)  # type: ignore[arg-type]
     with pytest.raises(ConnectorFailures) as info:
         mc.stats()
-    assert info.value.message == "connectors failed to give stats"
+    assert info.value.message == "connectors failed to give stats (connector: bad)"
     assert info.value.exceptions == (down,) and info.value.failed == ("bad",)
     assert info.value.result == {"one": {"finished": 0}}
 

@@ -174,3 +174,17 @@ def test_svg_without_dot_is_a_graphviz_missing_error(monkeypatch: pytest.MonkeyP
             draw()
         assert isinstance(caught.value, RuntimeError)
         assert isinstance(caught.value, MultiConnectorError)
+
+
+def test_connector_failures_name_the_connectors_that_failed() -> None:
+    """A message that does not name them is completed; one that does is kept as it is."""
+    errors = [RuntimeError("x"), ValueError("y")]
+    group = ConnectorFailures("2 failure(s) while finishing request 'r'", errors, failed=["a", "b"])
+    assert group.message == "2 failure(s) while finishing request 'r' (connectors: a, b)"
+    assert "(connectors: a, b)" in str(group)
+    listed = ConnectorFailures("2 failed to shut down: a, b", errors, failed=["a", "b"])
+    assert listed.message == "2 failed to shut down: a, b"
+    one = ConnectorFailures("connector 'a' raised in its callback", errors[:1], failed=["a"])
+    assert one.message == "connector 'a' raised in its callback"
+    part = group.split(ValueError)[0]
+    assert part is not None and part.failed == ("b",) and part.message == group.message

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from multiconnector import (
     ConnectorRegistry,
     InvalidArgumentError,
+    InvalidValueError,
     Lookup,
     MultiConnector,
     Outcome,
@@ -168,3 +169,15 @@ def test_choose_loader_refuses_what_cannot_load_and_changes_nothing() -> None:
         mc.choose_loader(7, "a")  # type: ignore[arg-type]
     record = mc.peek("r")
     assert record is not None and record.loader is None
+
+
+def test_choose_loader_refuses_a_none_slot_which_would_never_report() -> None:
+    """A name registered with ``None`` (a connector that failed to start) never reports: its
+    reports are ``not_ready``. Chosen to load, it would hold the request until unregistered."""
+    mc = MultiConnector(ConnectorRegistry({"a": Answers(0), "dead": None}))
+    mc.begin("r")
+    with pytest.raises(InvalidValueError, match=r"name='dead' is registered with None"):
+        mc.choose_loader("r", "dead")
+    record = mc.peek("r")
+    assert record is not None and record.loader is None  # nothing changed
+    assert mc.load_finished("r", "dead") is Outcome.not_ready

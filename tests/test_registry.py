@@ -126,16 +126,32 @@ def test_get_repr_and_entries_of_a_registry() -> None:
     assert dead.request_finished is None and dead.on_finished is None
 
 
-def test_a_non_callable_attribute_is_no_method() -> None:
+def test_an_optional_method_set_to_none_is_left_out() -> None:
     class Odd(Scripted):
-        on_finished = 3  # type: ignore[assignment]
         on_load_finished = None  # type: ignore[assignment]
 
     registry = ConnectorRegistry({"odd": Odd()})
     entry = registry.entry("odd")
     assert entry is not None
-    assert entry.on_finished is None and entry.on_load_finished is None
-    assert entry.request_finished is not None
+    assert entry.on_load_finished is None and entry.on_finished is not None
+
+
+@pytest.mark.parametrize(
+    "attr",
+    ["get_num_new_matched_tokens", "on_finished", "on_load_finished", "get_stats", "shutdown"],
+)
+def test_an_optional_method_that_is_not_callable_is_refused_at_registration(attr: str) -> None:
+    """It would otherwise be skipped without a word (an ``on_finished`` never called back)."""
+    odd = Scripted()
+    setattr(odd, attr, 3)
+    registry = ConnectorRegistry({"a": Scripted()})
+    with pytest.raises(
+        InvalidArgumentError, match=rf"connector\.{attr}=3 \(type int\) must be callable"
+    ):
+        registry.register("odd", odd)
+    assert registry.names() == ("a",)
+    with pytest.raises(InvalidArgumentError, match=rf"connector\.{attr}="):
+        MultiConnector({"odd": odd})
 
 
 @pytest.mark.parametrize(

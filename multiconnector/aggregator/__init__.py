@@ -14,6 +14,10 @@ Rules, in one place (docs/concepts.md explains them at length):
   report, so waiting for it would strand the request forever; unregister a connector only once it
   no longer touches KV blocks (after its shutdown, say). ``abandoned`` tells the caller which
   saves were never confirmed.
+* **Shutting down drains.** After :meth:`MultiConnector.shutdown` no new work is taken, but
+  reports are still accepted (a connector flushing its saves from its own ``shutdown()``
+  included), so every request can still be released: by its reports, or by unregistering a
+  connector that will never report.
 * **No state outlives its request.** Terminal requests are held until :meth:`MultiConnector.take`
   hands them back, then dropped.
 * **Atomic per request, no global lock.** Each request's transitions happen under one of a fixed
@@ -75,7 +79,8 @@ class MultiConnector(Queries, Loading, Reports, Checking, Saving, Lifecycle, Boo
     non-empty ``str`` (a subclass is made a plain ``str``), a connector name is a printable
     ``str`` of 1 to 128 characters without whitespace, ``,`` or ``=``, blocks are a sequence of
     ``int``. A bad one raises a typed error naming it, and nothing changes. After
-    :meth:`shutdown`, calls that would do work raise :class:`ShutDownError`.
+    :meth:`shutdown`, calls that would start work raise :class:`ShutDownError`; reports are
+    still accepted, so what is owed drains (see :meth:`shutdown` for the order).
 
     .. versionadded:: 0.1.0
     """

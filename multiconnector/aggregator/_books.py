@@ -330,7 +330,12 @@ class Books:
             ) from None
 
     def _shut(self, call: str) -> NoReturn:
-        raise ShutDownError(f"{call}() refused: this MultiConnector was shut down")
+        raise ShutDownError(
+            f"{call}() refused: this MultiConnector was shut down, so it takes no new work; "
+            "to drain it, cancel() the requests that will not finish, let the connectors' "
+            "reports arrive (still accepted), unregister() a connector that will never report, "
+            "and free what take() hands back"
+        )
 
     def __repr__(self) -> str:
         return f"MultiConnector({self._registry!r}, held={len(self._requests)})"

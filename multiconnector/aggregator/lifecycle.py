@@ -37,7 +37,9 @@ class Lifecycle(Books):
         """Unregister ``name``, releasing every request awaiting it (the unregister rule).
 
         Requests awaiting ``name`` stop awaiting it: the name moves to their ``abandoned``, and
-        one with nothing left to await becomes ``finished``. Returns the connector.
+        one with nothing left to await becomes ``finished``. Returns the connector. A save
+        ``name`` reported before is never abandoned: after :meth:`shutdown`, let its last
+        reports arrive first (see there).
         """
         return self._registry.unregister(name)
 
@@ -118,14 +120,28 @@ class Lifecycle(Books):
         return taken
 
     def shutdown(self) -> None:
-        """Call ``shutdown()`` on every ready connector that has one; raise every failure.
+        """Take no new work, and call ``shutdown()`` on every ready connector that has one.
 
-        Every connector is attempted even when earlier ones raise; the failures are raised
-        together as :class:`ConnectorFailures`, in registration order. The aggregator is shut
-        down either way: from then on, every call that would do work (begin, finish, report or
-        load a request, ask connectors, register one) raises :class:`ShutDownError` and changes
-        nothing, while :meth:`cancel`, :meth:`take`, :meth:`unregister` and reading still work.
-        A second ``shutdown()`` does nothing: no connector is shut down twice.
+        Shutting down drains: a server follows this order (docs/concepts.md, "Shutting down").
+
+        1. *Stop new work*: stop beginning requests and :meth:`cancel` those that will not
+           finish. From ``shutdown()`` on, every call that would start work (begin or finish a
+           request, look up or choose a loader, ask connectors for stats, register one) raises
+           :class:`ShutDownError` and changes nothing.
+        2. *Let owed reports arrive*: a connector may report its last saves and loads from
+           inside its own ``shutdown()`` (flushing them) or later, from its threads. Reports
+           (:meth:`transfer_finished`, :meth:`transfer_finished_many`, :meth:`load_finished`)
+           are accepted after shutdown as before it, and so are :meth:`cancel`, :meth:`take`,
+           :meth:`unregister` and reading.
+        3. *Release*: free what :meth:`take` hands back; :meth:`unregister` a connector that will
+           never report (its requests are released, its unconfirmed saves in ``abandoned``),
+           and :meth:`take` again. :meth:`held` says what is still owed.
+
+        No request is handed back while a connector still owes it a report, before or after
+        shutdown. Every connector is attempted even when earlier ones raise; the failures are
+        raised together as :class:`ConnectorFailures`, in registration order, and the
+        aggregator is shut down either way. A second ``shutdown()`` does nothing: no connector
+        is shut down twice.
         """
         if self._closed:
             return

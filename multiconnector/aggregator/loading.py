@@ -18,6 +18,7 @@ from .._validate import bad_argument, check_int, check_name, check_request_id, s
 from ..errors import (
     ConnectorFailures,
     InvalidArgumentError,
+    InvalidValueError,
     RoleError,
     UnknownConnectorError,
     UnknownRequestError,
@@ -189,7 +190,9 @@ class Loading(Books):
         Raises :class:`UnknownRequestError` for a request that is not held,
         :class:`~multiconnector.UnknownConnectorError` for a name that is not registered,
         :class:`~multiconnector.RoleError` for one registered with ``role=Role.save`` (it never
-        loads) and :class:`~multiconnector.InvalidArgumentError` for ``parts`` that are not
+        loads), :class:`~multiconnector.InvalidValueError` for one registered with ``None`` (not
+        ready: it never reports; a part registered with ``None`` owes nothing, and is abandoned
+        at once) and :class:`~multiconnector.InvalidArgumentError` for ``parts`` that are not
         distinct names other than ``name`` (or any when ``name`` is ``None``); nothing changes
         then.
 
@@ -198,6 +201,13 @@ class Loading(Books):
         if request_id.__class__ is not str or not request_id:
             request_id = check_request_id(request_id)
         chooser = None if name is None else self._loader_entry(name)
+        if chooser is not None and chooser.connector is None:
+            # A None slot never reports (its reports are not_ready): a load recorded for it
+            # would hold the request until it is unregistered.
+            raise InvalidValueError(
+                f"name={chooser.name!r} is registered with None (not ready: it failed to "
+                "start, say), so it cannot load; choose a ready connector, or None"
+            )
         further = self._part_entries(name, parts) if parts else ()
         if self._closed:
             self._shut("choose_loader")
@@ -361,13 +371,12 @@ class Loading(Books):
         A report from a ready connector while a :meth:`match_tokens` for the request is still
         asking is :attr:`Outcome.early` (a second one from the same name, ``duplicate``): kept,
         not counted yet, and decided by that call once it recorded the loader, as if it
-        arrived right after (see :meth:`match_tokens`).
+        arrived right after (see :meth:`match_tokens`). Accepted after :meth:`shutdown`, as
+        :meth:`transfer_finished` is.
         """
         name = check_name(name)
         if request_id.__class__ is not str or not request_id:
             request_id = check_request_id(request_id)
-        if self._closed:
-            self._shut("load_finished")
         index = hash(request_id) & self._mask
         lock = self._locks[index]
         lock.acquire()

@@ -52,6 +52,9 @@ class Reports(Books):
         ``""``, say) and :class:`InvalidArgumentError` for a bad ``request_id`` or ``blocks``.
         When ``on_finished`` raises, :class:`ConnectorFailures` carries the outcome applied as its
         ``result``.
+
+        Accepted after :meth:`shutdown` too (from inside a connector's own ``shutdown()``, say):
+        a report settles what a connector owes, it asks nothing new.
         """
         if name.__class__ is not str:
             name = check_name(name)  # raises unless a str subclass, which it makes a str
@@ -61,8 +64,6 @@ class Reports(Books):
             check_blocks(blocks)
         elif blocks:
             check_block_ids(blocks)
-        if self._closed:
-            self._shut("transfer_finished")
         index = hash(request_id) & self._mask
         lock = self._locks[index]
         lock.acquire()
@@ -103,7 +104,8 @@ class Reports(Books):
         ``name``, :class:`InvalidArgumentError` for ``request_ids`` that is a ``str`` or not
         iterable, for an item that is not a ``str``, or for bad ``blocks``. When ``on_finished``
         callbacks raise, every report is still applied and every callback still called, then
-        :class:`ConnectorFailures` is raised with the outcomes as its ``result``.
+        :class:`ConnectorFailures` is raised with the outcomes as its ``result``. Accepted after
+        :meth:`shutdown`, as :meth:`transfer_finished` is.
 
         .. versionadded:: 0.1.0
         """
@@ -113,8 +115,6 @@ class Reports(Books):
             check_blocks(blocks)
         elif blocks:
             check_block_ids(blocks)
-        if self._closed:
-            self._shut("transfer_finished_many")
         ids = check_request_ids(request_ids)
         kind = ids.__class__
         if ids is request_ids and kind is not tuple and kind is not frozenset:

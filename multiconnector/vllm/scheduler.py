@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from contextlib import suppress
 from typing import Any, Final
 
 from .._validate import shown
@@ -730,10 +729,9 @@ class SchedulerPart:
             # No load of it is in flight, and no report of one will come: a synchronous load
             # ends within the step that scheduled it (vLLM reports none), and a load never
             # started never ends. The record would otherwise be held forever. Counted as each
-            # loader's drained load; after shutdown nothing is (the books stay as they are).
-            with suppress(ShutDownError):
-                for name in record.owed_loads:
-                    tracker.load_finished(request_id, name)
+            # loader's drained load (after shutdown too: the core accepts reports, they drain).
+            for name in record.owed_loads:
+                tracker.load_finished(request_id, name)
         tracker.take()
 
     def _shared_savers(self, names: tuple[str, ...]) -> tuple[str, ...]:

@@ -11,8 +11,10 @@ there still raises (:class:`~multiconnector.ConnectorFailures`), so a server tha
 says why.
 
 Each failure is logged at WARNING on the ``multiconnector`` logger (inside vLLM in vLLM's
-format: :func:`adopt_vllm_logging`): the first of a child and hook with its traceback, then at
-most one line a minute with how many more there were.
+format: :func:`adopt_vllm_logging`): the first of a child and hook with its traceback (none for
+the adapter's own verdicts on an answer: their message says why), then at most one line a minute
+with how many more there were. A failure that comes with every request (a load-only child
+promising saves, a lookup past its patience) is so one line a minute, each one counted.
 """
 
 from __future__ import annotations
@@ -20,18 +22,41 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Final
 
-__all__ = ["OVERDUE_HOOKS", "WARN_SECONDS", "Trouble", "adopt_vllm_logging"]
+from ..errors import MultiConnectorError
+
+__all__ = ["OVERDUE_HOOKS", "WARN_SECONDS", "Trouble", "adopt_vllm_logging", "verdict"]
 
 logger: Final = logging.getLogger("multiconnector")
 
-#: At most one warning per child and hook in this many seconds (the first with its traceback).
+#: At most one warning per child and hook in this many seconds (the first with its traceback,
+#: unless it is the adapter's own :func:`verdict`).
 WARN_SECONDS: Final = 60.0
+
+#: Where this package's code lives: an error raised there is the adapter's own (:func:`verdict`).
+_PACKAGE: Final = str(Path(__file__).resolve().parent.parent / "_")[:-1]  # ends with the separator
 
 #: The pseudo-hooks under which a report owed for too long is counted, by kind of transfer: the
 #: field of vLLM's ``KVConnectorOutput`` the child has not reported the request in.
 OVERDUE_HOOKS: Final = {"save": "finished_sending_overdue", "load": "finished_recving_overdue"}
+
+
+def verdict(exc: BaseException) -> bool:
+    """Whether ``exc`` is the adapter's own verdict on a child's answer (a
+    :class:`~multiconnector.MultiConnectorError` made or raised by this package: a load-only
+    child's promised save, a lookup past its patience, a token count that cannot be true), not
+    a child raising. Its message says it all: logged without a traceback, which would show only
+    the adapter's own code."""
+    if not isinstance(exc, MultiConnectorError):
+        return False
+    tb = exc.__traceback__
+    if tb is None:  # made, never raised
+        return True
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(Path(tb.tb_frame.f_code.co_filename).resolve()).startswith(_PACKAGE)
 
 
 class Trouble:
@@ -60,7 +85,7 @@ class Trouble:
             exc,
             degraded,
             quiet[1],
-            exc_info=exc if quiet[0] else None,
+            exc_info=exc if quiet[0] and not verdict(exc) else None,
         )
 
     def overdue(self, kind: str, name: str, request_id: str, seconds: float, limit: float) -> None:

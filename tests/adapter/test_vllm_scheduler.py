@@ -302,6 +302,22 @@ def test_the_scheduler_hooks_after_shutdown_refuse_and_keep_nothing(model: Path)
     assert len(engine.connector.tracker) == 0
 
 
+def test_a_save_reported_after_shutdown_frees_its_request(model: Path) -> None:
+    """Shutting down drains (docs/concepts.md, "Shutting down"): a child's last save, reported
+    after the connector's shutdown(), is applied and frees its request; it used to raise
+    ShutDownError into vLLM's engine loop and leave the request held for ever."""
+    a = script(saves=True)
+    engine = Engine(make_config(model, [child("a", a), child("b", script())]))
+    engine.add(make_request("r1", num_tokens=40, max_tokens=2))
+    for _ in range(4):
+        engine.step()
+    assert "r1" in engine.outputs and engine.held("r1")  # its save is owed
+    engine.connector.shutdown()
+    a.sending.add("r1")
+    engine.step()
+    assert not engine.held("r1") and len(engine.connector.tracker) == 0
+
+
 def test_a_request_aborted_while_loading_still_frees_its_blocks(model: Path) -> None:
     a = script(tokens=32, load_async=True)
     engine = Engine(make_config(model, [child("a", a), child("b", script())]))
