@@ -8,6 +8,7 @@ imports nothing from ``tests``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -69,14 +70,34 @@ def make_scheduler(
     )
 
 
+# vLLM 0.34 removed ``ModelRunnerOutput.req_id_to_index`` (the scheduler reads ``req_ids``
+# only). Every vLLM object a test or a benchmark builds by hand is built in this module, so a
+# field vLLM adds or removes is one edit here; this set says which fields the installed vLLM has.
+_RUNNER_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelRunnerOutput))
+
+
+def model_runner_output(
+    req_ids: list[str], kv_output: KVConnectorOutput | None, token: int = 7
+) -> ModelRunnerOutput:
+    """What the model runner returns for a step that ran ``req_ids``: ``token`` sampled for each,
+    and ``kv_output`` (the workers' connector output), in the installed vLLM's fields."""
+    fields: dict[str, Any] = {
+        "req_ids": list(req_ids),
+        "sampled_token_ids": [[token] for _ in req_ids],
+        "kv_connector_output": kv_output,
+    }
+    if "req_id_to_index" in _RUNNER_FIELDS:  # vLLM <= 0.33
+        fields["req_id_to_index"] = {rid: i for i, rid in enumerate(req_ids)}
+    return ModelRunnerOutput(**fields)
+
+
 def runner_output(
     scheduler_output: Any, kv_output: KVConnectorOutput | None, token: int = 7
 ) -> ModelRunnerOutput:
     """What the model runner returns for a step: ``token`` sampled for every scheduled request."""
-    ids = list(scheduler_output.num_scheduled_tokens)
-    return ModelRunnerOutput(
-        req_ids=ids,
-        req_id_to_index={rid: i for i, rid in enumerate(ids)},
-        sampled_token_ids=[[token] for _ in ids],
-        kv_connector_output=kv_output,
-    )
+    return model_runner_output(list(scheduler_output.num_scheduled_tokens), kv_output, token)
+
+
+def connector_output(kv_output: KVConnectorOutput | None) -> ModelRunnerOutput:
+    """A step's output that ran no request and carries only the workers' connector output."""
+    return model_runner_output([], kv_output)

@@ -39,6 +39,7 @@ from vllm.v1.request import Request
 from bench.scheduler_parts import (
     BLOCK,
     EOS,
+    connector_output,
     make_kv_cache_config,
     make_scheduler,
     runner_output,
@@ -55,6 +56,7 @@ __all__ = [
     "THEIRS",
     "Engine",
     "builtin_config",
+    "connector_output",
     "implemented",
     "make_config",
     "make_connector",
