@@ -124,6 +124,22 @@ class ChildSpec:
         except (ValueError, ImportError, AttributeError) as exc:
             raise ChildClassError(self.name, self.kv_connector, self.module_path, exc) from exc
 
+    def stats_source(self) -> tuple[str, str | None]:
+        """The class that rebuilds this child's stats from a payload, as ``(name, module
+        path)`` for :func:`connector_class`: the class vLLM's factory builds for the child, by
+        the name vLLM's registry knows it under (vLLM 0.34 builds ``NixlConnector`` as
+        ``NixlPullConnector`` or ``NixlPushConnector`` by its ``transfer_mode``); the configured
+        name when the registry knows the class under no other."""
+        if self.module_path:
+            return self.kv_connector, self.module_path
+        built = self.connector_class()
+        try:
+            if KVConnectorFactory.get_connector_class_by_name(built.__name__) is built:
+                return built.__name__, None
+        except ValueError:  # registered under the configured name only
+            pass
+        return self.kv_connector, None
+
     def supports_hma(self) -> bool:
         """Whether the child's class implements ``SupportsHMA`` (vLLM's own test)."""
         self.connector_class()  # a class that cannot be loaded: named here, with the child

@@ -350,19 +350,22 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         labelnames: list[str],
         per_engine_labelvalues: dict[int, list[object]],
     ) -> NamedPromMetrics:
-        per_class: dict[type[Any], Any] = {}
+        # One set of metrics per build_prom_metrics (Prometheus refuses a metric twice): classes
+        # that share it (vLLM's NixlPullConnector and NixlPushConnector) share its metrics.
+        per_class: dict[Any, Any] = {}
         by_name: dict[str, Any] = {}
         for spec in specs_of(vllm_config.kv_transfer_config):
             child_cls = spec.connector_class()
-            if child_cls not in per_class:
-                per_class[child_cls] = child_cls.build_prom_metrics(
+            key = getattr(child_cls.build_prom_metrics, "__func__", child_cls)
+            if key not in per_class:
+                per_class[key] = child_cls.build_prom_metrics(
                     spec.vllm_config(vllm_config),
                     metric_types,
                     labelnames,
                     per_engine_labelvalues,
                 )
-            if per_class[child_cls] is not None:
-                by_name[spec.name] = per_class[child_cls]
+            if per_class[key] is not None:
+                by_name[spec.name] = per_class[key]
         return NamedPromMetrics(
             vllm_config, metric_types, labelnames, per_engine_labelvalues, by_name
         )
@@ -732,10 +735,7 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             mine = counts.setdefault(name, {})
             for count, n in per.items():
                 mine[LOOKUP + count] = n
-        sources = {
-            name: (self._kids.specs[name].kv_connector, self._kids.specs[name].module_path)
-            for name in (*stats, *counts)
-        }
+        sources = {name: self._kids.sources[name] for name in (*stats, *counts)}
         return NamedMultiConnectorStats(data=stats, sources=sources, counts=counts)
 
 
