@@ -14,18 +14,35 @@ from vllm_support import require_vllm
 require_vllm()
 
 import json  # noqa: E402
+import logging  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 import vllm  # noqa: E402
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram  # noqa: E402
-from vllm.config import KVTransferConfig  # noqa: E402
+from vllm.config import KVTransferConfig, SchedulerConfig  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.v1.metrics.prometheus import unregister_vllm_metrics  # noqa: E402
-from vllm_harness import Engine, builtin_config, make_request  # noqa: E402
+from vllm.v1.request import RequestStatus  # noqa: E402
+from vllm_children import Script, child, script  # noqa: E402
+from vllm_harness import (  # noqa: E402
+    BLOCK,
+    Engine,
+    builtin_config,
+    make_config,
+    make_request,
+    make_scheduler,
+)
 
-from multiconnector.vllm import HIT_METRICS_KEY, MultiConnector, NamedPromMetrics  # noqa: E402
+from multiconnector import InvalidArgumentError  # noqa: E402
+from multiconnector.vllm import (  # noqa: E402
+    HIT_METRICS_KEY,
+    MultiConnector,
+    NamedPromMetrics,
+)
+from multiconnector.vllm.config import OVERDUE_KEY  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
@@ -105,3 +122,157 @@ def test_nixl_childrens_stats_go_by_child_name_and_rebuild_with_the_class_vllm_b
     for name in (pull, push):
         labels = {"engine": "0", "child": name, "count": "asked"}
         assert REGISTRY.get_sample_value("vllm:multiconnector_child_lookups_total", labels) == 1
+
+
+# -- the cap on in-flight KV loads, and an aborted load whose child never reports ---------------
+
+OVERDUE = 0.05  # report_overdue_seconds in these tests
+
+
+def capped_config(model: Path, children: list[dict[str, Any]], cap: int) -> Any:
+    """A config whose scheduler holds at most ``cap`` asynchronous KV loads in flight."""
+    if "max_num_inflight_kv_loads" not in SchedulerConfig.__dataclass_fields__:
+        pytest.skip(f"vLLM {VERSION} has no --max-num-inflight-kv-loads (added in 0.34)")
+    config = make_config(model, children, extra={OVERDUE_KEY: OVERDUE})
+    config.scheduler_config.max_num_inflight_kv_loads = cap
+    return config
+
+
+def told(made: Script, request_id: str) -> list[int]:
+    return [call[2] for call in made.names("update_state_after_alloc") if call[1] == request_id]
+
+
+def test_an_aborted_load_its_child_never_reports_holds_an_admission_slot_and_is_overdue(
+    model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pd, disk = script(tokens=2 * BLOCK, load_async=True), script()
+    engine = Engine(capped_config(model, [child("pd", pd), child("disk", disk)], cap=1))
+    scheduler = engine.scheduler
+    engine.add(make_request("a", num_tokens=40, max_tokens=2))
+    engine.step()
+    assert told(pd, "a") == [2 * BLOCK]  # its load started: the one slot taken
+    scheduler.finish_requests("a", RequestStatus.FINISHED_ABORTED)  # the client went away
+    assert scheduler._aborted_kv_loads == {"a"} and engine.held("a")
+    engine.add(make_request("bb", num_tokens=40, max_tokens=2))
+    time.sleep(OVERDUE * 2)
+    with caplog.at_level(logging.WARNING, logger="multiconnector"):
+        for _ in range(3):
+            engine.step()
+    # vLLM: the slot stays taken by the aborted load, so "bb" is not admitted.
+    assert told(pd, "bb") == [] and "bb" not in {r for s in engine.scheduled for r in s}
+    assert scheduler._aborted_kv_loads == {"a"} and engine.held("a")
+    # Ours: the load owed past report_overdue_seconds is counted (once) and warned about.
+    assert engine.connector.child_failures() == {"pd": {"finished_recving_overdue": 1}}
+    assert any("its load of request 'a'" in r.getMessage() for r in caplog.records)
+    # The child reports at last: the slot is freed with the blocks, and "bb" is admitted.
+    pd.recving.add("a")
+    engine.step()
+    assert scheduler._aborted_kv_loads == set() and not engine.held("a")
+    engine.step()
+    assert told(pd, "bb") == [2 * BLOCK]
+    pd.recving.add("bb")
+    for _ in range(4):
+        engine.step()
+    assert "bb" in engine.outputs and scheduler.requests == {}
+    assert engine.connector.child_failures() == {"pd": {"finished_recving_overdue": 1}}
+
+
+# -- on_new_request before the request is queued; preempted requests scheduled again as new -----
+
+
+def vllm_at_least(major: int, minor: int) -> bool:
+    return tuple(int(part) for part in VERSION.split(".")[:2]) >= (major, minor)
+
+
+def test_on_new_request_reaches_every_child_once_before_its_first_lookup(model: Path) -> None:
+    a, b = script(tokens=BLOCK), script()
+    engine = Engine(make_config(model, [child("a", a), child("b", b)]))
+    scheduler = engine.scheduler
+    seen: list[tuple[bool, bool]] = []
+    first = a.instances[0]  # the scheduler's child "a"
+    told_new = first.on_new_request
+
+    def on_new_request(request: Any) -> None:
+        # Whether vLLM holds the request yet, and whether ours already tracks it.
+        seen.append(
+            (request.request_id in scheduler.requests, "r" in engine.connector._scheduler.live)
+        )
+        told_new(request)
+
+    first.on_new_request = on_new_request
+    engine.add(make_request("r", num_tokens=40, max_tokens=1))
+    # vLLM 0.34 calls it before queueing the request (0.32 and 0.33: after); ours has its
+    # record by then either way, so a hook that reads it (may_load_async) finds it.
+    assert seen == [(not vllm_at_least(0, 34), True)]
+    engine.step()
+    for made in (a, b):
+        calls = [c[0] for c in made.calls if len(c) > 1 and c[1] == "r"]
+        assert calls.count("on_new_request") == 1
+        assert calls[0] == "on_new_request"
+    assert "r" in engine.outputs and scheduler.requests == {}
+
+
+def test_an_on_new_request_our_books_refuse_leaves_vllm_without_the_request(model: Path) -> None:
+    # Ours refuses a request id its books cannot hold (a typed error naming it). vLLM 0.34 asks
+    # before it queues the request: nothing of it is left behind in vLLM either.
+    if not vllm_at_least(0, 34):
+        pytest.skip(
+            f"vLLM {VERSION} calls on_new_request after queueing the request (0.34: before)"
+        )
+    a = script()
+    engine = Engine(make_config(model, [child("a", a)]))
+    bad = make_request("r", num_tokens=40, max_tokens=1)
+    bad.request_id = ""  # no id: ours refuses it
+    with pytest.raises(InvalidArgumentError, match="request_id"):
+        engine.add(bad)
+    assert engine.scheduler.requests == {} and not engine.scheduler.has_requests()
+    assert a.names("on_new_request") == []
+    engine.add(make_request("ok", num_tokens=40, max_tokens=1))
+    for _ in range(3):
+        engine.step()
+    assert "ok" in engine.outputs
+
+
+def test_a_preempted_request_is_looked_up_again_and_finishes_once(model: Path) -> None:
+    disk, other = script(holds=2 * BLOCK, saves=True), script()
+    engine = Engine(make_config(model, [child("disk", disk), child("other", other)]))
+    config = engine.config
+    scheduler = engine.scheduler = make_scheduler(config, num_blocks=12)  # room for fewer
+    outputs: list[Any] = []
+    schedule = scheduler.schedule
+
+    def recorded() -> Any:
+        outputs.append(schedule())
+        return outputs[-1]
+
+    scheduler.schedule = recorded
+    for request_id in ("p", "qq"):  # two prompts (made from the id's length)
+        engine.add(make_request(request_id, num_tokens=40, max_tokens=70))
+    reported: set[str] = set()
+    for _ in range(400):
+        engine.step()
+        for request_id in set(engine.outputs) - reported:
+            disk.sending.add(request_id)  # its save reports on the next step
+            reported.add(request_id)
+        if not scheduler.requests:
+            break
+    preempted = {r for out in outputs for r in out.preempted_req_ids or ()}
+    assert preempted, "no request was preempted: the test's cache is too large"
+    victim = sorted(preempted)[0]
+    # Resumed after preemption: vLLM 0.34 (and 0.33's new model runner) sends it again as a new
+    # request; the children's metadata lists it as vLLM did (ours passes vLLM's output on).
+    again = [
+        i
+        for i, out in enumerate(outputs)
+        if i > 0 and victim in {r.req_id for r in out.scheduled_new_reqs}
+    ]
+    v2 = bool(getattr(scheduler, "use_v2_model_runner", False))
+    assert bool(again) == (vllm_at_least(0, 34) or v2)
+    # Looked up again (from what vLLM's prefix cache kept of it); finished once, freed once.
+    asked = [c[2] for c in disk.names("get_num_new_matched_tokens") if c[1] == victim]
+    assert len(asked) >= 2, asked
+    assert [c[1] for c in disk.names("request_finished")].count(victim) == 1
+    assert [c[1] for c in other.names("request_finished")].count(victim) == 1
+    assert {"p", "qq"} <= set(engine.outputs) and scheduler.requests == {}
+    assert engine.connector.child_failures() == {}
+    assert engine.worker.child_failures() == {}
