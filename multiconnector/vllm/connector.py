@@ -252,7 +252,8 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     @property
     def requires_kv_delivery(self) -> bool:
-        return any(c.requires_kv_delivery for c in self._kids.by_name.values())
+        # A load-only child is never awaited for a save: it hands nothing off.
+        return any(c.requires_kv_delivery for _, c in self._kids.savers)
 
     @classmethod
     def all_children_support_hma(cls, kv_transfer_config: Any) -> bool:

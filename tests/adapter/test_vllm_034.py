@@ -24,6 +24,10 @@ import vllm  # noqa: E402
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram  # noqa: E402
 from vllm.config import KVTransferConfig, SchedulerConfig  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
+    KVConnectorBase_V1,
+    KVConnectorRole,
+)
 from vllm.v1.metrics.prometheus import unregister_vllm_metrics  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 from vllm_children import Script, child, script  # noqa: E402
@@ -32,13 +36,15 @@ from vllm_harness import (  # noqa: E402
     Engine,
     builtin_config,
     make_config,
+    make_connector,
     make_request,
     make_scheduler,
 )
 
-from multiconnector import InvalidArgumentError  # noqa: E402
+from multiconnector import InvalidArgumentError, InvalidValueError, Role  # noqa: E402
 from multiconnector.vllm import (  # noqa: E402
     HIT_METRICS_KEY,
+    ROLE_KEY,
     MultiConnector,
     NamedPromMetrics,
 )
@@ -276,3 +282,92 @@ def test_a_preempted_request_is_looked_up_again_and_finishes_once(model: Path) -
     assert {"p", "qq"} <= set(engine.outputs) and scheduler.requests == {}
     assert engine.connector.child_failures() == {}
     assert engine.worker.child_failures() == {}
+
+
+# -- roles: the children's kv_role (vLLM 0.34) and multiconnector_role (ours) ------------------
+
+
+def roled(name: str, made: Script, kv_role: str, role: str | None) -> dict[str, Any]:
+    entry = child(name, made, kv_role=kv_role)
+    if role is not None:
+        entry["kv_connector_extra_config"][ROLE_KEY] = role
+    return entry
+
+
+@pytest.mark.parametrize(("role", "kv_role"), [("save", "kv_consumer"), ("load", "kv_producer")])
+def test_a_multiconnector_role_that_contradicts_the_childs_kv_role_is_refused(
+    model: Path, role: str, kv_role: str
+) -> None:
+    # vLLM reads each child's kv_role (0.34: for the engine's producer and consumer roles too);
+    # ours holds each child to its multiconnector_role. A save-only consumer or a load-only
+    # producer is a contradiction: refused before any child starts, naming both keys.
+    a, b = script(), script()
+    config = make_config(model, [child("a", a), roled("b", b, kv_role, role)])
+    with pytest.raises(InvalidValueError) as raised:
+        make_connector(config, KVConnectorRole.SCHEDULER)
+    message = str(raised.value)
+    assert f"['connectors'][1]['kv_connector_extra_config']['{ROLE_KEY}']='{role}'" in message
+    assert f"['connectors'][1]['kv_role']='{kv_role}'" in message and "name='b'" in message
+    assert a.instances == [] and b.instances == []
+
+
+@pytest.mark.parametrize(
+    ("role", "kv_role"),
+    [
+        ("save", "kv_producer"),
+        ("save", "kv_both"),
+        ("load", "kv_consumer"),
+        ("load", "kv_both"),
+        (None, "kv_producer"),
+        (None, "kv_consumer"),
+    ],
+)
+def test_a_multiconnector_role_that_agrees_with_the_childs_kv_role_is_kept(
+    model: Path, role: str | None, kv_role: str
+) -> None:
+    config = make_config(model, [child("a", script()), roled("b", script(), kv_role, role)])
+    connector = make_connector(config, KVConnectorRole.SCHEDULER)
+    assert connector._kids.roles["b"] is Role(role or "both")
+
+
+def test_the_childrens_kv_role_decides_the_engines_roles_on_vllm_034(model: Path) -> None:
+    if not vllm_at_least(0, 34):
+        pytest.skip(
+            f"vLLM {VERSION} reads the top-level kv_role for the engine's producer and consumer "
+            "roles (0.34: the children's)"
+        )
+    # A prefill side: every child only produces; the top-level kv_role says otherwise and no
+    # longer counts. Ours awaits the savers as it does on every version.
+    disk, nixl_like = script(saves=True), script(saves=True)
+    config = make_config(
+        model,
+        [roled("disk", disk, "kv_producer", "save"), roled("pd", nixl_like, "kv_producer", None)],
+        kv_role="kv_consumer",
+    )
+    transfer = config.kv_transfer_config
+    assert transfer is not None and transfer.is_kv_producer and not transfer.is_kv_consumer
+    engine = Engine(config)
+    engine.add(make_request("r", num_tokens=40, max_tokens=1))
+    for _ in range(3):
+        engine.step()
+    assert "r" in engine.outputs and engine.held("r")  # both saves awaited
+    assert disk.names("get_num_new_matched_tokens") == []  # save-only: never looked up
+    disk.sending.add("r")
+    nixl_like.sending.add("r")
+    engine.step()
+    assert not engine.held("r")
+
+
+def test_a_load_only_child_does_not_make_the_engine_await_kv_delivery(model: Path) -> None:
+    # vLLM's scheduler reads requires_kv_delivery (recompute a request preempted while its
+    # hand-off is pending). A child's own answer defaults to its kv_role producing KV; a
+    # load-only child (kv_both, as a decode side's transport often is) is never awaited for a
+    # save under ours, so it hands nothing off and its answer does not count.
+    if "requires_kv_delivery" not in vars(KVConnectorBase_V1):
+        pytest.skip(f"vLLM {VERSION} has no requires_kv_delivery")
+    loads_only = make_config(model, [roled("pd", script(), "kv_both", "load")])
+    assert Engine(loads_only).scheduler.requires_kv_delivery is False
+    also_saves = make_config(
+        model, [roled("pd", script(), "kv_both", "load"), roled("disk", script(), "kv_both", None)]
+    )
+    assert Engine(also_saves).scheduler.requires_kv_delivery is True
