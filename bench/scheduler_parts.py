@@ -84,11 +84,18 @@ def make_vllm_config(
 
 
 def make_request(
-    request_id: str, prompt: list[int], max_tokens: int, *, ignore_eos: bool = False
+    request_id: str,
+    prompt: list[int],
+    max_tokens: int,
+    *,
+    ignore_eos: bool = False,
+    kv_transfer_params: dict[str, Any] | None = None,
 ) -> Request:
     """A request as vLLM's front end hands it to the scheduler: ``prompt``'s tokens, at most
-    ``max_tokens`` sampled, its blocks hashed for the prefix cache."""
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
+    ``max_tokens`` sampled, its blocks hashed for the prefix cache, and the
+    ``kv_transfer_params`` a client sent, if any."""
+    extra = None if kv_transfer_params is None else {"kv_transfer_params": kv_transfer_params}
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, extra_args=extra)
     params.update_from_generation_config({}, EOS)
     return Request(
         request_id=request_id,
