@@ -35,6 +35,7 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm_children import child, script  # noqa: E402
 from vllm_harness import (  # noqa: E402
     BLOCK,
+    Engine,
     make_config,
     make_connector,
     make_request,
@@ -223,6 +224,62 @@ def test_the_old_runner_hooks_bind_the_metadata_before_loads_and_reports(
 
     log, scheduler = _drive(model, step)
     _check_order(log, scheduler)
+
+
+SCHEDULER_HOOKS = (
+    "get_num_new_matched_tokens",
+    "update_state_after_alloc",
+    "request_finished",
+    "request_finished_all_groups",  # what vLLM calls on a connector that supports HMA (ours)
+    "update_connector_output",
+)
+
+
+def test_vllms_scheduler_calls_the_adapter_in_that_order(model: Path) -> None:
+    """The scheduler-side order above, exercised: each call of the adapter's scheduler hooks
+    logged with the scheduler's phase (``schedule`` or ``update_from_output``) it came in, over
+    requests that load asynchronously, finish, and are saved."""
+    loader, saver = script(tokens=BLOCK, load_async=True), script(saves=True)
+    engine = Engine(make_config(model, [child("a", loader), child("b", saver)]))
+    scheduler, log = engine.scheduler, []
+    _record(log, "ours", engine.connector, SCHEDULER_HOOKS)
+    for phase in ("schedule", "update_from_output"):
+        method = getattr(scheduler, phase)
+
+        def marked(*args: Any, _phase: str = phase, _method: Any = method) -> Any:
+            log.append(("phase", _phase))
+            return _method(*args)
+
+        setattr(scheduler, phase, marked)
+    for request_id in ("r", "ss"):
+        engine.add(make_request(request_id, num_tokens=3 * BLOCK, max_tokens=1))
+    for step in range(6):
+        engine.step()
+        if step == 0:
+            loader.recving.update({"r", "ss"})
+        if step == 2:
+            saver.sending.update({"r", "ss"})
+    assert engine.scheduler.requests == {} and {"r", "ss"} <= set(engine.outputs)
+    phase, steps = "", []
+    for who, name in log:
+        if who == "phase":
+            phase = name
+            if name == "schedule":
+                steps.append([])
+            continue
+        steps[-1].append((phase, name.removesuffix("_all_groups")))
+    calls = [call for step in steps for call in step]
+    # Lookups and allocation only while scheduling, each lookup before its allocation; reports
+    # and finishes only while updating from the step's output.
+    for phase, name in calls:
+        scheduling = name in ("get_num_new_matched_tokens", "update_state_after_alloc")
+        assert (phase == "schedule") is scheduling, (phase, name)
+    names = [name for _, name in calls]
+    assert names.index("get_num_new_matched_tokens") < names.index("update_state_after_alloc")
+    # In the step the requests finished, they were finished before the step's reports.
+    (finishing,) = [step for step in steps if ("update_from_output", "request_finished") in step]
+    updates = [name for phase, name in finishing if phase == "update_from_output"]
+    assert updates.index("request_finished") < updates.index("update_connector_output")
 
 
 def test_the_adapter_records_loads_and_savers_before_binding_its_children() -> None:
