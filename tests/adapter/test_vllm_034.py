@@ -82,6 +82,13 @@ def nixl_pair(spelling: str) -> list[dict[str, Any]]:
     return [nixl(kv_connector="NixlPullConnector"), nixl(kv_connector="NixlPushConnector")]
 
 
+#: The children's names (their configured classes): by transfer_mode, both are NixlConnector.
+NAMES = {
+    "transfer_mode": ("NixlConnector", "NixlConnector#2"),
+    "class_name": ("NixlPullConnector", "NixlPushConnector"),
+}
+
+
 @pytest.mark.parametrize("spelling", ["transfer_mode", "class_name"])
 def test_a_pull_and_a_push_nixl_child_share_one_set_of_prometheus_metrics(
     model: Path, spelling: str
@@ -92,12 +99,9 @@ def test_a_pull_and_a_push_nixl_child_share_one_set_of_prometheus_metrics(
     unregister_vllm_metrics()
     metrics = MultiConnector.build_prom_metrics(config, PROM_TYPES, ["engine"], {0: ["0"]})
     assert isinstance(metrics, NamedPromMetrics)
-    names = sorted(metrics.by_name)
-    assert names == [
-        "Nixl" + ("" if spelling == "transfer_mode" else "Pull") + "Connector",
-        names[1],
-    ]
-    assert metrics.by_name[names[0]] is metrics.by_name[names[1]]
+    pull, push = NAMES[spelling]
+    assert sorted(metrics.by_name) == [pull, push]
+    assert metrics.by_name[pull] is metrics.by_name[push]
 
 
 @pytest.mark.parametrize("spelling", ["transfer_mode", "class_name"])
@@ -110,6 +114,7 @@ def test_nixl_childrens_stats_go_by_child_name_and_rebuild_with_the_class_vllm_b
     config.kv_transfer_config.kv_connector_extra_config[HIT_METRICS_KEY] = True
     engine = Engine(config, worker=False)  # NIXL's worker side needs NIXL and a GPU
     pull, push = engine.connector.children
+    assert (pull, push) == NAMES[spelling]  # the configuration's names, on every vLLM
     engine.add(make_request("r", num_tokens=40, max_tokens=1))
     outputs = engine.step()
     stats = next(iter(outputs.values())).scheduler_stats.kv_connector_stats
