@@ -36,19 +36,12 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is a local folder: never ask a hub
 
-from vllm import SamplingParams
 from vllm.config import (
-    CacheConfig,
-    DeviceConfig,
     KVTransferConfig,
-    ModelConfig,
-    SchedulerConfig,
     VllmConfig,
 )
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
 
@@ -56,10 +49,11 @@ from . import trivial_children
 from .common import NAMES, Report, Row, Sizes, median, p90
 from .scheduler_parts import (
     BLOCK,
-    EOS,
     TINY_OPT,
     make_kv_cache_config,
+    make_request,
     make_scheduler,
+    make_vllm_config,
     runner_output,
     write_model,
 )
@@ -85,23 +79,17 @@ CHILDREN = [
 
 
 def config(model: Path, ours: bool, max_num_seqs: int, max_num_batched_tokens: int) -> VllmConfig:
-    return VllmConfig(
-        model_config=ModelConfig(model=str(model), skip_tokenizer_init=True),
-        scheduler_config=SchedulerConfig(
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=512,
-            enable_chunked_prefill=True,
-            is_encoder_decoder=False,
-        ),
-        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="MultiConnector",
-            kv_connector_module_path="multiconnector.vllm" if ours else None,
-            kv_role="kv_both",
-            kv_connector_extra_config={"connectors": CHILDREN},
-        ),
-        device_config=DeviceConfig("cpu"),
+    transfer = KVTransferConfig(
+        kv_connector="MultiConnector",
+        kv_connector_module_path="multiconnector.vllm" if ours else None,
+        kv_role="kv_both",
+        kv_connector_extra_config={"connectors": CHILDREN},
+    )
+    return make_vllm_config(
+        model,
+        transfer,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
     )
 
 
@@ -148,20 +136,15 @@ class Loop:
 
 
 def make_requests(tag: str, n: int, rng: random.Random) -> list[Request]:
-    out = []
-    for i in range(n):
-        params = SamplingParams(max_tokens=OUTPUT, ignore_eos=True)
-        params.update_from_generation_config({}, EOS)
-        out.append(
-            Request(
-                request_id=f"{tag}-{i}",
-                prompt_token_ids=[rng.randrange(10, 990) for _ in range(PROMPT)],
-                sampling_params=params,
-                pooling_params=None,
-                block_hasher=get_request_block_hasher(BLOCK, sha256),
-            )
+    return [
+        make_request(
+            f"{tag}-{i}",
+            [rng.randrange(10, 990) for _ in range(PROMPT)],
+            OUTPUT,
+            ignore_eos=True,
         )
-    return out
+        for i in range(n)
+    ]
 
 
 #: A regression guard, not a target: today's figure (about 1.23, since the scheduler's saves are

@@ -21,7 +21,6 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from vllm import SamplingParams
 from vllm.config import DeviceConfig, KVTransferConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -34,6 +33,7 @@ from multiconnector import MultiConnector
 from . import trivial_children
 from .baselines import UnguardedFloor
 from .common import BLOCKS, NAMES, Report, Row, Sizes, median, p90, timed
+from .scheduler_parts import make_request
 
 logging.getLogger("vllm").setLevel(logging.ERROR)  # one warning per child built otherwise
 
@@ -122,10 +122,7 @@ class Core:
 
 
 def requests(batch: int, prefix: str) -> list[Request]:
-    params = SamplingParams(max_tokens=1)
-    return [
-        Request(f"{prefix}-{i}", [1, 2, 3, 4], params, None) for i in range(batch)
-    ]  # fmt: skip
+    return [make_request(f"{prefix}-{i}", [1, 2, 3, 4], 1) for i in range(batch)]
 
 
 def steps_of(step: Callable[[], None], steps: int) -> Callable[[], None]:

@@ -78,6 +78,7 @@ class Children:
         "names",
         "roles",
         "savers",
+        "sources",
         "specs",
         "trouble",
     )
@@ -97,6 +98,8 @@ class Children:
         built = _start_children(specs, vllm_config, role, kv_cache_config)
         #: The children's names in configuration order (vLLM's positions).
         self.names: tuple[str, ...] = tuple(built)
+        #: Per child, the class that rebuilds its stats (:meth:`ChildSpec.stats_source`).
+        self.sources = {spec.name: spec.stats_source() for spec in specs}
         self._put(built)
 
     def _put(self, by_name: dict[str, Any]) -> None:

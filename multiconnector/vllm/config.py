@@ -124,6 +124,22 @@ class ChildSpec:
         except (ValueError, ImportError, AttributeError) as exc:
             raise ChildClassError(self.name, self.kv_connector, self.module_path, exc) from exc
 
+    def stats_source(self) -> tuple[str, str | None]:
+        """The class that rebuilds this child's stats from a payload, as ``(name, module
+        path)`` for :func:`connector_class`: the class vLLM's factory builds for the child, by
+        the name vLLM's registry knows it under (vLLM 0.34 builds ``NixlConnector`` as
+        ``NixlPullConnector`` or ``NixlPushConnector`` by its ``transfer_mode``); the configured
+        name when the registry knows the class under no other."""
+        if self.module_path:
+            return self.kv_connector, self.module_path
+        built = self.connector_class()
+        try:
+            if KVConnectorFactory.get_connector_class_by_name(built.__name__) is built:
+                return built.__name__, None
+        except ValueError:  # registered under the configured name only
+            pass
+        return self.kv_connector, None
+
     def supports_hma(self) -> bool:
         """Whether the child's class implements ``SupportsHMA`` (vLLM's own test)."""
         self.connector_class()  # a class that cannot be loaded: named here, with the child
@@ -225,8 +241,31 @@ def child_specs(
             raise bad_argument(isinstance(exc, ValueError))(
                 f"{where} (name={name!r}) is not a valid KVTransferConfig: {exc}"
             ) from exc
-        specs.append(ChildSpec(name, config, role))
+        specs.append(ChildSpec(name, config, _agreeing(role, config.kv_role, where, name)))
     return tuple(specs)
+
+
+#: The child ``kv_role`` each ``multiconnector_role`` contradicts: a save-only child (never
+#: asked to load) that only consumes KV, a load-only child (never awaited for a save) that only
+#: produces it. ``kv_both`` agrees with every role.
+_CONTRADICTED_BY: Final = {Role.save: "kv_consumer", Role.load: "kv_producer"}
+
+
+def _agreeing(role: Role, kv_role: Any, where: str, name: str) -> Role:
+    """``role``, checked: a child's ``multiconnector_role`` must not contradict its own
+    ``kv_role``. vLLM reads the children's ``kv_role`` (0.34: whether the engine produces or
+    consumes KV, for a ``MultiConnector``; every version: what the child itself does, NIXL's
+    side of a transfer), and ours holds the child to its ``multiconnector_role``. The two
+    disagreeing, one of them is wrong; neither is guessed."""
+    if _CONTRADICTED_BY.get(role) != kv_role:
+        return role
+    does = "never loads" if role is Role.save else "is never awaited for a save"
+    only = "only loads (consumes) KV" if role is Role.save else "only saves (produces) KV"
+    raise InvalidValueError(
+        f"{where}['kv_connector_extra_config'][{ROLE_KEY!r}]={role.value!r} contradicts "
+        f"{where}['kv_role']={kv_role!r} (name={name!r}): a {role.value}-only child {does}, "
+        f"and kv_role={kv_role!r} says it {only}; set kv_role='kv_both' or change one of them"
+    )
 
 
 def _role(own_extra: Mapping[str, Any] | None, where: str) -> Role:

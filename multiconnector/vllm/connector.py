@@ -254,7 +254,8 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     @property
     def requires_kv_delivery(self) -> bool:
-        return any(c.requires_kv_delivery for c in self._kids.by_name.values())
+        # A load-only child is never awaited for a save: it hands nothing off.
+        return any(c.requires_kv_delivery for _, c in self._kids.savers)
 
     @classmethod
     def all_children_support_hma(cls, kv_transfer_config: Any) -> bool:
@@ -342,19 +343,22 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         labelnames: list[str],
         per_engine_labelvalues: dict[int, list[object]],
     ) -> NamedPromMetrics:
-        per_class: dict[type[Any], Any] = {}
+        # One set of metrics per build_prom_metrics (Prometheus refuses a metric twice): classes
+        # that share it (vLLM's NixlPullConnector and NixlPushConnector) share its metrics.
+        per_class: dict[Any, Any] = {}
         by_name: dict[str, Any] = {}
         for spec in specs_of(vllm_config.kv_transfer_config):
             child_cls = spec.connector_class()
-            if child_cls not in per_class:
-                per_class[child_cls] = child_cls.build_prom_metrics(
+            key = getattr(child_cls.build_prom_metrics, "__func__", child_cls)
+            if key not in per_class:
+                per_class[key] = child_cls.build_prom_metrics(
                     spec.vllm_config(vllm_config),
                     metric_types,
                     labelnames,
                     per_engine_labelvalues,
                 )
-            if per_class[child_cls] is not None:
-                by_name[spec.name] = per_class[child_cls]
+            if per_class[key] is not None:
+                by_name[spec.name] = per_class[key]
         return NamedPromMetrics(
             vllm_config, metric_types, labelnames, per_engine_labelvalues, by_name
         )
@@ -747,10 +751,7 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             mine = counts.setdefault(name, {})
             for count, n in per.items():
                 mine[LOOKUP + count] = n
-        sources = {
-            name: (self._kids.specs[name].kv_connector, self._kids.specs[name].module_path)
-            for name in (*stats, *counts)
-        }
+        sources = {name: self._kids.sources[name] for name in (*stats, *counts)}
         return NamedMultiConnectorStats(data=stats, sources=sources, counts=counts)
 
 

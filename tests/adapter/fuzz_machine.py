@@ -65,17 +65,13 @@ from fuzz_children import (
 from hypothesis import event, note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from vllm import SamplingParams
 from vllm.config import VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm_harness import (
     BLOCK,
-    EOS,
     make_config,
     make_connector,
     make_scheduler,
@@ -83,6 +79,7 @@ from vllm_harness import (
     write_model,
 )
 
+from bench.scheduler_parts import make_request as bench_request
 from multiconnector import ConnectorFailures
 from multiconnector.vllm import SPLIT_KEY
 
@@ -170,15 +167,8 @@ def config_for(
 
 def make_request(request_id: str, family: int, num_tokens: int, max_tokens: int) -> Request:
     """A request whose prompt is ``family``'s: requests of one family share their prefix."""
-    params = SamplingParams(max_tokens=max_tokens)
-    params.update_from_generation_config({}, EOS)
-    return Request(
-        request_id=request_id,
-        prompt_token_ids=[(13 * i + 101 * family) % 900 + 10 for i in range(num_tokens)],
-        sampling_params=params,
-        pooling_params=None,
-        block_hasher=get_request_block_hasher(BLOCK, sha256),
-    )
+    prompt = [(13 * i + 101 * family) % 900 + 10 for i in range(num_tokens)]
+    return bench_request(request_id, prompt, max_tokens)
 
 
 class World:

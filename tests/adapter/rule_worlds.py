@@ -16,10 +16,10 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm_children import Script, child, script
 from vllm_harness import (
+    connector_output,
     make_config,
     make_connector,
     make_request,
@@ -223,9 +223,7 @@ class World:
                     self.setup.scripts[name].sending.add(request_id)
             kv_output = worker_output(worker, output.finished_req_ids)
             worker.clear_connector_metadata()
-            outputs.append(
-                ModelRunnerOutput(req_ids=[], req_id_to_index={}, kv_connector_output=kv_output)
-            )
+            outputs.append(connector_output(kv_output))
         if self.aggregator is None:
             kv_output = outputs[0].kv_connector_output
         else:

@@ -28,25 +28,21 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from vllm import SamplingParams  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (  # noqa: E402
     MultiConnector as VllmMultiConnector,
 )
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm_harness import (  # noqa: E402
-    BLOCK,
-    EOS,
     builtin_config,
     make_connector,
     make_hybrid_kv_cache_config,
     make_scheduler,
     runner_output,
-    sha256,
 )
 
+from bench.scheduler_parts import make_request as bench_request  # noqa: E402
 from multiconnector.vllm import MultiConnector  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -56,16 +52,8 @@ Reports = Callable[[int], KVConnectorOutput | None]
 
 def request(request_id: str, num_tokens: int = 40, max_tokens: int = 1, **params: Any) -> Request:
     """A request; ``params`` become its ``kv_transfer_params`` (as a client sends them)."""
-    extra = {"kv_transfer_params": dict(params)} if params else None
-    sampling = SamplingParams(max_tokens=max_tokens, extra_args=extra)
-    sampling.update_from_generation_config({}, EOS)
-    return Request(
-        request_id=request_id,
-        prompt_token_ids=[(7 * i + 3) % 900 + 10 for i in range(num_tokens)],
-        sampling_params=sampling,
-        pooling_params=None,
-        block_hasher=get_request_block_hasher(BLOCK, sha256),
-    )
+    prompt = [(7 * i + 3) % 900 + 10 for i in range(num_tokens)]
+    return bench_request(request_id, prompt, max_tokens, kv_transfer_params=dict(params) or None)
 
 
 def without_timings(value: Any) -> Any:

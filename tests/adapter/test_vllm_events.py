@@ -27,8 +27,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import (  # 
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector import (  # noqa: E402
     MooncakeStoreKVEvents,
 )
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm_children import child, script  # noqa: E402
+from vllm_harness import connector_output as output  # noqa: E402
 from vllm_harness import make_config, make_connector  # noqa: E402
 
 from multiconnector import InvalidArgumentError  # noqa: E402
@@ -46,10 +47,6 @@ def events_of(name: str, worker: int) -> Any:
     made = CLASSES[name](num_workers=1)
     made.add_events([BlockRemoved(block_hashes=[h], medium="CPU") for h in BLOCKS[name][worker]])
     return made
-
-
-def output(kv: KVConnectorOutput) -> ModelRunnerOutput:
-    return ModelRunnerOutput(req_ids=[], req_id_to_index={}, kv_connector_output=kv)
 
 
 def published(model: Path, mix: tuple[frozenset[str], ...], names: tuple[str, ...], ours: bool):

@@ -30,9 +30,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import (  # 
     LMCacheKVEvents,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats  # noqa: E402
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm_children import child, script  # noqa: E402
-from vllm_harness import make_config, make_connector  # noqa: E402
+from vllm_harness import connector_output, make_config, make_connector  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -101,13 +101,7 @@ def one_step(model: Path, kind: str, *, ours: bool) -> tuple[Any, Any, list[Any]
     lm.events.extend(lm_events(i) for i in range(2))  # worker 0 asks first, then worker 1
     bad.events.extend(bad_events(kind) for _ in range(2))
     outputs = [
-        ModelRunnerOutput(
-            req_ids=[],
-            req_id_to_index={},
-            kv_connector_output=KVConnectorOutput(
-                kv_cache_events=w.get_kv_connector_kv_cache_events()
-            ),
-        )
+        connector_output(KVConnectorOutput(kv_cache_events=w.get_kv_connector_kv_cache_events()))
         for w in workers
     ]
     merged = KVOutputAggregator(expected_finished_count=2).aggregate(outputs)
@@ -121,14 +115,7 @@ def alone(model: Path) -> list[int]:
     """What the good child publishes as vLLM's only connector over the same two workers."""
     config = make_config(model, [child("lm", script(), "LMCacheEventsConnector")], ours=False)
     only = make_connector(config, KVConnectorRole.SCHEDULER).sub_connectors[0]
-    outputs = [
-        ModelRunnerOutput(
-            req_ids=[],
-            req_id_to_index={},
-            kv_connector_output=KVConnectorOutput(kv_cache_events=lm_events(i)),
-        )
-        for i in range(2)
-    ]
+    outputs = [connector_output(KVConnectorOutput(kv_cache_events=lm_events(i))) for i in range(2)]
     merged = KVOutputAggregator(expected_finished_count=2).aggregate(outputs)
     assert merged is not None
     only.update_connector_output(merged.kv_connector_output)
@@ -211,10 +198,8 @@ def two_workers(model: Path, answers: dict[str, Any]) -> tuple[Any, list[Any], A
         for method, make in answers.items():
             setattr(instance, method, make)
     outputs = [
-        ModelRunnerOutput(
-            req_ids=[],
-            req_id_to_index={},
-            kv_connector_output=KVConnectorOutput(
+        connector_output(
+            KVConnectorOutput(
                 kv_connector_stats=w.get_kv_connector_stats(),
                 kv_connector_worker_meta=w.build_connector_worker_meta(),
             ),

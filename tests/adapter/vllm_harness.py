@@ -13,19 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from vllm import SamplingParams
 from vllm.config import (
-    CacheConfig,
-    DeviceConfig,
     KVTransferConfig,
-    ModelConfig,
-    SchedulerConfig,
     VllmConfig,
 )
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -39,11 +34,14 @@ from vllm.v1.request import Request
 from bench.scheduler_parts import (
     BLOCK,
     EOS,
+    connector_output,
     make_kv_cache_config,
     make_scheduler,
+    make_vllm_config,
     runner_output,
     write_model,
 )
+from bench.scheduler_parts import make_request as bench_request
 
 OURS = ("MultiConnector", "multiconnector.vllm")
 THEIRS = ("MultiConnector", None)
@@ -55,6 +53,7 @@ __all__ = [
     "THEIRS",
     "Engine",
     "builtin_config",
+    "connector_output",
     "implemented",
     "make_config",
     "make_connector",
@@ -92,24 +91,13 @@ def make_config(
     """A VllmConfig whose connector is ours or vLLM's MultiConnector over ``children`` (and
     ``extra`` beside them in ``kv_connector_extra_config``)."""
     connector, module = OURS if ours else THEIRS
-    return VllmConfig(
-        model_config=ModelConfig(model=str(model), skip_tokenizer_init=True),
-        scheduler_config=SchedulerConfig(
-            max_num_seqs=16,
-            max_num_batched_tokens=64,
-            max_model_len=512,
-            enable_chunked_prefill=True,
-            is_encoder_decoder=False,
-        ),
-        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector=connector,
-            kv_connector_module_path=module,
-            kv_role=kv_role,
-            kv_connector_extra_config={"connectors": children, **(extra or {})},
-        ),
-        device_config=DeviceConfig("cpu"),
+    transfer = KVTransferConfig(
+        kv_connector=connector,
+        kv_connector_module_path=module,
+        kv_role=kv_role,
+        kv_connector_extra_config={"connectors": children, **(extra or {})},
     )
+    return make_vllm_config(model, transfer)
 
 
 def make_connector(config: VllmConfig, role: KVConnectorRole) -> Any:
@@ -118,15 +106,9 @@ def make_connector(config: VllmConfig, role: KVConnectorRole) -> Any:
 
 
 def make_request(request_id: str, num_tokens: int = 40, max_tokens: int = 1) -> Request:
-    params = SamplingParams(max_tokens=max_tokens)
-    params.update_from_generation_config({}, EOS)
-    return Request(
-        request_id=request_id,
-        prompt_token_ids=[(7 * i + len(request_id)) % 900 + 10 for i in range(num_tokens)],
-        sampling_params=params,
-        pooling_params=None,
-        block_hasher=get_request_block_hasher(BLOCK, sha256),
-    )
+    """A request whose prompt is made from its id's length (two ids of one length: one prompt)."""
+    prompt = [(7 * i + len(request_id)) % 900 + 10 for i in range(num_tokens)]
+    return bench_request(request_id, prompt, max_tokens)
 
 
 class Engine:
