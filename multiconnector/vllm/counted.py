@@ -27,7 +27,7 @@ from typing import Any, Final
 
 from .._validate import check_request_ids
 from ..aggregator import MultiConnector as Aggregator
-from ..outcome import Outcome
+from ..machine import State
 from ..registry import Role
 from ..rule import count, counted_name, load_report, refined, transfer_report
 from .children import Children, Slot
@@ -39,6 +39,7 @@ __all__ = ["COUNTED_EXPECTED_LIMIT", "WORKERS", "Counted", "Forwarded", "not_tak
 #: saves are done there (:meth:`Counted.awaited`).
 WORKERS: Final = "@workers"
 _WORKERS_ONLY: Final = (WORKERS,)
+_FINISHING: Final = State.finishing
 
 #: At most this many finished requests' counted savers remembered on a worker (the oldest
 #: forgotten first): a worker a counted child never reports on would otherwise keep them all.
@@ -134,9 +135,8 @@ class Counted:
         """The names ``record`` still awaits a save or a load report of."""
         return (*record.awaiting, *record.owed_loads)
 
-    def counting(self, request_id: str) -> bool:
-        """Whether ``request_id``'s load is a counted child's, with a report still owed."""
-        record = self._tracker.peek(request_id)
+    def counting(self, record: Any) -> bool:
+        """Whether ``record``'s load is a counted child's, with a report still owed."""
         return record is not None and record.loader in self.owner and record.loading
 
     def saves(self, sent: Mapping[str, Mapping[str, int]]) -> None:
@@ -155,46 +155,43 @@ class Counted:
                     record = tracker.peek(request_id)
                     tracker.transfer_finished(request_id, counted_name(mine, record, load=False))
 
-    def loads(self, connector_output: Any, worker_meta: Any) -> tuple[set[str], dict[str, str]]:
-        """Apply the forwarded load reports; hold back the load completions of the requests
-        whose counted loader still owes a report, and pass each on in the step the last one
-        came. Returns the completions passed on, and the loads a report said failed whose last
-        report came, with their child: those are not passed on now (vLLM reads
-        ``failed_recving`` before this hook runs, so a failure added here would go unseen and
-        the blocks nothing wrote would be taken as loaded): the caller has every worker report
-        them failed, as any load the scheduler knows failed, and vLLM sees the failure with
-        their completion."""
+    def loads(self, worker_meta: Any) -> None:
+        """Apply the load reports the workers forwarded (``worker_meta.loaded``), each to the
+        next report name of its child's load a request still owes; remember the loads a report
+        said failed, for when their completion is passed on (:meth:`failed_of`)."""
         tracker = self._tracker
-        if worker_meta is not None and worker_meta.loaded:
-            ranks = self._names() if self._kids.counted() else {}
-            for name, counts in worker_meta.loaded.items():
-                failed_of = worker_meta.load_failed.get(name, {})
-                mine = ranks.get(name)
-                for request_id, n in counts.items():
-                    if mine is None:
-                        for _ in range(n):
-                            self._stranger(name, request_id, save=False)
-                        continue
-                    if request_id in failed_of:
-                        self._failed[request_id] = name
+        ranks = self._names() if self._kids.counted() else {}
+        for name, counts in worker_meta.loaded.items():
+            failed_of = worker_meta.load_failed.get(name, {})
+            mine = ranks.get(name)
+            for request_id, n in counts.items():
+                if mine is None:
                     for _ in range(n):
-                        record = tracker.peek(request_id)
-                        # Only its load's names: a report of a load is never a save's.
-                        tracker.load_finished(request_id, counted_name(mine, record, load=True))
-        recving = set(connector_output.finished_recving or ())
-        for request_id in recving | self._held:
-            if self.counting(request_id):
-                self._held.add(request_id)
-                recving.discard(request_id)
-            else:
-                self._held.discard(request_id)
-                recving.add(request_id)
-        failed_now: dict[str, str] = {}
-        if self._failed and not self._failed.keys().isdisjoint(recving):
-            failed_now = {r: self._failed.pop(r) for r in recving if r in self._failed}
-            recving -= failed_now.keys()
-        connector_output.finished_recving = recving or None
-        return recving, failed_now
+                        self._stranger(name, request_id, save=False)
+                    continue
+                if request_id in failed_of:
+                    self._failed[request_id] = name
+                for _ in range(n):
+                    record = tracker.peek(request_id)
+                    # Only its load's names: a report of a load is never a save's.
+                    tracker.load_finished(request_id, counted_name(mine, record, load=True))
+
+    @property
+    def held(self) -> set[str]:
+        """The load completions every worker reported, held back until the counted loader's
+        last report came (:func:`~multiconnector.rule.one_completion`)."""
+        return self._held
+
+    def failed_of(self, passed: set[str]) -> dict[str, str]:
+        """Of the load completions ``passed`` on, those a forwarded report said failed, with
+        their child (forgotten here): they are not passed on now (vLLM reads
+        ``failed_recving`` before ``update_connector_output`` runs, so a failure added there
+        would go unseen and the blocks nothing wrote would be taken as loaded): the caller has
+        every worker report them failed, as any load the scheduler knows failed, and vLLM sees
+        the failure with their completion."""
+        if not self._failed or self._failed.keys().isdisjoint(passed):
+            return {}
+        return {r: self._failed.pop(r) for r in passed if r in self._failed}
 
     def active(self) -> bool:
         """Whether a load completion is held back, or a failure kept for one."""
@@ -272,7 +269,11 @@ class Forwarded:
         for request_id in check_request_ids(request_ids):
             owing = expected.get(request_id)
             if owing is None or name not in owing:
-                outcome = Outcome.unknown_request if owing is None else Outcome.phantom
+                # Why ignored, as the report rule says: unknown here, or not (or no longer)
+                # awaited of ``name`` (the worker's books have no states: a held request is
+                # a finishing one, awaiting what it owes).
+                state = None if owing is None else _FINISHING
+                outcome = transfer_report(state, tuple(owing or ()), (), (), name)[0]
                 count(self.outcomes, outcome, name)
                 continue
             owing.discard(name)

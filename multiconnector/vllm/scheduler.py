@@ -31,7 +31,7 @@ from ..machine import State
 from ..outcome import Outcome
 from ..params import merge_transfer_params
 from ..registry import Role
-from ..rule import finish_answer
+from ..rule import HOLD, PASS, finish_answer, one_completion
 from .children import Children, Failures, Slot, failed
 from .config import Settings, without_hma
 from .counted import WORKERS, Counted, not_taken
@@ -131,11 +131,6 @@ class SchedulerPart:
         """Each request still owed reports by children that report on fewer workers than all,
         with how many each still owes (a new dict)."""
         return self.counted.owed()
-
-    def _handed_off(self, request_id: str) -> bool:
-        """Whether ``request_id`` finished with saves: its one completion is their report."""
-        record = self.tracker.peek(request_id)
-        return record is not None and bool(record.expected)
 
     def loader(self, request_id: str) -> str | None:
         """The child chosen to load ``request_id`` (the first part's, of a split load)."""
@@ -476,19 +471,12 @@ class SchedulerPart:
             self._mark_failed(connector_output.failed_recving)
         if worker_meta is not None and worker_meta.load_failed:
             self._parts_failed(worker_meta.load_failed)
-        if self._kids.counted() and (
-            loaded or self.counted.active() or (worker_meta is not None and worker_meta.loaded)
-        ):
-            loaded, failed_counted = self.counted.loads(connector_output, worker_meta)
-            for request_id, name in failed_counted.items():
-                self._failed_loads[request_id] = name  # every worker reports it next step
-                self._load_failed(name, request_id)
+        counted = self.counted if self._kids.counted() else None
+        if counted is not None and worker_meta is not None and worker_meta.loaded:
+            counted.loads(worker_meta)
+        if loaded or (counted is not None and counted.active()):
+            loaded = self._one_completion(connector_output, counted)
         tracker = self.tracker
-        recving = connector_output.finished_recving
-        if recving and len(tracker):
-            kept = {r for r in recving if not self._handed_off(r)}
-            if len(kept) < len(recving):
-                connector_output.finished_recving = kept or None
         sending = connector_output.finished_sending
         sent = None if worker_meta is None else worker_meta.sent
         unknown = self._saves_confirmed(sending) if sending else ()
@@ -502,6 +490,43 @@ class SchedulerPart:
             savers_of.pop(request_id, None)
         if handed or sending:
             connector_output.finished_sending = {*unknown, *handed} or None
+
+    def _one_completion(self, connector_output: Any, counted: Counted | None) -> set[str]:
+        """Each load completion the workers reported, or held back before, decided by
+        :func:`~multiconnector.rule.one_completion`: held back while a counted loader still
+        owes a report; else reported to the books (returned), and passed on to vLLM unless
+        the request saves (its one completion is then its save's) or a forwarded report said
+        its load failed (:meth:`Counted.failed_of`: every worker reports it failed next
+        step)."""
+        tracker = self.tracker
+        recving = connector_output.finished_recving or ()
+        held: set[str] = counted.held if counted is not None else set()
+        loaded: set[str] = set()
+        passed: set[str] = set()
+        for request_id in {*recving, *held} if held else recving:
+            record = tracker.peek(request_id)
+            due = one_completion(
+                load=True,
+                saves=record is not None and bool(record.expected),
+                owed=counted is not None and counted.counting(record),
+            )
+            if due is HOLD:
+                held.add(request_id)  # only when counted
+                continue
+            if held:
+                held.discard(request_id)
+            loaded.add(request_id)
+            if due is PASS:
+                passed.add(request_id)
+        if counted is not None:
+            for request_id, name in counted.failed_of(loaded).items():
+                loaded.discard(request_id)
+                passed.discard(request_id)
+                self._failed_loads[request_id] = name  # every worker reports it next step
+                self._load_failed(name, request_id)
+        if len(passed) != len(recving) or not passed.issuperset(recving):
+            connector_output.finished_recving = passed or None
+        return loaded
 
     def _merge_failed(self, hook: str, why_of: Mapping[str, str], what: str) -> None:
         """The children whose answers to ``hook`` raised while vLLM merged the workers' (their

@@ -23,6 +23,7 @@ from ..errors import InvalidArgumentError
 from ..ledger import SaveLedger
 from ..machine import State
 from ..outcome import Outcome
+from ..rule import HOLD, one_completion
 from .children import Children, Failures, failed
 from .config import Settings
 from .counted import Forwarded
@@ -390,18 +391,20 @@ class WorkerPart:
         )
 
     def _hold_back(self, results: Any) -> None:
-        """One completion per request: a request whose saves are all reported while its load
-        is still in flight on this worker is held back until the load reports (the load's own
-        completion is passed on, and the scheduler takes the save's as the one)."""
+        """One completion per request (:func:`~multiconnector.rule.one_completion`): a request
+        whose saves are all reported while its load is still in flight on this worker is held
+        back until the load reports (the load's own completion is passed on, and the scheduler
+        takes the save's as the one)."""
         sending = results.finished_sending
         waiting = self.sent_while_loading
-        for request_id in [r for r in waiting if not self._load_pending(r)]:
-            waiting.discard(request_id)
-            sending.add(request_id)
-        if len(self.loads):
-            for request_id in [r for r in sending if self._load_pending(r)]:
+        for request_id in [*waiting, *sending] if len(self.loads) else [*waiting]:
+            due = one_completion(load=False, saves=True, owed=self._load_pending(request_id))
+            if due is HOLD:
                 sending.discard(request_id)
                 waiting.add(request_id)
+            else:
+                waiting.discard(request_id)
+                sending.add(request_id)
 
     def _load_pending(self, request_id: str) -> bool:
         record = self.loads.peek(request_id)
