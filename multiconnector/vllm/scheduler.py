@@ -105,6 +105,9 @@ class SchedulerPart:
         self.loads_in_flight: set[str] = set()
         self._load_since: dict[str, float] = {}
         self._saver_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
+        #: The requests with saves the core books handed back (:meth:`_take`), for vLLM to
+        #: see finished sending in the next ``update_connector_output``.
+        self._handed: list[str] = []
 
     @property
     def counted_outcomes(self) -> dict[tuple[Any, str], int]:
@@ -476,7 +479,6 @@ class SchedulerPart:
             counted.loads(worker_meta)
         if loaded or (counted is not None and counted.active()):
             loaded = self._one_completion(connector_output, counted)
-        tracker = self.tracker
         sending = connector_output.finished_sending
         sent = None if worker_meta is None else worker_meta.sent
         unknown = self._saves_confirmed(sending) if sending else ()
@@ -484,10 +486,13 @@ class SchedulerPart:
             self.counted.saves(sent)
         if loaded:
             self._loads_reported(loaded, connector_output.failed_recving)
-        handed = [record.request_id for record in tracker.take() if record.expected]
-        savers_of = self._savers_of
-        for request_id in handed:
-            savers_of.pop(request_id, None)
+        self._take()
+        handed = self._handed
+        if handed:
+            self._handed = []
+            savers_of = self._savers_of
+            for request_id in handed:
+                savers_of.pop(request_id, None)
         if handed or sending:
             connector_output.finished_sending = {*unknown, *handed} or None
 
@@ -757,7 +762,18 @@ class SchedulerPart:
             # loader's drained load (after shutdown too: the core accepts reports, they drain).
             for name in record.owed_loads:
                 tracker.load_finished(request_id, name)
-        tracker.take()
+        self._take()
+
+    def _take(self) -> None:
+        """Drain the core books' hand-back queue (:meth:`~multiconnector.MultiConnector.take`),
+        the one place that does: a record with saves goes to :attr:`_handed`, which the next
+        ``update_connector_output`` passes on to vLLM as finished sending (vLLM frees its
+        blocks then); a record without is forgotten (its request finished without saves: vLLM
+        freed its blocks when it finished it). A record is thus never dropped unreported,
+        whichever of vLLM's calls settled it."""
+        for record in self.tracker.take():
+            if record.expected:
+                self._handed.append(record.request_id)
 
     def _shared_savers(self, names: tuple[str, ...]) -> tuple[str, ...]:
         """The one tuple equal to ``names`` that every request with these savers shares."""
