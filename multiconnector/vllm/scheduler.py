@@ -42,6 +42,7 @@ from .wire import (
     NamedKVEvents,
     NamedMultiConnectorMetadata,
     NamedMultiConnectorWorkerMetadata,
+    Outbox,
 )
 
 __all__ = ["SchedulerPart"]
@@ -372,22 +373,28 @@ class SchedulerPart:
             self._fail_step_loads({name for name, _ in failures})
         if self._load_since:
             self._overdue_loads()
-        # Built by this part: the dicts are new and the saver names tuples, so the metadata
-        # takes them as they are instead of copying them.
-        metadata = NamedMultiConnectorMetadata.owning(children, self._new_savers, self._new_loads)
+        return NamedMultiConnectorMetadata.owning(children, self._seal())
+
+    def _seal(self) -> Outbox:
+        """This step's news for the workers, as one :class:`~.wire.Outbox` the metadata is
+        built from; the part starts the next step's afresh. Built by this part: the dicts are
+        new and the saver names tuples, so the metadata takes them as they are."""
+        outbox = Outbox(self._new_savers, self._new_loads)
         self._new_savers = {}
         self._new_loads = {}
         if self._new_splits:
-            metadata.split_loads = self._new_splits
+            outbox = outbox._replace(split_loads=self._new_splits)
             self._new_splits = {}
         if self._sync_loads or self._failed_loads or self._load_errors:
-            metadata.sync_loads = self._sync_loads
-            metadata.failed_loads = self._failed_loads
-            metadata.load_errors = tuple(self._load_errors)
+            outbox = outbox._replace(
+                sync_loads=self._sync_loads,
+                failed_loads=self._failed_loads,
+                load_errors=tuple(self._load_errors),
+            )
             self._sync_loads = {}
             self._failed_loads = {}
             self._load_errors = []
-        return metadata
+        return outbox
 
     def _overdue_loads(self) -> None:
         """Each loader still owing a load's report past ``report_overdue_seconds`` is counted
