@@ -13,7 +13,8 @@ terminal, ...), and :meth:`~multiconnector.MultiConnector.take` hands a request 
 every one came. A save awaits them beside the workers' confirmation
 (:meth:`~multiconnector.MultiConnector.request_finished_by`); a load is a split load of ``k``
 parts (:meth:`~multiconnector.MultiConnector.choose_loader` with ``parts``), whose completion
-is held back from vLLM until the last part came.
+is held back from vLLM until the last part came (:attr:`Counted.held`, as
+:func:`~multiconnector.rule.one_completion` decides in the scheduler part).
 
 On each worker, :class:`Forwarded` keeps which counted child saves or loads each request there,
 and the reports to forward in the next worker metadata; the worker's own part of such a request
