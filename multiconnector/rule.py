@@ -21,6 +21,12 @@ The decisions held here:
   :mod:`multiconnector.machine`, beside the record whose ``in_flight`` reads it, and read
   from here by every other side).
 * :func:`safe_to_hand_back`: whether ``take()`` may hand a record back.
+* :func:`one_completion`: what becomes of a completion a vLLM side is about to pass on (vLLM
+  frees a request's blocks, or runs a loaded request, on the first completion of it it sees):
+  passed on, held back while its load still owes a report, or dropped (a load completion of a
+  request that saves: its one completion is its save's). Read by a vLLM worker for the saves
+  it reports, and by the vLLM scheduler for every load completion (a counted loader's
+  included).
 * :func:`finish_answer`: what a connector's ``request_finished`` answer promises (a garbage
   answer is awaited, in case it started a save; a load-only connector is never awaited), read
   by the aggregator's ``request_finished``, the registry's load-only connectors and the vLLM
@@ -57,6 +63,7 @@ names alone). The hot paths read that memo directly and call :meth:`Verdicts.of`
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from enum import Enum
 from typing import Any, Final
 
 from ._validate import shown
@@ -66,7 +73,10 @@ from .outcome import Outcome
 
 __all__ = [
     "COUNTER_LIMIT",
+    "DROP",
+    "HOLD",
     "OTHER_NAMES",
+    "PASS",
     "SHARED_LIMIT",
     "LoadVerdict",
     "Verdict",
@@ -76,6 +86,7 @@ __all__ = [
     "finish_answer",
     "load_owed",
     "load_report",
+    "one_completion",
     "part_report",
     "refined",
     "safe_to_hand_back",
@@ -211,6 +222,38 @@ def _garbage(name: str, answer: Any) -> InvalidAnswerError:
         connector=name,
         answer=answer,
     )
+
+
+class Completion(Enum):
+    """What :func:`one_completion` decides of a completion: passed on, held back, dropped."""
+
+    passed = "passed"
+    held = "held"
+    dropped = "dropped"
+
+
+PASS: Final = Completion.passed
+HOLD: Final = Completion.held
+DROP: Final = Completion.dropped
+
+
+def one_completion(*, load: bool, saves: bool, owed: bool) -> Completion:
+    """One completion per request: what becomes of a completion of a request (of its load when
+    ``load``, else of its saves) that a side is about to pass on to vLLM, which frees a
+    request's blocks (or runs a loaded request) on the first completion of it it sees.
+
+    ``owed``: the request's load still owes a report on this side's books (on a worker, its load
+    is in flight there; on the scheduler, a counted loader's report names are owed): the
+    completion is held back (:data:`HOLD`) and decided again when the load's report came, so
+    that vLLM never frees blocks a load still writes, nor runs a request a part of whose load
+    has not arrived. Otherwise a load completion of a request that ``saves`` is dropped
+    (:data:`DROP`): its one completion is its save's (the load's report is still applied to
+    the books), and anything else is passed on (:data:`PASS`)."""
+    if owed:
+        return HOLD
+    if load and saves:
+        return DROP
+    return PASS
 
 
 def safe_to_hand_back(

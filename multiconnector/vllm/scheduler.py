@@ -31,7 +31,7 @@ from ..machine import State
 from ..outcome import Outcome
 from ..params import merge_transfer_params
 from ..registry import Role
-from ..rule import finish_answer
+from ..rule import HOLD, PASS, finish_answer, one_completion
 from .children import Children, Failures, Slot, failed
 from .config import Settings, without_hma
 from .counted import WORKERS, Counted, not_taken
@@ -42,6 +42,7 @@ from .wire import (
     NamedKVEvents,
     NamedMultiConnectorMetadata,
     NamedMultiConnectorWorkerMetadata,
+    Outbox,
 )
 
 __all__ = ["SchedulerPart"]
@@ -105,6 +106,9 @@ class SchedulerPart:
         self.loads_in_flight: set[str] = set()
         self._load_since: dict[str, float] = {}
         self._saver_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
+        #: The requests with saves the core books handed back (:meth:`_take`), for vLLM to
+        #: see finished sending in the next ``update_connector_output``.
+        self._handed: list[str] = []
 
     @property
     def counted_outcomes(self) -> dict[tuple[Any, str], int]:
@@ -131,11 +135,6 @@ class SchedulerPart:
         """Each request still owed reports by children that report on fewer workers than all,
         with how many each still owes (a new dict)."""
         return self.counted.owed()
-
-    def _handed_off(self, request_id: str) -> bool:
-        """Whether ``request_id`` finished with saves: its one completion is their report."""
-        record = self.tracker.peek(request_id)
-        return record is not None and bool(record.expected)
 
     def loader(self, request_id: str) -> str | None:
         """The child chosen to load ``request_id`` (the first part's, of a split load)."""
@@ -374,22 +373,28 @@ class SchedulerPart:
             self._fail_step_loads({name for name, _ in failures})
         if self._load_since:
             self._overdue_loads()
-        # Built by this part: the dicts are new and the saver names tuples, so the metadata
-        # takes them as they are instead of copying them.
-        metadata = NamedMultiConnectorMetadata.owning(children, self._new_savers, self._new_loads)
+        return NamedMultiConnectorMetadata.owning(children, self._seal())
+
+    def _seal(self) -> Outbox:
+        """This step's news for the workers, as one :class:`~.wire.Outbox` the metadata is
+        built from; the part starts the next step's afresh. Built by this part: the dicts are
+        new and the saver names tuples, so the metadata takes them as they are."""
+        outbox = Outbox(self._new_savers, self._new_loads)
         self._new_savers = {}
         self._new_loads = {}
         if self._new_splits:
-            metadata.split_loads = self._new_splits
+            outbox = outbox._replace(split_loads=self._new_splits)
             self._new_splits = {}
         if self._sync_loads or self._failed_loads or self._load_errors:
-            metadata.sync_loads = self._sync_loads
-            metadata.failed_loads = self._failed_loads
-            metadata.load_errors = tuple(self._load_errors)
+            outbox = outbox._replace(
+                sync_loads=self._sync_loads,
+                failed_loads=self._failed_loads,
+                load_errors=tuple(self._load_errors),
+            )
             self._sync_loads = {}
             self._failed_loads = {}
             self._load_errors = []
-        return metadata
+        return outbox
 
     def _overdue_loads(self) -> None:
         """Each loader still owing a load's report past ``report_overdue_seconds`` is counted
@@ -476,19 +481,11 @@ class SchedulerPart:
             self._mark_failed(connector_output.failed_recving)
         if worker_meta is not None and worker_meta.load_failed:
             self._parts_failed(worker_meta.load_failed)
-        if self._kids.counted() and (
-            loaded or self.counted.active() or (worker_meta is not None and worker_meta.loaded)
-        ):
-            loaded, failed_counted = self.counted.loads(connector_output, worker_meta)
-            for request_id, name in failed_counted.items():
-                self._failed_loads[request_id] = name  # every worker reports it next step
-                self._load_failed(name, request_id)
-        tracker = self.tracker
-        recving = connector_output.finished_recving
-        if recving and len(tracker):
-            kept = {r for r in recving if not self._handed_off(r)}
-            if len(kept) < len(recving):
-                connector_output.finished_recving = kept or None
+        counted = self.counted if self._kids.counted() else None
+        if counted is not None and worker_meta is not None and worker_meta.loaded:
+            counted.loads(worker_meta)
+        if loaded or (counted is not None and counted.active()):
+            loaded = self._one_completion(connector_output, counted)
         sending = connector_output.finished_sending
         sent = None if worker_meta is None else worker_meta.sent
         unknown = self._saves_confirmed(sending) if sending else ()
@@ -496,12 +493,52 @@ class SchedulerPart:
             self.counted.saves(sent)
         if loaded:
             self._loads_reported(loaded, connector_output.failed_recving)
-        handed = [record.request_id for record in tracker.take() if record.expected]
-        savers_of = self._savers_of
-        for request_id in handed:
-            savers_of.pop(request_id, None)
+        self._take()
+        handed = self._handed
+        if handed:
+            self._handed = []
+            savers_of = self._savers_of
+            for request_id in handed:
+                savers_of.pop(request_id, None)
         if handed or sending:
             connector_output.finished_sending = {*unknown, *handed} or None
+
+    def _one_completion(self, connector_output: Any, counted: Counted | None) -> set[str]:
+        """Each load completion the workers reported, or held back before, decided by
+        :func:`~multiconnector.rule.one_completion`: held back while a counted loader still
+        owes a report; else reported to the books (returned), and passed on to vLLM unless
+        the request saves (its one completion is then its save's) or a forwarded report said
+        its load failed (:meth:`Counted.failed_of`: every worker reports it failed next
+        step)."""
+        tracker = self.tracker
+        recving = connector_output.finished_recving or ()
+        held: set[str] = counted.held if counted is not None else set()
+        loaded: set[str] = set()
+        passed: set[str] = set()
+        for request_id in {*recving, *held} if held else recving:
+            record = tracker.peek(request_id)
+            due = one_completion(
+                load=True,
+                saves=record is not None and bool(record.expected),
+                owed=counted is not None and counted.counting(record),
+            )
+            if due is HOLD:
+                held.add(request_id)  # only when counted
+                continue
+            if held:
+                held.discard(request_id)
+            loaded.add(request_id)
+            if due is PASS:
+                passed.add(request_id)
+        if counted is not None:
+            for request_id, name in counted.failed_of(loaded).items():
+                loaded.discard(request_id)
+                passed.discard(request_id)
+                self._failed_loads[request_id] = name  # every worker reports it next step
+                self._load_failed(name, request_id)
+        if len(passed) != len(recving) or not passed.issuperset(recving):
+            connector_output.finished_recving = passed or None
+        return loaded
 
     def _merge_failed(self, hook: str, why_of: Mapping[str, str], what: str) -> None:
         """The children whose answers to ``hook`` raised while vLLM merged the workers' (their
@@ -732,7 +769,18 @@ class SchedulerPart:
             # loader's drained load (after shutdown too: the core accepts reports, they drain).
             for name in record.owed_loads:
                 tracker.load_finished(request_id, name)
-        tracker.take()
+        self._take()
+
+    def _take(self) -> None:
+        """Drain the core books' hand-back queue (:meth:`~multiconnector.MultiConnector.take`),
+        the one place that does: a record with saves goes to :attr:`_handed`, which the next
+        ``update_connector_output`` passes on to vLLM as finished sending (vLLM frees its
+        blocks then); a record without is forgotten (its request finished without saves: vLLM
+        freed its blocks when it finished it). A record is thus never dropped unreported,
+        whichever of vLLM's calls settled it."""
+        for record in self.tracker.take():
+            if record.expected:
+                self._handed.append(record.request_id)
 
     def _shared_savers(self, names: tuple[str, ...]) -> tuple[str, ...]:
         """The one tuple equal to ``names`` that every request with these savers shares."""

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import msgspec
 from vllm.distributed.kv_events import KVConnectorKVEvents
@@ -39,6 +39,7 @@ __all__ = [
     "NamedMultiConnectorStats",
     "NamedMultiConnectorWorkerMetadata",
     "NamedPromMetrics",
+    "Outbox",
     "msgspec_dec_hook",
     "msgspec_enc_hook",
 ]
@@ -47,6 +48,25 @@ __all__ = [
 def _why(exc: Exception) -> str:
     """What a child's object raised, for a failure recorded where vLLM called it: one line."""
     return f"{type(exc).__name__}: {exc}"[:500]
+
+
+_NO_LOADS: Final[Mapping[str, Any]] = MappingProxyType({})
+
+
+class Outbox(NamedTuple):
+    """One step's news for the workers, as the scheduler part sealed it: who saves, who loads
+    asynchronously, the split loads' parts, the synchronous loads, the asynchronous loads known
+    failed, the blocks of the synchronous loads known failed (the fields of
+    :class:`NamedMultiConnectorMetadata` of the same names). Handed whole to
+    :meth:`NamedMultiConnectorMetadata.owning`, which builds the step's metadata from it; the
+    scheduler keeps nothing of it (its dicts are new each step)."""
+
+    savers: dict[str, tuple[str, ...]]
+    loads: dict[str, str]
+    split_loads: Mapping[str, tuple[tuple[str, tuple[int, ...]], ...]] = _NO_LOADS
+    sync_loads: Mapping[str, tuple[str, tuple[int, ...]]] = _NO_LOADS
+    failed_loads: Mapping[str, str] = _NO_LOADS
+    load_errors: tuple[int, ...] = ()
 
 
 class NamedMultiConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
@@ -113,17 +133,20 @@ class NamedMultiConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
     load_errors: tuple[int, ...] = ()
 
     @classmethod
-    def owning(
-        cls,
-        children: dict[str, Any],
-        savers: dict[str, tuple[str, ...]],
-        loads: dict[str, str],
-    ) -> NamedMultiConnectorMetadata:
-        """The metadata holding these very dicts, which the caller gives up (no copies)."""
+    def owning(cls, children: dict[str, Any], outbox: Outbox) -> NamedMultiConnectorMetadata:
+        """The metadata holding ``children`` and ``outbox``'s very dicts, which the caller gives
+        up (no copies): built whole here, never changed afterwards."""
         metadata = cls.__new__(cls)
         metadata.children = children
-        metadata.savers = savers
-        metadata.loads = loads
+        metadata.savers = outbox.savers
+        metadata.loads = outbox.loads
+        # Most steps have none of these: the class's empty ones are read then.
+        if outbox.split_loads:
+            metadata.split_loads = outbox.split_loads
+        if outbox.sync_loads or outbox.failed_loads or outbox.load_errors:
+            metadata.sync_loads = outbox.sync_loads
+            metadata.failed_loads = outbox.failed_loads
+            metadata.load_errors = outbox.load_errors
         return metadata
 
     def names(self) -> set[str]:

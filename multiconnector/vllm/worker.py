@@ -11,22 +11,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from dataclasses import fields
 from functools import cache
 from typing import Any, Final
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
-from .._validate import check_request_ids, shown
+from .._validate import shown
 from ..aggregator import MultiConnector as Aggregator
 from ..errors import InvalidArgumentError
 from ..ledger import SaveLedger
 from ..machine import State
 from ..outcome import Outcome
-from ..rule import count
+from ..rule import HOLD, one_completion
 from .children import Children, Failures, failed
 from .config import Settings
+from .counted import Forwarded
 from .errors import ChildrenConflictError
 from .wire import (
     NamedMultiConnectorMetadata,
@@ -36,10 +36,6 @@ from .wire import (
 __all__ = ["WorkerPart"]
 
 logger: Final = logging.getLogger("multiconnector")
-
-#: At most this many finished requests' counted savers remembered on a worker (the oldest
-#: forgotten first): a worker a counted child never reports on would otherwise keep them all.
-COUNTED_EXPECTED_LIMIT: Final = 65_536
 
 #: At most one warning per child in this many seconds about loads it was not chosen to make.
 UNCHOSEN_WARN_SECONDS: Final = 60.0
@@ -122,22 +118,14 @@ class WorkerPart:
         self.sent_while_loading: set[str] = set()
         #: Per child, when a non-chosen load was last warned about, and how many since.
         self._unchosen_warned: dict[str, tuple[float | None, int]] = {}
-        self._init_counted()
+        #: The children that report on fewer workers than all: which of them save or load
+        #: what here, and their reports (and failed loads' parts) to forward to the scheduler.
+        self.counted = Forwarded()
 
-    def _init_counted(self) -> None:
-        """The books of the children that report on fewer workers than all: this worker
-        forwards their reports to the scheduler, which counts them."""
-        #: Each finished request's counted savers that have not reported here yet.
-        self._counted_expected: dict[str, set[str]] = {}
-        #: Counted savers' reports to forward with this step's worker metadata.
-        self.forward: dict[str, dict[str, int]] = {}
-        #: Each asynchronous load by a counted child not yet reported here, with it.
-        self._counted_loading: dict[str, str] = {}
-        #: Counted loaders' reports (and which of them failed) to forward likewise.
-        self.forward_loads: dict[str, dict[str, int]] = {}
-        self._forward_failed: dict[str, dict[str, int]] = {}
-        #: Per (outcome, name), the counted children's reports ignored here.
-        self.counted_outcomes: dict[tuple[Any, str], int] = {}
+    @property
+    def counted_outcomes(self) -> dict[tuple[Any, str], int]:
+        """Per (outcome, name), the counted children's reports ignored here."""
+        return self.counted.outcomes
 
     # -- the step's metadata -------------------------------------------------------------------
 
@@ -150,13 +138,20 @@ class WorkerPart:
         if metadata.savers:
             # These requests finished on the scheduler; each awaits exactly these names now.
             if counted:
-                self._expect_counted(metadata.savers)
+                every, done = self.counted.expect_saves(metadata.savers, counted)
+                for request_id in done:
+                    if request_id not in self.ledger:
+                        self._due_results().finished_sending.add(request_id)
+                self.ledger.expect(every)
             else:
                 self.ledger.expect(metadata.savers)
         loads = self.loads
         for request_id, name in metadata.loads.items():
             if name in counted:
-                self._expect_counted_load(request_id, name)
+                # This worker's part is done at once; the scheduler holds the completion back
+                # until the child's count of workers reported.
+                self.counted.expect_load(request_id, name)
+                self._due_results().finished_recving.add(request_id)
                 continue
             if request_id not in loads:
                 loads.begin(request_id)
@@ -271,7 +266,7 @@ class WorkerPart:
         the scheduler learns whose part it was (the worker metadata's ``load_failed``), so it
         does not ask that child to load the request again."""
         self._load_errors_due.update(blocks)
-        self._forward_failed.setdefault(name, {})[request_id] = 1
+        self.counted.part_failed(name, request_id)
 
     def _part_arrived(self, request_id: str, name: str, results: Any) -> bool:
         """Child ``name``'s part of split load ``request_id`` reported (or failed): applied on
@@ -314,7 +309,7 @@ class WorkerPart:
             if sent:
                 try:
                     if name in counted:
-                        self._report_counted(name, sent)
+                        self.counted.saved(name, sent)
                     else:
                         ledger.report(name, sent, results.finished_sending)
                 except InvalidArgumentError as exc:  # nothing of this child's was applied
@@ -352,70 +347,15 @@ class WorkerPart:
             self._due = KVConnectorTransferResults()
         return self._due
 
-    def _expect_counted(self, savers: Mapping[str, tuple[str, ...]]) -> None:
-        """The ledger awaits the savers that report on every worker; the others' reports are
-        forwarded to the scheduler. A request with no saver of the first kind is this worker's
-        to report at once (its part is done: the scheduler awaits the others' counts)."""
-        counted = self._kids.counted()
-        every: dict[str, tuple[str, ...]] = {}
-        for request_id, names in savers.items():
-            mine = tuple(name for name in names if name not in counted)
-            if len(mine) < len(names):
-                expected = self._counted_expected
-                expected[request_id] = {n for n in names if n in counted}
-                if len(expected) > COUNTED_EXPECTED_LIMIT:
-                    # On a worker a counted child never reports on, its requests would stay
-                    # here: the oldest is forgotten (a late report of it counts as unknown).
-                    del expected[next(iter(expected))]
-            if mine:
-                every[request_id] = mine
-            elif request_id not in self.ledger:
-                self._due_results().finished_sending.add(request_id)
-        self.ledger.expect(every)
-
-    def _expect_counted_load(self, request_id: str, name: str) -> None:
-        """Counted child ``name`` loads ``request_id``: this worker's part is done at once (it
-        reports the load finished now); the child's own report is forwarded to the scheduler,
-        which holds the completion back until the child's count of workers reported."""
-        loading = self._counted_loading
-        loading[request_id] = name
-        if len(loading) > COUNTED_EXPECTED_LIMIT:
-            del loading[next(iter(loading))]  # as for counted saves: the oldest forgotten
-        self._due_results().finished_recving.add(request_id)
-
-    def _report_counted(self, name: str, request_ids: Any) -> None:
-        """Child ``name``, which reports on fewer workers than all, finished saving
-        ``request_ids``: forwarded to the scheduler, which counts it across workers (once per
-        request and worker, and only where it saves)."""
-        expected = self._counted_expected
-        for request_id in check_request_ids(request_ids):
-            owing = expected.get(request_id)
-            if owing is None or name not in owing:
-                self._counted_ignored(name, owing)
-                continue
-            owing.discard(name)
-            if not owing:
-                del expected[request_id]
-            self.forward.setdefault(name, {})[request_id] = 1
-
-    def _counted_ignored(self, name: str, owing: set[str] | None) -> None:
-        outcome = Outcome.unknown_request if owing is None else Outcome.phantom
-        count(self.counted_outcomes, outcome, name)
-
     def _report_loaded(self, name: str, child_results: Any, results: Any) -> None:
         """Child ``name``'s load completions: passed on once, from the name chosen to load.
         Failed receives also count as finished: the scheduler must stop waiting."""
         loads = self.loads
         failed = child_results.failed_recving
-        counted_loading = self._counted_loading
+        counted = self.counted
         for request_id in child_results.finished_recving | failed:
-            if counted_loading and counted_loading.get(request_id) == name:
-                # A counted loader's report: forwarded to the scheduler, which counts it.
-                del counted_loading[request_id]
-                self.forward_loads.setdefault(name, {})[request_id] = 1
-                if request_id in failed:
-                    self._forward_failed.setdefault(name, {})[request_id] = 1
-                continue
+            if counted.loading and counted.load_reported(name, request_id, request_id in failed):
+                continue  # a counted loader's report: forwarded to the scheduler
             split = self._split_of.get(request_id) if self._split_of else None
             if split is not None and name in split:
                 # A part's report once it arrived is a duplicate: its tokens stand.
@@ -451,18 +391,20 @@ class WorkerPart:
         )
 
     def _hold_back(self, results: Any) -> None:
-        """One completion per request: a request whose saves are all reported while its load
-        is still in flight on this worker is held back until the load reports (the load's own
-        completion is passed on, and the scheduler takes the save's as the one)."""
+        """One completion per request (:func:`~multiconnector.rule.one_completion`): a request
+        whose saves are all reported while its load is still in flight on this worker is held
+        back until the load reports (the load's own completion is passed on, and the scheduler
+        takes the save's as the one)."""
         sending = results.finished_sending
         waiting = self.sent_while_loading
-        for request_id in [r for r in waiting if not self._load_pending(r)]:
-            waiting.discard(request_id)
-            sending.add(request_id)
-        if len(self.loads):
-            for request_id in [r for r in sending if self._load_pending(r)]:
+        for request_id in [*waiting, *sending] if len(self.loads) else [*waiting]:
+            due = one_completion(load=False, saves=True, owed=self._load_pending(request_id))
+            if due is HOLD:
                 sending.discard(request_id)
                 waiting.add(request_id)
+            else:
+                waiting.discard(request_id)
+                sending.add(request_id)
 
     def _load_pending(self, request_id: str) -> bool:
         record = self.loads.peek(request_id)
@@ -523,15 +465,9 @@ class WorkerPart:
             self._kids.absorb(
                 "build_connector_worker_meta", failures, "its worker metadata dropped"
             )
-        forward, loaded, load_failed = self.forward, self.forward_loads, self._forward_failed
-        if found is None and not forward and not loaded and not load_failed:
+        if found is None and not self.counted.pending():
             return None
-        if forward:
-            self.forward = {}
-        if loaded:
-            self.forward_loads = {}
-        if load_failed:
-            self._forward_failed = {}
+        forward, loaded, load_failed = self.counted.take()
         return NamedMultiConnectorWorkerMetadata(
             found or {},
             sent=forward,

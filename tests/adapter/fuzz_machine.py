@@ -504,7 +504,7 @@ class World:
                 got += sum(n for (_, who), n in at_scheduler.items() if who == name)
                 # Still on their way: forwarded by a worker whose worker metadata raised.
                 for worker in self.workers:
-                    for pending in (worker._worker.forward, worker._worker.forward_loads):
+                    for pending in (worker._worker.counted.sent, worker._worker.counted.loaded):
                         got += sum(pending.get(name, {}).values())
                 made = sum(child.delivered.values())
                 if got != made:

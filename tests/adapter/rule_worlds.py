@@ -339,6 +339,11 @@ def _frozen(value: Any) -> Any:
         return ("lookups", _frozen([value._load_async, value._failed_by, value._waits]))
     if type(value).__name__ == "Counted":  # its names are configuration, outcomes counters
         return ("counted", _frozen([value._held, value._failed]))
+    if type(value).__name__ == "Forwarded":  # its outcomes are counters
+        return (
+            "forwarded",
+            _frozen([value.expected, value.loading, value.sent, value.loaded, value.load_failed]),
+        )
     if type(value).__name__ == "KVConnectorTransferResults":
         return ("results", _frozen(vars(value)))
     raise AssertionError(f"the test does not know how to compare a {type(value).__name__}")

@@ -29,7 +29,7 @@ from vllm.v1.request import RequestStatus  # noqa: E402
 from vllm_children import Script, child, script  # noqa: E402
 from vllm_harness import Engine, make_config, make_connector, make_request, runner_output  # noqa: E402
 
-import multiconnector.vllm.worker as worker_module  # noqa: E402
+import multiconnector.vllm.counted as counted_module  # noqa: E402
 from multiconnector import ConnectorRegistry, MultiConnector, Outcome  # noqa: E402
 from multiconnector.rule import COUNTER_LIMIT, OTHER_NAMES  # noqa: E402
 from multiconnector.vllm import NamedMultiConnectorMetadata  # noqa: E402
@@ -277,7 +277,7 @@ def test_children_all_reporting_on_one_worker_strand_nothing(model: Path) -> Non
 def test_a_worker_a_counted_child_never_reports_on_forgets_its_oldest_requests(
     model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(worker_module, "COUNTED_EXPECTED_LIMIT", 2)
+    monkeypatch.setattr(counted_module, "COUNTED_EXPECTED_LIMIT", 2)
     a, h = script(saves=True), script(saves=True, finished_count=1)
     _, workers, _ = two_workers(model, a=a, h=h)
     other = workers[1]  # h never reports here
@@ -286,7 +286,7 @@ def test_a_worker_a_counted_child_never_reports_on_forgets_its_oldest_requests(
             {name: None for name in other.children}, savers={f"r{number}": ("a", "h")}
         )
         other.bind_connector_metadata(shipped)
-    assert list(other._worker._counted_expected) == ["r3", "r4"]
+    assert list(other._worker.counted.expected) == ["r3", "r4"]
 
 
 def test_a_workers_ignored_counted_reports_are_counted_in_a_capped_table(model: Path) -> None:
@@ -297,7 +297,7 @@ def test_a_workers_ignored_counted_reports_are_counted_in_a_capped_table(model: 
     worker = workers[0]
     extra = 100
     for number in range(COUNTER_LIMIT + extra):
-        worker._worker._report_counted(f"made-up-{number}", ["never-finished"])
+        worker._worker.counted.saved(f"made-up-{number}", ["never-finished"])
     assert len(worker._worker.counted_outcomes) <= COUNTER_LIMIT + 1
     counts = worker.connector_counts()
     assert counts[OTHER_NAMES] == {Outcome.unknown_request: extra}
