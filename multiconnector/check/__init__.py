@@ -15,6 +15,9 @@ rather than a second model that could drift from it. The scenario:
   duplicates, phantoms, ``None`` slots and unknown names; ``cancel``; ``unregister`` and
   ``register`` of every name; ``take``; ``transfer_finished_many``, a batch of two reports
   under a name every request of the batch awaits;
+* opt-in, the told path (:data:`TOLD_EVENTS`): ``request_finished_by`` for every request with
+  every subset of the ready savers (a counted connector's report names, as the vLLM adapter
+  tells them), and with every name that cannot report besides;
 * opt-in, the load side (:data:`LOAD_EVENTS`): ``match_tokens`` for every held request with
   every combination of the ready savers' token answers (0, 1 or ``None``), and
   ``load_finished`` for every (request, name).
@@ -116,6 +119,7 @@ from .scenario import (
     LOAD_EVENTS,
     PARAM_CHOICES,
     SPLIT_EVENTS,
+    TOLD_EVENTS,
     independent,
 )
 
@@ -134,6 +138,7 @@ __all__ = [
     "RIGHT_OUTCOME",
     "ROLES_KEPT",
     "SPLIT_EVENTS",
+    "TOLD_EVENTS",
     "CheckReport",
     "Counterexample",
     "PropertyResult",

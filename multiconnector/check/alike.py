@@ -149,6 +149,9 @@ def _image(
             ((rename.get(n, n), c) for n, c in event[3]), key=lambda nc: position.get(nc[0], -1)
         )
         return (kind, i, tuple(names), tuple(choices))
+    if kind == "request_finished_by":  # a counted connector's report names: never renamed
+        names = sorted((rename.get(n, n) for n in event[2]), key=lambda n: position.get(n, -1))
+        return (kind, i, tuple(names), *event[3:])
     if kind in ("transfer_finished", "load_finished"):
         return (kind, i, rename.get(event[2], event[2]))
     if kind == "split_load":

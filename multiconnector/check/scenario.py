@@ -45,6 +45,13 @@ LOAD_EVENTS: Final[tuple[str, ...]] = ("match_tokens", "load_finished")
 #: connectors that may load, ``choose_loader(request_id, a, parts=[b])``: two loaders for one
 #: request, each owing its report.
 SPLIT_EVENTS: Final[tuple[str, ...]] = ("split_load",)
+#: The told path, opt-in (``events=ALPHABET + TOLD_EVENTS``): ``request_finished_by`` for every
+#: request with every subset of the ready savers (a counted connector's report names, as the
+#: vLLM adapter tells them), and once with every ready saver and every name that cannot report
+#: (a ``None`` slot, a name unregistered or never registered: ``allow_unregistered=True``), each
+#: abandoned at once. The core is told the savers, as the vLLM adapter tells it; nobody is
+#: asked, so no report comes early.
+TOLD_EVENTS: Final[tuple[str, ...]] = ("request_finished_by",)
 #: Connector kinds: a scripted saver, one whose calls raise, or ``None`` (a not-ready slot).
 SAVER: Final = "saver"
 RAISES: Final = "raises"
@@ -573,10 +580,11 @@ _PER_REQUEST: Final = frozenset(
         "split_load",
         COUNTED_SAVE,
         COUNTED_LOAD,
+        "request_finished_by",
     }
 )
 _LOADING: Final = frozenset({*LOAD_EVENTS, *SPLIT_EVENTS, _MATCH_ANSWER})
-_KINDS: Final = ALPHABET + LOAD_EVENTS + SPLIT_EVENTS
+_KINDS: Final = ALPHABET + LOAD_EVENTS + SPLIT_EVENTS + TOLD_EVENTS
 
 
 def _view(record: RequestTransferState) -> View:
