@@ -584,7 +584,7 @@ _PER_REQUEST: Final = frozenset(
     }
 )
 _LOADING: Final = frozenset({*LOAD_EVENTS, *SPLIT_EVENTS, _MATCH_ANSWER})
-_KINDS: Final = ALPHABET + LOAD_EVENTS + SPLIT_EVENTS + TOLD_EVENTS
+_KINDS: Final = ALPHABET + TOLD_EVENTS + LOAD_EVENTS + SPLIT_EVENTS
 
 
 def _view(record: RequestTransferState) -> View:
