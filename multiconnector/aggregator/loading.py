@@ -3,8 +3,8 @@
 One load path: :meth:`~MultiConnector.choose_loader` tells the core the loader (and a split
 load's parts), and :meth:`~MultiConnector.match_tokens` asks the ready connectors, then tells
 the core the loader their answers chose (in two halves, which the model check runs as events of
-their own: ``_match_ask`` and ``_match_answer``); both mark the request (``_mark``) and apply
-the one update, ``_choose``.
+their own, ``_ask_match`` and ``_record_match``: :mod:`multiconnector.check.halves`); both
+mark the request (``_mark``) and apply the one update, ``_choose``.
 :meth:`~MultiConnector.load_finished` applies its report, or the drain of a terminal request's
 load, as the load report rule says (:func:`multiconnector.rule.load_report`, the one
 definition). A load report that comes while ``match_tokens`` still asks is early: kept, and
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from .._validate import bad_argument, check_int, check_name, check_request_id, shown
 from ..errors import (
@@ -43,18 +43,11 @@ from ._books import (
 __all__ = ["Loading"]
 
 
-class Matched(NamedTuple):
-    """What match_tokens' first half gathered, for its second half: the marked record, its
-    lock stripe, the chosen loader's entry and count (``None``: nobody has tokens), whether
-    a connector answered ``None``, and the failures (see :meth:`Loading._match_ask`)."""
-
-    record: RequestTransferState
-    stripe: int
-    chooser: Entry | None
-    tokens: int
-    unknown: bool
-    errors: list[Exception]
-    failed: list[str]
+#: What match_tokens' first half gathered, for its second half (:meth:`Loading._ask_match`):
+#: the marked record, its lock stripe, the chosen loader's entry and count (``None``: nobody
+#: has tokens), whether a connector answered ``None``, and the failures. A plain tuple, as
+#: request_finished's halves hand over.
+Matched = tuple[RequestTransferState, int, Entry | None, int, bool, list[Exception], list[str]]
 
 
 class Loading(Books):
@@ -102,6 +95,17 @@ class Loading(Books):
             remaining = check_int(remaining, "remaining")
         if self._closed:
             self._shut("match_tokens")
+        asked = self._ask_match(request_id, num_computed_tokens, remaining)
+        if asked.__class__ is int:
+            return asked
+        return self._record_match(*asked)  # type: ignore[misc]
+
+    def _ask_match(
+        self, request_id: str, num_computed_tokens: int = 0, remaining: int | None = None
+    ) -> Matched | int:
+        """match_tokens' first half: mark held ``request_id`` and ask the ready connectors, with
+        no lock held. Returns what the second half, :meth:`_record_match`, takes (the mark is
+        held until it drops it), or 0 for a request no longer pending (nobody asked)."""
         record = self._requests.get(request_id)
         if record is None:
             raise UnknownRequestError(f"request_id={request_id!r} is not held")
@@ -120,11 +124,7 @@ class Loading(Books):
             with contextlib.suppress(ConnectorFailures):
                 self._call_back_load(record.request_id, applied)
             raise
-        halves = self._halves
-        if halves is not None:
-            halves.append(Matched(record, index, chooser, tokens, unknown, errors, failed))
-            return None  # not read
-        return self._record_match(record, index, chooser, tokens, unknown, errors, failed)
+        return record, index, chooser, tokens, unknown, errors, failed
 
     def _ask_tokens(
         self, request_id: str, num_computed_tokens: int, remaining: int | None
@@ -237,24 +237,6 @@ class Loading(Books):
                 answer=None,
             )
         return registry.entry(name)
-
-    def _match_ask(self, request_id: str) -> Matched | tuple[int | None]:
-        """match_tokens' first half alone, for the model check (one thread): mark the request
-        and ask every ready connector. Returns ``(result,)`` when nobody was asked (the request
-        is not pending), else the :class:`Matched` answers for :meth:`_match_answer`, whose mark
-        is held until :meth:`_match_answer` drops it."""
-        halves: list[Matched] = []
-        self._halves = halves
-        try:
-            result = self.match_tokens(request_id)
-        finally:
-            self._halves = None
-        return halves[0] if halves else (result,)
-
-    def _match_answer(self, matched: Matched | tuple[Any, ...]) -> int | None:
-        """match_tokens' second half, for the model check: record what :meth:`_match_ask`
-        gathered (a :class:`Matched`)."""
-        return self._record_match(*matched)
 
     def _mark(self, record: RequestTransferState, index: int) -> None:
         """Mark ``record`` as asked about by one more match_tokens or choose_loader, under lock

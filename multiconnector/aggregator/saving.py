@@ -2,11 +2,12 @@
 
 One finish path: :meth:`~MultiConnector.request_finished_by` tells the core the savers, and
 :meth:`~MultiConnector.request_finished` asks every ready connector, then tells the core what
-they answered (in two halves, which the model check runs as events of their own:
-:mod:`.checking`'s ``_ask`` and ``_answer``). Both claim the request (``_claim``) and apply the
-one update, ``_finish_by``: the savers' awaited and expected names (``_awaited``), then the
-decision ``_finish``, or the overtaken drain when a cancel came while the connectors were asked.
-The claims that make a second, concurrent call a duplicate live here too.
+they answered (in two halves, ``_ask`` and ``_apply_answers``, which the model check runs as
+events of their own: :mod:`multiconnector.check.halves`). Both claim the request (``_claim``)
+and apply the one update, ``_finish_by``: the savers' awaited and expected names
+(``_awaited``), then the decision ``_finish``, or the overtaken drain when a cancel came while
+the connectors were asked. The claims that make a second, concurrent call a duplicate live here
+too.
 """
 
 from __future__ import annotations
@@ -60,6 +61,19 @@ _NOT_FINISHABLE: Final = frozenset(
 
 #: The connectors that failed while asked, each with its exception (``None``: none failed).
 Failures = list[tuple[str, Exception]] | None
+#: What request_finished's first half gathered, for its second half (:meth:`Saving._ask`): the
+#: claimed record, its lock stripe, the ready snapshot asked, the savers, the failures, the
+#: merged params and the params error. A plain tuple: a NamedTuple took about 5x the time to
+#: build (timeit, CPython 3.11).
+Asked = tuple[
+    RequestTransferState,
+    int,
+    tuple[Entry, ...],
+    list[Entry],
+    Failures,
+    dict[str, Any] | None,
+    Exception | None,
+]
 
 
 class Saving(Books):
@@ -100,10 +114,10 @@ class Saving(Books):
 
         The params returned are a new dict, the caller's to change: the record keeps its own.
         """
-        # The asking form of request_finished_by: claim (_claim), ask every ready connector
-        # (_gather), no lock held, then tell the core what they answered (_apply_answers, and
-        # _finish_by there, under the lock). The model check runs the asking and the telling as
-        # two events (checking.py).
+        # The asking form of request_finished_by, in two halves: claim the request and ask
+        # every ready connector, no lock held (_ask); then tell the core what they answered
+        # (_apply_answers: _finish_by, under the lock). The model check runs each half as an
+        # event of its own (multiconnector.check.halves).
         if request_id.__class__ is not str or not request_id:
             request_id = check_request_id(request_id)
         if blocks.__class__ is not list and blocks.__class__ is not tuple:
@@ -112,23 +126,27 @@ class Saving(Books):
             check_block_ids(blocks)
         if self._closed:
             self._shut("request_finished")
+        asked = self._ask(request_id, blocks)
+        if asked.__class__ is not tuple:
+            return asked, None  # type: ignore[return-value]
+        return self._apply_answers(*asked)
+
+    def _ask(self, request_id: str, blocks: Sequence[int]) -> Asked | Outcome:
+        """request_finished's first half: claim held ``request_id`` and ask every ready
+        connector, with no lock held. Returns what the second half, :meth:`_apply_answers`,
+        takes (the claim is held until it releases it), or the refusal when nobody was asked."""
         claimed = self._claim(request_id)
         if claimed.__class__ is not tuple:
-            return claimed, None  # type: ignore[return-value]
+            return claimed  # type: ignore[return-value]
         record, claim, index = claimed
         try:
             # ready_entries()'s value, read without the call (~2 % of a lifecycle: docs/bench.md).
             ready = self._registry._ready
             savers, failures, merged, clash = self._gather(ready, request_id, blocks)
-            halves = self._halves
-            if halves is None:
-                return self._apply_answers(record, index, ready, savers, failures, merged, clash)
-            # The model check's first half (checking.Checking._ask): what it gathered.
-            halves.append((record, index, ready, savers, failures, merged, clash))
-            return _UNKNOWN_REQUEST, None  # not read
         except BaseException:
-            self._release(record, claim, index)  # unless _finish_by released it
+            self._release(record, claim, index)
             raise
+        return record, index, ready, savers, failures, merged, clash
 
     def _claim(self, request_id: str) -> tuple[RequestTransferState, object, int] | Outcome:
         """Claim held ``request_id`` for one request_finished or request_finished_by: the
@@ -217,8 +235,6 @@ class Saving(Books):
             return savers, failures, None, exc
         return savers, failures, merged, None
 
-    # Positional: request_finished calls it with no checking.Asked built (building the
-    # NamedTuple took about 5x the time of a plain tuple of its 7 fields: timeit, CPython 3.11).
     def _apply_answers(  # noqa: PLR0917
         self,
         record: RequestTransferState,
@@ -233,14 +249,17 @@ class Saving(Books):
         decision, :meth:`_finish_by`), release the claim, and return (or raise) the call's
         result."""
         request_id = record.request_id
-        cached = self._ready_names
-        if len(savers) == len(ready) and cached[0] is ready:
-            names = cached[1]  # every ready connector saves: the shared tuple of their names
-        else:
-            names = tuple([e.name for e in savers])
-        outcome, early = self._finish_by(
-            request_id, record, names, index, self._asking.get(id(record)), ready, merged
-        )
+        claim = self._asking.get(id(record))  # ours: held since the first half
+        try:
+            cached = self._ready_names
+            if len(savers) == len(ready) and cached[0] is ready:
+                names = cached[1]  # every ready connector saves: the shared tuple of their names
+            else:
+                names = tuple([e.name for e in savers])
+            outcome, early = self._finish_by(request_id, record, names, index, claim, ready, merged)
+        except BaseException:
+            self._release(record, claim, index)  # unless _finish_by released it
+            raise
         # A copy for the caller: the record keeps its own (no aliasing of the books).
         result = (outcome, merged.copy() if merged is not None and outcome is _APPLIED else None)
         if early is not None:

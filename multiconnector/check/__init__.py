@@ -37,7 +37,8 @@ events and the declared transitions come from :mod:`multiconnector.machine`.
 The modules: :mod:`.scenario` (the connectors, the world, the events), :mod:`.snapshot` (the
 state of a world), :mod:`.canonical` (its canonical form under symmetry), :mod:`.events` (the
 events enabled in a state), :mod:`.counted` (the counted connectors), :mod:`.alike` (events that
-would do what one applied did), :mod:`.fork` (a world copied), :mod:`.properties` (what is
+would do what one applied did), :mod:`.fork` (a world copied), :mod:`.halves` (the checker's
+seam: a call's two halves, the books read), :mod:`.properties` (what is
 judged), :mod:`.trace` (how it is shown), :mod:`.run` (:func:`check_aggregator`) and :mod:`.cli`
 (the command).
 

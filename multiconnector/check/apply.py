@@ -21,6 +21,7 @@ from ..errors import (
 from ..machine import TERMINAL, RequestTransferState, State
 from ..outcome import Outcome
 from ..rule import counted_name
+from . import halves
 from .events import cannot_report
 from .reference import counted_rank, settle_loads, settled_early
 from .scenario import (
@@ -153,7 +154,7 @@ def _call(world: _World, request: _Request | None, event: Event) -> _Called:
             asked, request.asking = request.asking[0], request.asking[1:]
             if request.answers:
                 called.answers, request.answers = request.answers[0], request.answers[1:]
-            called.result = mc._answer(asked)
+            called.result = halves.answer(mc, asked)
             called.outcomes = (called.result[0],)
         elif kind == "request_finished_by":
             assert request is not None
@@ -216,7 +217,7 @@ def _request_finished(world: _World, request: _Request, event: Event, called: _C
         called.result = mc.request_finished(request.request_id, ())
         called.outcomes = (called.result[0],)
         return
-    asked = mc._ask(request.request_id, ())
+    asked = halves.ask(mc, request.request_id, ())
     if len(asked) != 2:
         request.asking = (*request.asking, asked)
         if scenario.params:
@@ -447,7 +448,7 @@ def _match(world: _World, request: _Request, event: Event, state: State | None) 
         if whole:
             _documented_match(scenario, lambda: mc.match_tokens(request.request_id), state)
         else:
-            asked = mc._match_ask(request.request_id)
+            asked = halves.match_ask(mc, request.request_id)
             if len(asked) != 1:
                 request.matching = asked
     finally:
@@ -485,7 +486,7 @@ def _match_answer(world: _World, request: _Request, state: State | None) -> None
     pad.loads = []
     asked, request.matching = request.matching, ()
     decisive, chose, entries = request.match_seen
-    _documented_match(scenario, lambda: mc._match_answer(asked), state)
+    _documented_match(scenario, lambda: halves.match_answer(mc, asked), state)
     if state is _PENDING and decisive:
         current = chose is not None and mc.registry.entry(chose) is dict(entries)[chose]
         _chosen(request, chose, current)

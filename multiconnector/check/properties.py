@@ -13,6 +13,7 @@ from .._explore import (
 )
 from ..machine import TERMINAL, State
 from ..outcome import Outcome
+from . import halves
 from .reference import expected_outcomes, reference_merge
 from .scenario import (
     _APPLIED,
@@ -312,7 +313,7 @@ def _counters(world: _World) -> str | None:
         return None
     # What counts() and connector_counts() sum, in one read (the property is judged on every
     # transition: see the seam's _counted).
-    counted = world.mc._counted()
+    counted = halves.counted(world.mc)
     if counted == world.tally:
         return None
     label = _event_text(world, last.event)

@@ -21,6 +21,7 @@ from ..errors import (
 from ..machine import RequestTransferState, State
 from ..outcome import Outcome
 from ..registry import ConnectorRegistry, Role
+from . import halves
 
 if TYPE_CHECKING:
     from .canonical import Fixed, Raw, _Interner, _Symmetry
@@ -295,7 +296,7 @@ class _Request:
     #: it is in ``parts_owed``.
     part_view: tuple[str | None, bool] = (None, False)
     #: request_finished calls that asked and have not applied their answers yet (the first
-    #: half's result, see MultiConnector._ask), oldest first.
+    #: half's result, see :func:`.halves.ask`), oldest first.
     asking: tuple[tuple[Any, ...], ...] = ()
     #: With params checked: for each call in ``asking``, what the savers answered, as
     #: ``(choices, answered)``: each saver's params choice (sorted by name: part of the state)
@@ -306,7 +307,7 @@ class _Request:
     #: they came: what the second half decides.
     early: tuple[str, ...] = ()
     #: A match_tokens that asked and has not recorded its loader yet (the first half's result,
-    #: see MultiConnector._match_ask), or ``()``: at most one per request is explored.
+    #: see :func:`.halves.match_ask`), or ``()``: at most one per request is explored.
     matching: tuple[Any, ...] = ()
     #: For that match, as the checker saw its answers: whether it is decisive (no ``None``
     #: answer), the loader its answers chose, and each connector asked with the entry
@@ -548,7 +549,7 @@ def _entries(mc: MultiConnector) -> object:
 
 def _held(mc: MultiConnector) -> Mapping[str, RequestTransferState]:
     """The records the aggregator holds, by request id (read, never written)."""
-    return mc._held()
+    return halves.held(mc)
 
 
 def _take_queue(mc: MultiConnector) -> Sequence[RequestTransferState]:
@@ -557,7 +558,7 @@ def _take_queue(mc: MultiConnector) -> Sequence[RequestTransferState]:
     Read from the aggregator's queue of terminal records, which ``take()`` empties in order:
     taking would be an event, not an observation.
     """
-    return mc._queued()
+    return halves.queued(mc)
 
 
 #: The second half of a request_finished: it applies the answers its first half gathered.
