@@ -249,16 +249,17 @@ class Saving(Books):
         decision, :meth:`_finish_by`), release the claim, and return (or raise) the call's
         result."""
         request_id = record.request_id
-        claim = self._asking.get(id(record))  # ours: held since the first half
         try:
             cached = self._ready_names
             if len(savers) == len(ready) and cached[0] is ready:
                 names = cached[1]  # every ready connector saves: the shared tuple of their names
             else:
                 names = tuple([e.name for e in savers])
-            outcome, early = self._finish_by(request_id, record, names, index, claim, ready, merged)
+            outcome, early = self._finish_by(request_id, record, names, index, None, ready, merged)
         except BaseException:
-            self._release(record, claim, index)  # unless _finish_by released it
+            claim = self._asking.get(id(record))  # ours: held since the first half
+            if claim is not None:
+                self._release(record, claim, index)  # unless _finish_by released it
             raise
         # A copy for the caller: the record keeps its own (no aliasing of the books).
         result = (outcome, merged.copy() if merged is not None and outcome is _APPLIED else None)
@@ -410,36 +411,37 @@ class Saving(Books):
         claimed: RequestTransferState,
         names: tuple[str, ...],
         index: int,
-        claim: object,
+        claim: object | None,
         asked: tuple[Entry, ...] | None = None,
         params: dict[str, Any] | None = None,
     ) -> tuple[Outcome, list[tuple[str, Sequence[int]]] | None]:
         """The core told that ``names`` save ``claimed`` (a request_finished_by, or a
         request_finished once its connectors answered: then ``asked`` is the ready snapshot it
         asked and ``params`` their merged params): the one update of both, under the request's
-        lock. Releases ``claim`` there, after the state is written, and returns the outcome and
-        the early reports applied then (whose ``on_finished`` the caller calls).
+        lock. Releases ``claim`` there (``None``: the claim the first half of a request_finished
+        took, held since), after the state is written, and returns the outcome and the early
+        reports applied then (whose ``on_finished`` the caller calls).
 
         A cancel that came after the claim overtook a call that asked: its connectors may have
         promised saves meanwhile, so the cancelled request awaits them (:meth:`_overtaken`).
         A call told the savers is applied at once, after the cancel: the request is terminal.
         """
+        record = claimed  # held while claimed: a cancel parks it, take() leaves it
         lock = self._locks[index]
         lock.acquire()
         try:
-            record = self._requests.get(request_id)
-            if record is not claimed:  # pragma: no cover - a claimed record stays held
-                outcome = _UNKNOWN_REQUEST
-                self._count(index, outcome, _NO_NAME)
+            cached = self._ready_names
+            if names is cached[1] and cached[0] is self._registry._ready:
+                awaited = expected = names  # every ready connector saves (the usual case)
             else:
                 awaited, expected = self._awaited(names, asked)
-                if asked is not None and record.state is _CANCELLED:
-                    outcome = self._overtaken(record, awaited, expected, index)
-                else:
-                    outcome = self._finish(record, awaited, expected, params, index)
+            if asked is not None and record.state is _CANCELLED:
+                outcome = self._overtaken(record, awaited, expected, index)
+            else:
+                outcome = self._finish(record, awaited, expected, params, index)
         finally:
             early = None
-            if self._asking.get(id(claimed)) is claim:
+            if claim is None or self._asking.get(id(claimed)) is claim:
                 early = self._drop_claim(claimed, index)
             lock.release()
         return outcome, early
