@@ -126,15 +126,26 @@ class Saving(Books):
             check_block_ids(blocks)
         if self._closed:
             self._shut("request_finished")
-        asked = self._ask(request_id, blocks)
-        if asked.__class__ is not tuple:
-            return asked, None  # type: ignore[return-value]
-        return self._apply_answers(*asked)
+        # _ask's steps (the first half), here without its tuple: ~3 % of a lifecycle.
+        claimed = self._claim(request_id)
+        if claimed.__class__ is not tuple:
+            return claimed, None  # type: ignore[return-value]
+        record, claim, index = claimed
+        try:
+            ready = self._registry._ready
+            savers, failures, merged, clash = self._gather(ready, request_id, blocks)
+        except BaseException:
+            self._release(record, claim, index)
+            raise
+        return self._apply_answers(record, index, ready, savers, failures, merged, clash)
 
     def _ask(self, request_id: str, blocks: Sequence[int]) -> Asked | Outcome:
         """request_finished's first half: claim held ``request_id`` and ask every ready
         connector, with no lock held. Returns what the second half, :meth:`_apply_answers`,
-        takes (the claim is held until it releases it), or the refusal when nobody was asked."""
+        takes (the claim is held until it releases it), or the refusal when nobody was asked.
+        request_finished runs these very steps inline, without building the tuple (~3 % of a
+        lifecycle: bench.ab_lifecycle); tests/test_races.py checks the two halves apply as one
+        call would."""
         claimed = self._claim(request_id)
         if claimed.__class__ is not tuple:
             return claimed  # type: ignore[return-value]
