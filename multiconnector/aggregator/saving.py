@@ -2,10 +2,10 @@
 
 One finish path: :meth:`~MultiConnector.request_finished_by` tells the core the savers, and
 :meth:`~MultiConnector.request_finished` asks every ready connector, then tells the core what
-they answered (in two halves, ``_ask`` and ``_apply_answers``, which the model check runs as
-events of their own: :mod:`multiconnector.check.halves`). Both claim the request (``_claim``)
-and apply the one update, ``_finish_by``: the savers' awaited and expected names
-(``_awaited``), then the decision ``_finish``, or the overtaken drain when a cancel came while
+they answered (in two halves, ``_claim`` with ``_gather``, then ``_apply_answers``, which the
+model check runs as events of their own: :mod:`multiconnector.check.halves`). Both claim the
+request (``_claim``) and apply the one update, ``_finish_by``: the savers' awaited and expected
+names (``_awaited``), then the decision ``_finish``, or the overtaken drain when a cancel came while
 the connectors were asked. The claims that make a second, concurrent call a duplicate live here
 too.
 """
@@ -61,7 +61,7 @@ _NOT_FINISHABLE: Final = frozenset(
 
 #: The connectors that failed while asked, each with its exception (``None``: none failed).
 Failures = list[tuple[str, Exception]] | None
-#: What request_finished's first half gathered, for its second half (:meth:`Saving._ask`): the
+#: What request_finished's first half gathered, for its second half (_apply_answers): the
 #: claimed record, its lock stripe, the ready snapshot asked, the savers, the failures, the
 #: merged params and the params error. A plain tuple: a NamedTuple took about 5x the time to
 #: build (timeit, CPython 3.11).
@@ -115,9 +115,9 @@ class Saving(Books):
         The params returned are a new dict, the caller's to change: the record keeps its own.
         """
         # The asking form of request_finished_by, in two halves: claim the request and ask
-        # every ready connector, no lock held (_ask); then tell the core what they answered
-        # (_apply_answers: _finish_by, under the lock). The model check runs each half as an
-        # event of its own (multiconnector.check.halves).
+        # every ready connector, no lock held (_claim, _gather); then tell the core what they
+        # answered (_apply_answers: _finish_by, under the lock). The model check runs each half
+        # as an event of its own (multiconnector.check.halves).
         if request_id.__class__ is not str or not request_id:
             request_id = check_request_id(request_id)
         if blocks.__class__ is not list and blocks.__class__ is not tuple:
@@ -126,7 +126,8 @@ class Saving(Books):
             check_block_ids(blocks)
         if self._closed:
             self._shut("request_finished")
-        # _ask's steps (the first half), here without its tuple: ~3 % of a lifecycle.
+        # The first half: claim, then ask (no lock held). Its steps are called here one by one,
+        # not through a method handing them over as a tuple (~3 % of a lifecycle).
         claimed = self._claim(request_id)
         if claimed.__class__ is not tuple:
             return claimed, None  # type: ignore[return-value]
@@ -138,26 +139,6 @@ class Saving(Books):
             self._release(record, claim, index)
             raise
         return self._apply_answers(record, index, ready, savers, failures, merged, clash)
-
-    def _ask(self, request_id: str, blocks: Sequence[int]) -> Asked | Outcome:
-        """request_finished's first half: claim held ``request_id`` and ask every ready
-        connector, with no lock held. Returns what the second half, :meth:`_apply_answers`,
-        takes (the claim is held until it releases it), or the refusal when nobody was asked.
-        request_finished runs these very steps inline, without building the tuple (~3 % of a
-        lifecycle: bench.ab_lifecycle); tests/test_races.py checks the two halves apply as one
-        call would."""
-        claimed = self._claim(request_id)
-        if claimed.__class__ is not tuple:
-            return claimed  # type: ignore[return-value]
-        record, claim, index = claimed
-        try:
-            # ready_entries()'s value, read without the call (~2 % of a lifecycle: docs/bench.md).
-            ready = self._registry._ready
-            savers, failures, merged, clash = self._gather(ready, request_id, blocks)
-        except BaseException:
-            self._release(record, claim, index)
-            raise
-        return record, index, ready, savers, failures, merged, clash
 
     def _claim(self, request_id: str) -> tuple[RequestTransferState, object, int] | Outcome:
         """Claim held ``request_id`` for one request_finished or request_finished_by: the

@@ -3,11 +3,12 @@ calls, in one place, outside the aggregator.
 
 * ``request_finished`` and ``match_tokens`` in their two halves, each an event of its own, so
   that any other event can come between them, as it can between two threads:
-  :func:`ask` and :func:`answer` run ``request_finished``'s (``_ask``: claim and ask every
-  ready connector; ``_apply_answers``: tell the core, under the request's lock), and
-  :func:`match_ask` and :func:`match_answer` ``match_tokens``' (``_ask_match`` and
-  ``_record_match``). The public calls are exactly those halves in sequence: the checker runs
-  the aggregator's own code, with no hook of its own in it.
+  :func:`ask` and :func:`answer` run ``request_finished``'s (``_claim`` and ``_gather``: claim
+  and ask every ready connector; ``_apply_answers``: tell the core, under the request's lock),
+  and :func:`match_ask` and :func:`match_answer` ``match_tokens``' (``_ask_match`` and
+  ``_record_match``). The public calls are exactly those steps in sequence (tests/test_races.py
+  checks the halves apply as one call would): the checker runs the aggregator's own code, with
+  no hook of its own in it.
 * :func:`held`, :func:`queued` and :func:`counted`: the books the checker's properties read,
   read without taking them (``take()`` would be an event) and without the stripes' locks (the
   checker runs one event at a time).
@@ -34,8 +35,17 @@ def ask(mc: MultiConnector, request_id: str, blocks: Sequence[int]) -> tuple[Any
     """request_finished's first half: claim the request and ask every ready connector.
     Returns ``(outcome, None)`` when refused (nobody asked), else what :func:`answer` takes;
     the claim is held until :func:`answer` drops it."""
-    asked = mc._ask(request_id, blocks)
-    return asked if asked.__class__ is tuple else (asked, None)
+    claimed = mc._claim(request_id)
+    if claimed.__class__ is not tuple:
+        return (claimed, None)
+    record, claim, index = claimed
+    try:
+        ready = mc.registry.ready_entries()
+        savers, failures, merged, clash = mc._gather(ready, request_id, blocks)
+    except BaseException:
+        mc._release(record, claim, index)
+        raise
+    return record, index, ready, savers, failures, merged, clash
 
 
 def answer(mc: MultiConnector, asked: tuple[Any, ...]) -> tuple[Outcome, dict[str, Any] | None]:
