@@ -22,7 +22,7 @@ import pytest
 from multiconnector import InvalidAnswerError, MultiConnector, Outcome, State
 from multiconnector import machine as machine_module
 from multiconnector.aggregator import saving as saving_module
-from multiconnector.check import ALPHABET, LOAD_EVENTS
+from multiconnector.check import ALPHABET, LOAD_EVENTS, SPLIT_EVENTS, TOLD_EVENTS
 from multiconnector.machine import Compiled, RequestTransferState
 from multiconnector.params import merge_transfer_params
 
@@ -302,6 +302,35 @@ LoadOnlyAwaited = Planted(
 )
 
 
+ToldUnclaimed = Planted(
+    "ToldUnclaimed",
+    "request_finished_by",
+    (
+        "claimed = self._claim(request_id)  # refused: while a request_finished asks, say",
+        "record = self._requests.get(request_id)\n"
+        "    if record is not None and record.state is State.pending:\n"
+        "        claimed = (record, object(), hash(request_id) & self._mask)\n"
+        "    else:\n"
+        "        claimed = self._claim(request_id)",
+    ),
+    doc="""Takes no claim on a pending request ("it asks nobody: no claim needed"): told while a
+    request_finished asks, it applies, and the savers that call's connectors promise are then
+    refused as a duplicate, never awaited.""",
+)
+
+SplitPartDropped = Planted(
+    "SplitPartDropped",
+    "choose_loader",
+    (
+        "further = self._part_entries(name, parts) if parts else ()",
+        "further = self._part_entries(name, parts)[1:] if parts else ()",
+    ),
+    doc="""Records a split load's parts without the first (as if ``parts`` began with the
+    loader): that part's loader loads into the request's blocks, owed nothing, and the request
+    is handed back while it still loads.""",
+)
+
+
 def _overwriting_merge(contributions: Any, *, allow_equal: bool = False) -> dict[str, Any] | None:
     """``merge_transfer_params`` that lets a later connector's value win a clash."""
     merged: dict[str, Any] | None = None
@@ -500,6 +529,9 @@ PARAMS_CONNECTORS: Mapping[str, str | None] = {"a": "saver", "b": "saver"}
 #: saver beside the store, the load side's search grows from 48 distinct states to 9,791).
 STORE_CONNECTORS: Mapping[str, str | None] = {"s": "store"}
 LOADER_CONNECTORS: Mapping[str, str | None] = {"l": "loader"}
+#: The connectors the split-load bug is checked with: one counted connector alone, whose load is
+#: the split load of its two report names (60 distinct states; savers a and b: 14,172).
+COUNTED_CONNECTORS: Mapping[str, str | None] = {"c": "counted"}
 
 #: The catalog. ``shortest`` is the length of the shortest event sequence that exposes the bug
 #: in the scenario the tests use (savers ``a`` and ``b``, a ``None`` slot, one request; plus a
@@ -739,6 +771,38 @@ CATALOG: tuple[Broken, ...] = (
         factory=SaveOnlyLookedUp,
         events=ALPHABET + LOAD_EVENTS,
         connectors=STORE_CONNECTORS,
+    ),
+    # -- the told path (request_finished_by; choose_loader with parts) ----------------------
+    Broken(
+        name="told path takes no claim",
+        prop="no early free",
+        shortest=3,
+        why="begin, request_finished asks (a saves), request_finished_by(r1, []) applies: "
+        "finished while a saves (its promise, applied next, is refused as a duplicate)",
+        factory=ToldUnclaimed,
+        events=ALPHABET + TOLD_EVENTS,
+        also={
+            "right outcome": "the told call returns applied, not duplicate (a call asks)",
+            "no exception": "the asking call's answers meet a record that is no longer pending "
+            "(the checker's reference of its early reports asserts it is)",
+            "terminal absorbing": "a cancelled record the told call made await a saver is "
+            "changed by the asking call's answers",
+            "no leak": "a record the told call finished is changed by the asking call's answers",
+        },
+    ),
+    Broken(
+        name="split load's part dropped",
+        prop="no early free",
+        shortest=4,
+        why="begin, choose_loader(r1, c@1, parts=[c@2]) (counted c's split load): c@2's part "
+        "is not owed, cancel, c reports a load (c@1's): handed back while c@2 loads",
+        factory=SplitPartDropped,
+        events=ALPHABET + LOAD_EVENTS + SPLIT_EVENTS,
+        connectors=COUNTED_CONNECTORS,
+        also={
+            "load once": "c's second load report is c@2's, a phantom: its load never completes",
+            "right outcome": "the same report returns phantom, not applied",
+        },
     ),
     Broken(
         name="load-only connector awaited",

@@ -19,6 +19,7 @@ from multiconnector import (
     State,
 )
 from multiconnector.aggregator import OTHER_NAMES
+from multiconnector.check import halves
 from tests.connectors import Scripted
 from tests.stripes import CHOSEN, STRIPE_COUNTS, ids_on, stripe_of
 
@@ -542,17 +543,17 @@ def test_a_cancel_and_an_unregister_while_asked_abandon_the_gone_saver() -> None
 
 
 def test_request_finisheds_two_halves_apply_as_one_call_would() -> None:
-    # The model check runs request_finished as two events, _ask then _answer, with any other
+    # The model check runs request_finished as two events, ask then answer, with any other
     # event in between: the claim is held from the first half to the second.
     a = Scripted(params={"k": 1})
     mc = MultiConnector(ConnectorRegistry({"a": a}))
     mc.begin("r")
-    assert mc._ask("nobody", []) == (Outcome.unknown_request, None)
-    asked = mc._ask("r", [4])
+    assert halves.ask(mc, "nobody", []) == (Outcome.unknown_request, None)
+    asked = halves.ask(mc, "r", [4])
     assert a.finished_calls == [("r", (4,))]
     assert mc.get("r").state is State.pending  # type: ignore[union-attr]
     assert mc.request_finished("r") == (Outcome.duplicate, None)  # the claim is held
-    assert mc._answer(asked) == (Outcome.applied, {"k": 1})
+    assert halves.answer(mc, asked) == (Outcome.applied, {"k": 1})
     assert mc.get("r").awaiting == ("a",)  # type: ignore[union-attr]
     mc.begin("s")  # one call again: both halves at once
     assert mc.request_finished("s") == (Outcome.applied, {"k": 1})
@@ -573,9 +574,9 @@ def test_request_finisheds_second_half_raises_what_the_first_half_met() -> None:
         )
     )
     mc.begin("r")
-    asked = mc._ask("r", [])
+    asked = halves.ask(mc, "r", [])
     with pytest.raises(ConnectorFailures) as info:
-        mc._answer(asked)
+        halves.answer(mc, asked)
     first, clash = info.value.exceptions
     assert first is boom and isinstance(clash, KeyClashError)
     assert info.value.failed == ("bad",)
@@ -583,9 +584,9 @@ def test_request_finisheds_second_half_raises_what_the_first_half_met() -> None:
     assert mc.get("r").awaiting == ("a", "b")  # type: ignore[union-attr]
     mc.begin("s")  # only the clash: raised alone
     mc.unregister("bad")
-    asked = mc._ask("s", [])
+    asked = halves.ask(mc, "s", [])
     with pytest.raises(KeyClashError) as alone:
-        mc._answer(asked)
+        halves.answer(mc, asked)
     assert alone.value.result == (Outcome.applied, None)  # type: ignore[attr-defined]
 
 

@@ -35,7 +35,6 @@ from ..machine import RequestTransferState
 from ..outcome import Outcome
 from ..registry import Connector, ConnectorRegistry, Role
 from ._books import OTHER_NAMES, Books
-from .checking import Checking
 from .lifecycle import Lifecycle
 from .loading import Loading
 from .queries import Queries
@@ -48,7 +47,7 @@ __all__ = ["OTHER_NAMES", "MultiConnector"]
 # The bases in reverse: the API reference lists inherited methods base by base from the last
 # one, so this reads there as lifecycle, saving, reports, loading, queries.
 @final
-class MultiConnector(Queries, Loading, Reports, Checking, Saving, Lifecycle, Books):
+class MultiConnector(Queries, Loading, Reports, Saving, Lifecycle, Books):
     """Fans each request out to the connectors of a :class:`ConnectorRegistry` and tracks it.
 
     >>> from multiconnector import ConnectorRegistry, MultiConnector

@@ -11,11 +11,12 @@ globals).
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, NoReturn
+from typing import Any, Final, NoReturn, Self
 
 from .._validate import check_stripes, shown
 from ..errors import ConnectorFailures, InvalidArgumentError, ShutDownError
@@ -26,6 +27,12 @@ from ..registry import Connector, ConnectorRegistry, Entry
 from ..rule import OTHER_NAMES, Verdicts, count, load_owed, refined, safe_to_hand_back
 
 __all__ = ["OTHER_NAMES", "Books"]
+
+
+def _slots(cls: type) -> frozenset[str]:
+    """Every slot a class and its bases declare."""
+    return frozenset(s for c in cls.__mro__ for s in c.__dict__.get("__slots__", ()))
+
 
 #: ``(awaited, expected)``: the savers a finished request awaits, and every saver it expects.
 Awaited = tuple[tuple[str, ...], tuple[str, ...]]
@@ -67,7 +74,6 @@ class Books:
         "_early",
         "_early_loads",
         "_finishes",
-        "_halves",
         "_locks",
         "_lookup",
         "_mask",
@@ -127,9 +133,6 @@ class Books:
         # Cancelled records (by id) kept from take() while a request_finished or a match_tokens
         # still asks (see _settle).
         self._parked: set[int] = set()
-        # Set only by checking.Checking._ask and _match_ask (the model check): request_finished
-        # and match_tokens then stop after asking.
-        self._halves: list[Any] | None = None
         self._locks = tuple(threading.Lock() for _ in range(stripes))
         self._mask = stripes - 1
         # One counter dict per stripe, only ever written under that stripe's lock.
@@ -148,6 +151,60 @@ class Books:
         # function of the snapshot and the tuple alone: a new snapshot starts a new table).
         self._ready_names: ReadyNames = ((), (), {})
         registry.subscribe(self._connector_gone)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Self:
+        """``copy.deepcopy(mc)``: a copy that behaves exactly as this aggregator would, from
+        now on, on the same connectors (the model check forks its worlds with it:
+        :mod:`multiconnector.check.fork`).
+
+        What either side may change is copied: the records (each with ``copy.deepcopy(record,
+        memo)``, so a caller that put its own copy of a record in ``memo`` gets that one used),
+        the queue for :meth:`take`, the claims and marks of calls between their halves, the
+        counters, the locks (new ones), the registry's listeners (the copy's own). What no side
+        changes is shared: the connectors, the registry's published entries, the caches of name
+        tuples and verdicts (each value a function of its key alone). Every attribute is
+        copied or shared by a line below: a new one must be added there
+        (tests/test_copy.py fails until it is).
+
+        Raises :class:`copy.Error` for what cannot be copied: a subclass with attributes of its
+        own, a registry another listener than this aggregator subscribed to.
+        """
+        if _slots(type(self)) != _SLOTS:
+            raise copy.Error(f"{type(self).__name__} has attributes of its own: not copied")
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        registry = self._registry._copy(new._connector_gone)
+        if registry is None:
+            raise copy.Error("the registry has other listeners than this aggregator")
+        new._registry = registry
+        new._closed = self._closed
+        new._trace = self._trace
+        new._allow_equal = self._allow_equal
+        new._lookup = self._lookup
+        new._requests = {rid: copy.deepcopy(r, memo) for rid, r in self._requests.items()}
+        new._done = deque(copy.deepcopy(r, memo) for r in self._done)
+        # The tables keyed by id(record): the copy's by its records' ids. A record a call
+        # claimed or marked is held (a cancel parks it until the call lets go).
+        held = {id(r): r for r in self._requests.values()}
+
+        def key(old: int) -> int:
+            if old not in held:  # pragma: no cover - a call's record, no longer held
+                raise copy.Error("a call between its halves holds a record no longer held")
+            return id(copy.deepcopy(held[old], memo))
+
+        new._asking = {key(k): claim for k, claim in self._asking.items()}
+        new._parked = {key(k) for k in self._parked}
+        new._early = {key(k): dict(kept) for k, kept in self._early.items()}
+        new._matching = {key(k): n for k, n in self._matching.items()}
+        new._early_loads = {key(k): list(kept) for k, kept in self._early_loads.items()}
+        new._locks = tuple(threading.Lock() for _ in self._locks)
+        new._mask = self._mask
+        new._counts = tuple(dict(counts) for counts in self._counts)
+        new._applied = tuple(dict(counts) for counts in self._applied)
+        new._finishes = list(self._finishes)
+        new._verdicts = self._verdicts
+        new._ready_names = self._ready_names
+        return new
 
     def _connector_gone(self, entry: Entry) -> None:
         # Called under the registry lock, after `entry` was removed. The scan holds every stripe
@@ -339,3 +396,8 @@ class Books:
 
     def __repr__(self) -> str:
         return f"MultiConnector({self._registry!r}, held={len(self._requests)})"
+
+
+#: Every attribute of the books (``__slots__``, with the bases'): what :meth:`Books.__deepcopy__`
+#: copies or shares, each by a line of its own.
+_SLOTS: Final = _slots(Books)

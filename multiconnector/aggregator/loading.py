@@ -1,7 +1,10 @@
 """The load side: which connector loads a pending request's KV, and its report.
 
-:meth:`~MultiConnector.match_tokens` chooses the loader by name (in two halves, which the model
-check runs as events of their own: ``_match_ask`` and ``_match_answer``);
+One load path: :meth:`~MultiConnector.choose_loader` tells the core the loader (and a split
+load's parts), and :meth:`~MultiConnector.match_tokens` asks the ready connectors, then tells
+the core the loader their answers chose (in two halves, which the model check runs as events of
+their own, ``_ask_match`` and ``_record_match``: :mod:`multiconnector.check.halves`); both
+mark the request (``_mark``) and apply the one update, ``_choose``.
 :meth:`~MultiConnector.load_finished` applies its report, or the drain of a terminal request's
 load, as the load report rule says (:func:`multiconnector.rule.load_report`, the one
 definition). A load report that comes while ``match_tokens`` still asks is early: kept, and
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from .._validate import bad_argument, check_int, check_name, check_request_id, shown
 from ..errors import (
@@ -41,18 +44,11 @@ from ._books import (
 __all__ = ["Loading"]
 
 
-class Matched(NamedTuple):
-    """What match_tokens' first half gathered, for its second half: the marked record, its
-    lock stripe, the chosen loader's entry and count (``None``: nobody has tokens), whether
-    a connector answered ``None``, and the failures (see :meth:`Loading._match_ask`)."""
-
-    record: RequestTransferState
-    stripe: int
-    chooser: Entry | None
-    tokens: int
-    unknown: bool
-    errors: list[Exception]
-    failed: list[str]
+#: What match_tokens' first half gathered, for its second half (:meth:`Loading._ask_match`):
+#: the marked record, its lock stripe, the chosen loader's entry and count (``None``: nobody
+#: has tokens), whether a connector answered ``None``, and the failures. A plain tuple, as
+#: request_finished's halves hand over.
+Matched = tuple[RequestTransferState, int, Entry | None, int, bool, list[Exception], list[str]]
 
 
 class Loading(Books):
@@ -100,33 +96,36 @@ class Loading(Books):
             remaining = check_int(remaining, "remaining")
         if self._closed:
             self._shut("match_tokens")
+        asked = self._ask_match(request_id, num_computed_tokens, remaining)
+        if asked.__class__ is int:
+            return asked
+        return self._record_match(*asked)  # type: ignore[misc]
+
+    def _ask_match(
+        self, request_id: str, num_computed_tokens: int = 0, remaining: int | None = None
+    ) -> Matched | int:
+        """match_tokens' first half: mark held ``request_id`` and ask the ready connectors, with
+        no lock held. Returns what the second half, :meth:`_record_match`, takes (the mark is
+        held until it drops it), or 0 for a request no longer pending (nobody asked)."""
         record = self._requests.get(request_id)
         if record is None:
             raise UnknownRequestError(f"request_id={request_id!r} is not held")
         if record.state is not _PENDING:
             return 0
         index = hash(request_id) & self._mask
-        lock = self._locks[index]
-        with lock:  # marked: a load report from now on is early (see load_finished)
-            matching = self._matching
-            key = id(record)
-            matching[key] = matching.get(key, 0) + 1
+        self._mark(record, index)  # a load report from now on is early (see load_finished)
         try:
             chooser, tokens, unknown, errors, failed = self._ask_tokens(
                 request_id, num_computed_tokens, remaining
             )
         except BaseException:
-            with lock:
+            with self._locks[index]:
                 applied = self._drop_match(record, index)
             # A kept report, decided; what interrupted the asking is raised, not a callback's.
             with contextlib.suppress(ConnectorFailures):
                 self._call_back_load(record.request_id, applied)
             raise
-        halves = self._halves
-        if halves is not None:
-            halves.append(Matched(record, index, chooser, tokens, unknown, errors, failed))
-            return None  # not read
-        return self._record_match(record, index, chooser, tokens, unknown, errors, failed)
+        return record, index, chooser, tokens, unknown, errors, failed
 
     def _ask_tokens(
         self, request_id: str, num_computed_tokens: int, remaining: int | None
@@ -215,12 +214,8 @@ class Loading(Books):
         if record is None:
             raise UnknownRequestError(f"request_id={request_id!r} is not held")
         index = hash(request_id) & self._mask
-        with self._locks[index]:
-            matching = self._matching
-            matching[id(record)] = matching.get(id(record), 0) + 1
-        self._record_match(
-            record, index, chooser, 0 if chooser is None else 1, False, [], [], further
-        )
+        self._mark(record, index)
+        self._call_back_load(request_id, self._choose(record, index, chooser, further))
 
     def _part_entries(self, name: str | None, parts: Any) -> tuple[tuple[str, Entry | None], ...]:
         """The entries of a split load's further loaders ``parts`` (see :meth:`choose_loader`),
@@ -253,23 +248,12 @@ class Loading(Books):
             )
         return registry.entry(name)
 
-    def _match_ask(self, request_id: str) -> Matched | tuple[int | None]:
-        """match_tokens' first half alone, for the model check (one thread): mark the request
-        and ask every ready connector. Returns ``(result,)`` when nobody was asked (the request
-        is not pending), else the :class:`Matched` answers for :meth:`_match_answer`, whose mark
-        is held until :meth:`_match_answer` drops it."""
-        halves: list[Matched] = []
-        self._halves = halves
-        try:
-            result = self.match_tokens(request_id)
-        finally:
-            self._halves = None
-        return halves[0] if halves else (result,)
-
-    def _match_answer(self, matched: Matched | tuple[Any, ...]) -> int | None:
-        """match_tokens' second half, for the model check: record what :meth:`_match_ask`
-        gathered (a :class:`Matched`)."""
-        return self._record_match(*matched)
+    def _mark(self, record: RequestTransferState, index: int) -> None:
+        """Mark ``record`` as asked about by one more match_tokens or choose_loader, under lock
+        ``index``: a load report from a ready connector is early until the mark is dropped."""
+        with self._locks[index]:
+            matching = self._matching
+            matching[id(record)] = matching.get(id(record), 0) + 1
 
     def _record_match(  # noqa: PLR0917
         self,
@@ -280,21 +264,10 @@ class Loading(Books):
         unknown: bool,
         errors: list[Exception],
         failed: list[str],
-        parts: tuple[tuple[str, Entry | None], ...] = (),
     ) -> int | None:
-        """match_tokens' second half: record the loader (and a split load's ``parts``) under
-        the request's lock, drop the mark, decide the load reports that came early, and
-        return (or raise) the result."""
-        with self._locks[index]:
-            if not unknown and record.state is _PENDING:
-                entry = self._registry.entry
-                record.loader = chooser.name if chooser is not None else None
-                record.loaded = False
-                # Unregistered while we asked: its load report can never be applied.
-                record.loader_gone = chooser is not None and entry(chooser.name) is not chooser
-                if parts or record.parts:
-                    self._record_parts(record, parts)
-            applied = self._drop_match(record, index)
+        """match_tokens' second half: tell the core the loader its answers chose (nothing when
+        a ``None`` held the lookup: :meth:`_choose`), and return (or raise) the result."""
+        applied = self._choose(record, index, chooser, (), decisive=not unknown)
         result = None if unknown else tokens
         if applied is not None:
             try:
@@ -310,6 +283,32 @@ class Loading(Books):
                 result=result,
             )
         return result
+
+    def _choose(
+        self,
+        record: RequestTransferState,
+        index: int,
+        chooser: Entry | None,
+        parts: tuple[tuple[str, Entry | None], ...],
+        *,
+        decisive: bool = True,
+    ) -> list[str] | None:
+        """The core told the loader of marked ``record`` (``chooser``, ``None``: nobody loads
+        it) and a split load's ``parts`` (choose_loader, or match_tokens once its connectors
+        answered; not ``decisive``: a ``None`` answer held the lookup, nothing is recorded):
+        the one update of both, under the request's lock. A request no longer pending keeps
+        what it had. Drops the mark and decides the load reports that came early; returns the
+        names of those applied (see :meth:`_drop_match`)."""
+        with self._locks[index]:
+            if decisive and record.state is _PENDING:
+                entry = self._registry.entry
+                record.loader = chooser.name if chooser is not None else None
+                record.loaded = False
+                # Unregistered while we asked: its load report can never be applied.
+                record.loader_gone = chooser is not None and entry(chooser.name) is not chooser
+                if parts or record.parts:
+                    self._record_parts(record, parts)
+            return self._drop_match(record, index)
 
     def _record_parts(
         self, record: RequestTransferState, parts: tuple[tuple[str, Entry | None], ...]

@@ -1,10 +1,13 @@
 """The save side's decision: a request finished generating, and who saves it.
 
-:meth:`~MultiConnector.request_finished` asks every ready connector (in two halves, which the
-model check runs as events of their own: :mod:`.checking`'s ``_ask`` and ``_answer``) and
-:meth:`~MultiConnector.request_finished_by` takes the savers from the caller; both apply the one
-decision, ``_finish``, or the overtaken drain when a cancel came first. The claims that make a
-second, concurrent call a duplicate live here too.
+One finish path: :meth:`~MultiConnector.request_finished_by` tells the core the savers, and
+:meth:`~MultiConnector.request_finished` asks every ready connector, then tells the core what
+they answered (in two halves, ``_claim`` with ``_gather``, then ``_apply_answers``, which the
+model check runs as events of their own: :mod:`multiconnector.check.halves`). Both claim the
+request (``_claim``) and apply the one update, ``_finish_by``: the savers' awaited and expected
+names (``_awaited``), then the decision ``_finish``, or the overtaken drain when a cancel came while
+the connectors were asked. The claims that make a second, concurrent call a duplicate live here
+too.
 """
 
 from __future__ import annotations
@@ -58,6 +61,19 @@ _NOT_FINISHABLE: Final = frozenset(
 
 #: The connectors that failed while asked, each with its exception (``None``: none failed).
 Failures = list[tuple[str, Exception]] | None
+#: What request_finished's first half gathered, for its second half (_apply_answers): the
+#: claimed record, its lock stripe, the ready snapshot asked, the savers, the failures, the
+#: merged params and the params error. A plain tuple: a NamedTuple took about 5x the time to
+#: build (timeit, CPython 3.11).
+Asked = tuple[
+    RequestTransferState,
+    int,
+    tuple[Entry, ...],
+    list[Entry],
+    Failures,
+    dict[str, Any] | None,
+    Exception | None,
+]
 
 
 class Saving(Books):
@@ -98,8 +114,10 @@ class Saving(Books):
 
         The params returned are a new dict, the caller's to change: the record keeps its own.
         """
-        # Two halves: claim and ask every ready connector (_gather), no lock held; then
-        # _apply_answers, under the lock. The model check runs each as an event (checking.py).
+        # The asking form of request_finished_by, in two halves: claim the request and ask
+        # every ready connector, no lock held (_claim, _gather); then tell the core what they
+        # answered (_apply_answers: _finish_by, under the lock). The model check runs each half
+        # as an event of its own (multiconnector.check.halves).
         if request_id.__class__ is not str or not request_id:
             request_id = check_request_id(request_id)
         if blocks.__class__ is not list and blocks.__class__ is not tuple:
@@ -108,43 +126,52 @@ class Saving(Books):
             check_block_ids(blocks)
         if self._closed:
             self._shut("request_finished")
-        # Claimed with an atomic dict.setdefault: a concurrent second call finds the claim, is
-        # a duplicate and asks nobody (no save only one call would track). A claim is released
-        # after its call wrote the state, so the state is read again once claimed; a cancel that
-        # overtakes us keeps the record from take() until then (_settle). Keyed by the record (its
-        # id): a request taken and begun again while an old call asks is a new record.
-        record = self._requests.get(request_id)
-        claim = object()  # ours alone: only the call that set it removes it
-        index = hash(request_id) & self._mask
+        # The first half: claim, then ask (no lock held). Its steps are called here one by one,
+        # not through a method handing them over as a tuple (~3 % of a lifecycle).
+        claimed = self._claim(request_id)
+        if claimed.__class__ is not tuple:
+            return claimed, None  # type: ignore[return-value]
+        record, claim, index = claimed
         try:
-            refused: Outcome | None = None
-            if record is None:
-                refused = _UNKNOWN_REQUEST
-            elif record.state in _NOT_FINISHABLE:
-                refused = self._refuse_finish(record)
-            elif self._asking.setdefault(id(record), claim) is not claim:
-                refused = _DUPLICATE
-            elif record.state in _NOT_FINISHABLE:  # finished or cancelled since our look
-                self._release(record, claim, index)
-                refused = self._refuse_finish(record)
-            if refused is not None:
-                self._refused(index, refused)
-                self._log_ignored("request_finished", request_id, None, refused)
-                return refused, None
-            assert record is not None
-            # ready_entries()'s value, read without the call (~2 % of a lifecycle: docs/bench.md).
             ready = self._registry._ready
             savers, failures, merged, clash = self._gather(ready, request_id, blocks)
-            halves = self._halves
-            if halves is None:
-                return self._apply_answers(record, index, ready, savers, failures, merged, clash)
-            # The model check's first half (checking.Checking._ask): what it gathered.
-            halves.append((record, index, ready, savers, failures, merged, clash))
-            return _UNKNOWN_REQUEST, None  # not read
         except BaseException:
-            if record is not None:
-                self._release(record, claim, index)  # unless _apply_answers released it
+            self._release(record, claim, index)
             raise
+        return self._apply_answers(record, index, ready, savers, failures, merged, clash)
+
+    def _claim(self, request_id: str) -> tuple[RequestTransferState, object, int] | Outcome:
+        """Claim held ``request_id`` for one request_finished or request_finished_by: the
+        record, the claim and the lock stripe; or the refusal (counted and logged) when the
+        request is not held, not pending, or claimed by a call still asking.
+
+        Claimed with an atomic dict.setdefault: a concurrent second call finds the claim, is a
+        duplicate and asks nobody (no save only one call would track). A claim is released
+        after its call wrote the state, so the state is read again once claimed; a cancel that
+        overtakes a call keeps the record from take() until then (_settle). Keyed by the record
+        (its id): a request taken and begun again while an old call asks is a new record."""
+        record = self._requests.get(request_id)
+        index = hash(request_id) & self._mask
+        if record is None:
+            refused = _UNKNOWN_REQUEST
+        elif record.state in _NOT_FINISHABLE:
+            refused = self._refuse_finish(record)
+        else:
+            claim = object()  # ours alone: only the call that set it removes it
+            try:
+                if self._asking.setdefault(id(record), claim) is not claim:
+                    refused = _DUPLICATE
+                elif record.state in _NOT_FINISHABLE:  # finished or cancelled since our look
+                    self._release(record, claim, index)
+                    refused = self._refuse_finish(record)
+                else:
+                    return record, claim, index
+            except BaseException:
+                self._release(record, claim, index)
+                raise
+        self._refused(index, refused)
+        self._log_ignored("request_finished", request_id, None, refused)
+        return refused
 
     def _gather(
         self, ready: tuple[Entry, ...], request_id: str, blocks: Sequence[int]
@@ -200,8 +227,6 @@ class Saving(Books):
             return savers, failures, None, exc
         return savers, failures, merged, None
 
-    # Positional: request_finished calls it with no checking.Asked built (building the
-    # NamedTuple took about 5x the time of a plain tuple of its 7 fields: timeit, CPython 3.11).
     def _apply_answers(  # noqa: PLR0917
         self,
         record: RequestTransferState,
@@ -212,44 +237,22 @@ class Saving(Books):
         merged: dict[str, Any] | None,
         clash: Exception | None,
     ) -> tuple[Outcome, dict[str, Any] | None]:
-        """request_finished's second half: apply the answers gathered, under the request's
-        lock, release the claim, and return (or raise) the call's result."""
+        """request_finished's second half: tell the core who answered that it saves (the one
+        decision, :meth:`_finish_by`), release the claim, and return (or raise) the call's
+        result."""
         request_id = record.request_id
-        registry = self._registry
-        lock = self._locks[index]
-        lock.acquire()
         try:
-            # Held while we hold the claim: a claimed record is pending, a cancel parks it
-            # instead of queueing it for take(), and a held id is never begun again.
-            # A saver unregistered while we asked it can never report: abandoned at once.
-            # While the registry publishes the snapshot we asked (every change publishes a
-            # new one), every saver is still registered.
-            if registry._ready is not ready:  # read without the call, as in request_finished
-                awaited = self._intern(
-                    tuple([e.name for e in savers if registry.entry(e.name) is e])
-                )
-            elif len(savers) != len(ready):
-                awaited = self._intern(tuple([e.name for e in savers]))
+            cached = self._ready_names
+            if len(savers) == len(ready) and cached[0] is ready:
+                names = cached[1]  # every ready connector saves: the shared tuple of their names
             else:
-                cached = self._ready_names
-                if cached[0] is ready:
-                    awaited = cached[1]
-                else:
-                    awaited = self._intern(tuple([e.name for e in ready]))
-                    self._ready_names = (ready, awaited, {})
-            expected = (
-                awaited
-                if len(awaited) == len(savers)
-                else self._intern(tuple([e.name for e in savers]))
-            )
-            if record.state is _CANCELLED:  # a cancel overtook us while we asked
-                outcome = self._overtaken(record, awaited, expected, index)
-            else:
-                outcome = self._finish(record, awaited, expected, merged, index)
-        finally:
-            # Our claim, released after the state was written; the early reports decided.
-            early = self._drop_claim(record, index)
-            lock.release()
+                names = tuple([e.name for e in savers])
+            outcome, early = self._finish_by(request_id, record, names, index, None, ready, merged)
+        except BaseException:
+            claim = self._asking.get(id(record))  # ours: held since the first half
+            if claim is not None:
+                self._release(record, claim, index)  # unless _finish_by released it
+            raise
         # A copy for the caller: the record keeps its own (no aliasing of the books).
         result = (outcome, merged.copy() if merged is not None and outcome is _APPLIED else None)
         if early is not None:
@@ -308,10 +311,9 @@ class Saving(Books):
     ) -> Outcome:
         """The request finished generating, and the caller knows who saves it asynchronously.
 
-        The same transition as :meth:`request_finished` — the same decision and bookkeeping —
-        for a side that learns the savers from elsewhere instead of asking its connectors: a
-        vLLM worker learns them from the scheduler's connector metadata. No connector is called
-        and no params are merged (``params`` stays ``None``). The request awaits the names in
+        The core's one finish path: :meth:`request_finished` asks its connectors, then takes
+        it. Here the caller learned the savers elsewhere (the vLLM adapter asks its children
+        itself): no connector is called, ``params`` stays ``None``. The request awaits the names in
         ``savers`` that are ready registered connectors, in registration order; any other name
         can never report, so it is abandoned at once (in ``expected`` and ``abandoned``), as a
         saver unregistered while :meth:`request_finished` asked it is. While a
@@ -363,22 +365,26 @@ class Saving(Books):
                 )
         if not plain:
             names = tuple([str(name) for name in names])
-        index = hash(request_id) & self._mask
-        # Claimed as request_finished claims (see there): while a request_finished asks the
-        # connectors of this very record, this call is a duplicate and changes nothing.
-        asking = self._asking
-        record = self._requests.get(request_id)
-        claim = object()
+        claimed = self._claim(request_id)  # refused: while a request_finished asks, say
+        if claimed.__class__ is not tuple:
+            return claimed  # type: ignore[return-value]
+        record, claim, index = claimed
         try:
-            if record is not None and asking.setdefault(id(record), claim) is not claim:
-                outcome = self._refused(index, _DUPLICATE)
-            else:
-                outcome = self._finish_by(request_id, record, names, index, claim)
+            outcome, early = self._finish_by(request_id, record, names, index, claim)
         finally:
-            if record is not None and asking.get(id(record)) is claim:  # interrupted: not released
+            if self._asking.get(id(record)) is claim:  # interrupted: not released
                 self._release(record, claim, index)
         if outcome is not _APPLIED:
             self._log_ignored("request_finished", request_id, None, outcome)
+        if early is not None:
+            called_back = self._call_back_early(request_id, early)
+            if called_back:
+                raise ConnectorFailures(
+                    f"{len(called_back)} callback(s) raised while finishing {request_id!r}",
+                    [exc for _, exc in called_back],
+                    failed=[name for name, _ in called_back],
+                    result=outcome,
+                )
         return outcome
 
     def _refused(self, index: int, outcome: Outcome) -> Outcome:
@@ -391,53 +397,70 @@ class Saving(Books):
             lock.release()
         return outcome
 
-    def _finish_by(
+    def _finish_by(  # noqa: PLR0917
         self,
         request_id: str,
-        claimed: RequestTransferState | None,
+        claimed: RequestTransferState,
         names: tuple[str, ...],
         index: int,
-        claim: object,
-    ) -> Outcome:
-        """request_finished_by's update, under the request's lock; releases ``claim`` there,
-        after the state is written."""
-        registry = self._registry
+        claim: object | None,
+        asked: tuple[Entry, ...] | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> tuple[Outcome, list[tuple[str, Sequence[int]]] | None]:
+        """The core told that ``names`` save ``claimed`` (a request_finished_by, or a
+        request_finished once its connectors answered: then ``asked`` is the ready snapshot it
+        asked and ``params`` their merged params): the one update of both, under the request's
+        lock. Releases ``claim`` there (``None``: the claim the first half of a request_finished
+        took, held since), after the state is written, and returns the outcome and the early
+        reports applied then (whose ``on_finished`` the caller calls).
+
+        A cancel that came after the claim overtook a call that asked: its connectors may have
+        promised saves meanwhile, so the cancelled request awaits them (:meth:`_overtaken`).
+        A call told the savers is applied at once, after the cancel: the request is terminal.
+        """
+        record = claimed  # held while claimed: a cancel parks it, take() leaves it
         lock = self._locks[index]
         lock.acquire()
         try:
-            record = self._requests.get(request_id)
-            if record is None or record is not claimed:  # not held, or taken and begun again
-                outcome = _UNKNOWN_REQUEST
-                self._count(index, outcome, _NO_NAME)
+            cached = self._ready_names
+            if names is cached[1] and cached[0] is self._registry._ready:
+                awaited = expected = names  # every ready connector saves (the usual case)
             else:
-                ready = registry.ready_entries()
-                cached = self._ready_names
-                if cached[0] is not ready:
-                    cached = (ready, self._intern(tuple([e.name for e in ready])), {})
-                    self._ready_names = cached
-                if names == cached[1]:
-                    awaited = expected = cached[1]
-                else:
-                    known = cached[2].get(names)
-                    if known is None:
-                        known = self._awaited_of(ready, names, cached[2])
-                    awaited, expected = known
-                outcome = self._finish(record, awaited, expected, None, index)
+                awaited, expected = self._awaited(names, asked)
+            if asked is not None and record.state is _CANCELLED:
+                outcome = self._overtaken(record, awaited, expected, index)
+            else:
+                outcome = self._finish(record, awaited, expected, params, index)
         finally:
             early = None
-            if claimed is not None and self._asking.get(id(claimed)) is claim:
+            if claim is None or self._asking.get(id(claimed)) is claim:
                 early = self._drop_claim(claimed, index)
             lock.release()
-        if early is not None:
-            called_back = self._call_back_early(request_id, early)
-            if called_back:
-                raise ConnectorFailures(
-                    f"{len(called_back)} callback(s) raised while finishing {request_id!r}",
-                    [exc for _, exc in called_back],
-                    failed=[name for name, _ in called_back],
-                    result=outcome,
-                )
-        return outcome
+        return outcome, early
+
+    def _awaited(self, names: tuple[str, ...], asked: tuple[Entry, ...] | None) -> Awaited:
+        """``(awaited, expected)`` for the savers ``names``: the ready ones in registration
+        order, then every other name, which can never report (abandoned at once). With
+        ``asked``, the snapshot a request_finished asked them in: a saver whose registration
+        changed since (unregistered, or registered again) is one of those others, and
+        ``expected`` keeps the order they answered in. The caller holds a request's lock."""
+        ready = self._registry._ready  # what ready_entries() returns, without the call
+        cached = self._ready_names
+        if cached[0] is not ready:
+            cached = (ready, self._intern(tuple([e.name for e in ready])), {})
+            self._ready_names = cached
+        if asked is not None and asked is not ready:  # the registry changed while it asked
+            entry = self._registry.entry
+            gone = {e.name for e in asked if e.name in names and entry(e.name) is not e}
+            if gone:
+                awaited = self._intern(tuple([n for n in names if n not in gone]))
+                return awaited, self._intern(names)
+        if names is cached[1] or names == cached[1]:
+            return cached[1], cached[1]
+        known = cached[2].get(names)
+        if known is None:
+            known = self._awaited_of(ready, names, cached[2])
+        return known
 
     def _awaited_of(
         self,

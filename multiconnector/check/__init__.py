@@ -15,6 +15,9 @@ rather than a second model that could drift from it. The scenario:
   duplicates, phantoms, ``None`` slots and unknown names; ``cancel``; ``unregister`` and
   ``register`` of every name; ``take``; ``transfer_finished_many``, a batch of two reports
   under a name every request of the batch awaits;
+* opt-in, the told path (:data:`TOLD_EVENTS`): ``request_finished_by`` for every request with
+  every subset of the ready savers (a counted connector's report names, as the vLLM adapter
+  tells them), and with every name that cannot report besides;
 * opt-in, the load side (:data:`LOAD_EVENTS`): ``match_tokens`` for every held request with
   every combination of the ready savers' token answers (0, 1 or ``None``), and
   ``load_finished`` for every (request, name).
@@ -34,7 +37,8 @@ events and the declared transitions come from :mod:`multiconnector.machine`.
 The modules: :mod:`.scenario` (the connectors, the world, the events), :mod:`.snapshot` (the
 state of a world), :mod:`.canonical` (its canonical form under symmetry), :mod:`.events` (the
 events enabled in a state), :mod:`.counted` (the counted connectors), :mod:`.alike` (events that
-would do what one applied did), :mod:`.fork` (a world copied), :mod:`.properties` (what is
+would do what one applied did), :mod:`.fork` (a world copied), :mod:`.halves` (the checker's
+seam: a call's two halves, the books read), :mod:`.properties` (what is
 judged), :mod:`.trace` (how it is shown), :mod:`.run` (:func:`check_aggregator`) and :mod:`.cli`
 (the command).
 
@@ -116,6 +120,7 @@ from .scenario import (
     LOAD_EVENTS,
     PARAM_CHOICES,
     SPLIT_EVENTS,
+    TOLD_EVENTS,
     independent,
 )
 
@@ -134,6 +139,7 @@ __all__ = [
     "RIGHT_OUTCOME",
     "ROLES_KEPT",
     "SPLIT_EVENTS",
+    "TOLD_EVENTS",
     "CheckReport",
     "Counterexample",
     "PropertyResult",

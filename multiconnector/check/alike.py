@@ -76,6 +76,8 @@ def _permuted(
     labels: dict[str, Any] = {}
     if kind == "match_tokens":
         labels = dict(event[2])
+    elif kind == "request_finished_by":  # the savers told (what follows them: unchanged)
+        labels = {n: (True, None) for n in event[2]}
     else:
         choices = dict(event[3]) if len(event) > 3 else {}
         labels = {n: (True, choices.get(n)) for n in event[2]}
@@ -102,7 +104,9 @@ def _permuted(
             yield (kind, event[1], tuple((n, relabelled[n]) for n in names))
             continue
         saving = tuple(n for n in names if relabelled[n][0])
-        if len(event) == 3:
+        if kind == "request_finished_by":
+            yield (kind, event[1], saving, *event[3:])
+        elif len(event) == 3:
             yield (kind, event[1], saving)
         else:
             chosen = tuple((n, relabelled[n][1]) for n in names if relabelled[n][1] is not None)
@@ -118,6 +122,7 @@ _RENAMED: Final = frozenset(
         "transfer_finished",
         "load_finished",
         "request_finished",
+        "request_finished_by",
         "match_tokens",
     }
 )
@@ -149,6 +154,9 @@ def _image(
             ((rename.get(n, n), c) for n, c in event[3]), key=lambda nc: position.get(nc[0], -1)
         )
         return (kind, i, tuple(names), tuple(choices))
+    if kind == "request_finished_by":  # a counted connector's report names: never renamed
+        names = sorted((rename.get(n, n) for n in event[2]), key=lambda n: position.get(n, -1))
+        return (kind, i, tuple(names), *event[3:])
     if kind in ("transfer_finished", "load_finished"):
         return (kind, i, rename.get(event[2], event[2]))
     if kind == "split_load":

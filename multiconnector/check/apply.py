@@ -21,6 +21,8 @@ from ..errors import (
 from ..machine import TERMINAL, RequestTransferState, State
 from ..outcome import Outcome
 from ..rule import counted_name
+from . import halves
+from .events import cannot_report
 from .reference import counted_rank, settle_loads, settled_early
 from .scenario import (
     _ABANDONED,
@@ -49,6 +51,7 @@ from .scenario import (
 )
 
 _EARLY = Outcome.early
+_APPLIED = Outcome.applied
 
 
 def _apply(world: _World, event: Event) -> None:
@@ -151,8 +154,17 @@ def _call(world: _World, request: _Request | None, event: Event) -> _Called:
             asked, request.asking = request.asking[0], request.asking[1:]
             if request.answers:
                 called.answers, request.answers = request.answers[0], request.answers[1:]
-            called.result = mc._answer(asked)
+            called.result = halves.answer(mc, asked)
             called.outcomes = (called.result[0],)
+        elif kind == "request_finished_by":
+            assert request is not None
+            savers = event[2]
+            if len(event) > 3:  # and every name that cannot report, as the registry is now
+                ready = ((n, c is not None) for n, c in mc.registry.items())
+                savers = (*savers, *cannot_report(scenario, ready))
+            called.outcomes = (
+                mc.request_finished_by(request.request_id, savers, allow_unregistered=True),
+            )
         elif kind == "transfer_finished_many":
             ids = [world.requests[i].request_id for i in event[2]]
             called.outcomes = tuple(mc.transfer_finished_many(event[1], ids))
@@ -205,7 +217,7 @@ def _request_finished(world: _World, request: _Request, event: Event, called: _C
         called.result = mc.request_finished(request.request_id, ())
         called.outcomes = (called.result[0],)
         return
-    asked = mc._ask(request.request_id, ())
+    asked = halves.ask(mc, request.request_id, ())
     if len(asked) != 2:
         request.asking = (*request.asking, asked)
         if scenario.params:
@@ -270,6 +282,13 @@ def _observe(world: _World, request: _Request | None, event: Event, called: _Cal
     elif kind == COUNTED_SAVE:
         assert request is not None
         _counted_save(world, request, event, called)
+    elif kind == "request_finished_by":
+        assert request is not None and outcomes is not None
+        # The savers told: each ready one saves (the caller learned so); awaited once applied.
+        if outcomes[0] is _APPLIED:
+            ready = world.mc.registry.entry
+            request.owed |= {n for n in event[2] if (e := ready(n)) and e.connector is not None}
+        tally[outcomes[0], None] = tally.get((outcomes[0], None), 0) + 1
     elif kind == _APPLY_ANSWERS:
         assert request is not None
         if outcomes:
@@ -429,7 +448,7 @@ def _match(world: _World, request: _Request, event: Event, state: State | None) 
         if whole:
             _documented_match(scenario, lambda: mc.match_tokens(request.request_id), state)
         else:
-            asked = mc._match_ask(request.request_id)
+            asked = halves.match_ask(mc, request.request_id)
             if len(asked) != 1:
                 request.matching = asked
     finally:
@@ -467,7 +486,7 @@ def _match_answer(world: _World, request: _Request, state: State | None) -> None
     pad.loads = []
     asked, request.matching = request.matching, ()
     decisive, chose, entries = request.match_seen
-    _documented_match(scenario, lambda: mc._match_answer(asked), state)
+    _documented_match(scenario, lambda: halves.match_answer(mc, asked), state)
     if state is _PENDING and decisive:
         current = chose is not None and mc.registry.entry(chose) is dict(entries)[chose]
         _chosen(request, chose, current)

@@ -20,11 +20,13 @@ from .scenario import (
     _MATCH_ANSWER,
     _PENDING,
     _UNBORN,
+    LOADER,
     LOADING,
     PARAM_CHOICES,
     SAVING,
     Event,
     _Request,
+    _Scenario,
     _World,
 )
 
@@ -63,6 +65,9 @@ def _events_of(world: _World, ids: Iterable[int], *, alike: bool = True) -> list
         classes = world.fixed[1] if alike and not scenario.params else ()
         out += [e for i in ids for e in _finishing(world, i, classes)]
         out += [(_APPLY_ANSWERS, i) for i in ids if world.requests[i].asking]
+    if "request_finished_by" in alphabet:
+        classes = world.fixed[1] if alike and not scenario.params else ()
+        out += [e for i in ids for e in _told(world, i, classes)]
     # A counted connector's names are reported by its own events only (counted_events).
     own = tuple(n for n in scenario.names if n not in scenario.ranks)
     if "transfer_finished" in alphabet:
@@ -128,7 +133,7 @@ def _splits(world: _World, ids: Iterable[int]) -> list[Event]:
 #: :func:`_outside_match_window`): its save side, and a split load's choice (which, like the
 #: match's own, records a loader; :func:`_splits` offers it outside a match only).
 _SAVE_SIDE: Final = frozenset(
-    {"request_finished", _APPLY_ANSWERS, "transfer_finished", "split_load"}
+    {"request_finished", _APPLY_ANSWERS, "request_finished_by", "transfer_finished", "split_load"}
 )
 
 
@@ -216,6 +221,48 @@ def _batched(requests: Sequence[_Request], batch: tuple[int, ...], name: str) ->
         if view is None or name not in view[1]:
             return False
     return True
+
+
+def _told(world: _World, i: int, classes: Sequence[Sequence[str]] = ()) -> list[Event]:
+    """The ``request_finished_by`` events of request ``i``: every subset of the ready scripted
+    savers and counted connectors (as :func:`_finishing` chooses them), each told as the vLLM
+    adapter tells it: names in registration order, a counted connector's report names in its
+    place. And once every one of them with ``True``: told too, every name that cannot report
+    then (:func:`cannot_report`), each abandoned at once."""
+    scenario = world.scenario
+    kinds = scenario.kinds
+    ranks = scenario.ranks
+    first = {names[0]: n for n, names in ranks.items()}
+    counted = counted_savers(world) if first else ()
+    savers = [
+        first.get(n, n)
+        for n, ready in world.registry
+        if ready and (kinds.get(n) in SAVING or first.get(n) in counted)
+    ]
+    out: list[Event] = []
+    for subset in _subsets(savers, classes):
+        out.append(("request_finished_by", i, tuple(r for n in subset for r in ranks.get(n, (n,)))))
+    if cannot_report(scenario, world.registry):
+        out.append((*out[-1], True))
+    return out
+
+
+def cannot_report(scenario: _Scenario, registry: Iterable[tuple[str, bool]]) -> tuple[str, ...]:
+    """The names a told ``request_finished_by`` may give that can never report, under
+    ``registry`` ((name, ready) in registration order): each registered ``None`` slot, then
+    each of the scenario's own names not registered, then the names never registered (a
+    counted connector's are registered for good)."""
+    registry = tuple(registry)
+    registered = {n for n, _ in registry}
+    # A load-only connector is never told as a saver: its role refuses it (RoleError).
+    own = tuple(
+        n for n in scenario.names if n not in scenario.ranks and scenario.kinds[n] != LOADER
+    )
+    return (
+        *(n for n, ready in registry if not ready and scenario.kinds.get(n) != LOADER),
+        *(n for n in own if n not in registered),
+        *scenario.unknown,
+    )
 
 
 def _finishing(world: _World, i: int, classes: Sequence[Sequence[str]] = ()) -> list[Event]:

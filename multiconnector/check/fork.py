@@ -9,8 +9,8 @@ from the start.
 
 A copy must behave exactly as the replayed model would. It is made only for the real
 :class:`~multiconnector.MultiConnector` (not a subclass, which may keep state of its own), by the
-aggregator itself (``_copy``, :mod:`multiconnector.aggregator.checking`), which says when it
-cannot copy (then the world is replayed, as before). What is shared between copies is immutable
+aggregator itself (``copy.deepcopy``: ``Books.__deepcopy__``), which says when it cannot copy
+(then the world is replayed, as before). What is shared between copies is immutable
 (the registry's entries, the connectors, a request handed back by ``take()``, the answers a
 ``request_finished`` gathered, the aggregator's caches of name tuples, whose values are
 functions of their keys); what either side may change is copied (records, queues, counters).
@@ -20,6 +20,7 @@ edges, verdicts and traces.
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +30,7 @@ import attrs
 from ..aggregator import MultiConnector
 from ..machine import RequestTransferState
 from ..registry import ConnectorRegistry
+from . import halves
 from .scenario import _Request, _World
 
 
@@ -72,8 +74,14 @@ def _fork(world: _World) -> _World | None:
                 new.params = dict(old.params)
         return new
 
-    new = mc._copy(record)  # the aggregator's own copy: its books, its registry's entries
-    if new is None:
+    # The aggregator's own copy (its books, its registry's entries), with the checker's copies
+    # of the records it holds (fast, and the checker keeps its references to them).
+    memo: dict[int, Any] = {
+        id(r): record(r) for r in (*halves.held(mc).values(), *halves.queued(mc))
+    }
+    try:
+        new = copy.deepcopy(mc, memo)
+    except copy.Error:
         return None
     twin = object.__new__(_World)
     for name in _World.__slots__:  # the checker's own books: immutable, or copied one level

@@ -13,6 +13,7 @@ from .._explore import (
 )
 from ..machine import TERMINAL, State
 from ..outcome import Outcome
+from . import halves
 from .reference import expected_outcomes, reference_merge
 from .scenario import (
     _APPLIED,
@@ -284,11 +285,19 @@ def _event_text(world: _World, event: Event) -> str:
         return counted_text(ids, event)
     if kind == _APPLY_ANSWERS:
         return f"request_finished({ids[event[1]]}) applying its answers"
+    if kind == "request_finished_by":
+        return told_text(ids, event)
     if kind == _MATCH_ANSWER:
         return f"match_tokens({ids[event[1]]}) recording its loader"
     if kind in ("begin", "cancel", "request_finished", "match_tokens"):
         return f"{kind}({ids[event[1]]})"
     return f"{kind}({', '.join(str(x) for x in event[1:])})"
+
+
+def told_text(ids: tuple[str, ...], event: Event) -> str:
+    """A told ``request_finished_by``, as the trace shows it."""
+    more = ", every name that cannot report" if len(event) > 3 else ""
+    return f"request_finished_by({ids[event[1]]}, [{', '.join(event[2])}]{more})"
 
 
 def counted_text(ids: tuple[str, ...], event: Event) -> str:
@@ -304,7 +313,7 @@ def _counters(world: _World) -> str | None:
         return None
     # What counts() and connector_counts() sum, in one read (the property is judged on every
     # transition: see the seam's _counted).
-    counted = world.mc._counted()
+    counted = halves.counted(world.mc)
     if counted == world.tally:
         return None
     label = _event_text(world, last.event)
@@ -544,19 +553,24 @@ def reachable_in(
     alphabet = frozenset(events)
     finishing = State.finishing.value
     cancelled = State.cancelled.value
+    # Either finish path takes a request into finishing: asked, or told.
+    told = "request_finished_by" in alphabet and "request_finished" not in alphabet
+    finish = "request_finished_by" if told else "request_finished"
 
     def reachable(triple: tuple[str, str, str]) -> bool:
         source, event, dest = triple
         needs = {"begin", "unregister" if event == "connector_gone" else event}
         needs &= set(_KINDS)
+        if told and event == "request_finished":  # fired by request_finished_by alike
+            needs = {"begin", finish}
         least = 0
         if finishing in (source, dest):
-            needs.add("request_finished")
+            needs.add(finish)
             least = 2 if source == dest else 1
         if cancelled in (source, dest):
             needs.add("cancel")
             if source == dest:
-                needs.add("request_finished")
+                needs.add(finish)
                 least = max(least, 1)
         gone = event == "connector_gone"  # of a saver that can be unregistered: not a counted one
         return needs <= alphabet and savers + ranks >= least and (savers >= 1 or not gone)

@@ -168,6 +168,12 @@ def expected_outcomes(last: _Last, atomic: bool) -> tuple[Outcome, ...] | None:
         if not TABLE[state].get("request_finished") or last.claimed:
             return (_DUPLICATE,)
         return (_APPLIED,) if atomic else ()
+    if kind == "request_finished_by":  # told: applied at once, or refused as one call is
+        if state in TERMINAL:
+            return (_TERMINAL,)
+        if not TABLE[state].get("request_finished") or last.claimed:
+            return (_DUPLICATE,)
+        return (_APPLIED,)
     if kind == _APPLY_ANSWERS:  # a cancel that came in between wins
         return (Outcome.overtaken if state is State.cancelled else _APPLIED,)
     if kind in (COUNTED_LOAD, "load_finished"):
@@ -256,7 +262,14 @@ def settle_loads(world: _World, request: _Request) -> tuple[tuple[str, Outcome],
 
 
 _REQUEST_KINDS: Final = frozenset(
-    {"cancel", "request_finished", _APPLY_ANSWERS, "load_finished", COUNTED_LOAD}
+    {
+        "cancel",
+        "request_finished",
+        _APPLY_ANSWERS,
+        "request_finished_by",
+        "load_finished",
+        COUNTED_LOAD,
+    }
 )
 _REPORTS: Final = frozenset({"transfer_finished", "transfer_finished_many", COUNTED_SAVE})
 

@@ -21,6 +21,7 @@ from ..errors import (
 from ..machine import RequestTransferState, State
 from ..outcome import Outcome
 from ..registry import ConnectorRegistry, Role
+from . import halves
 
 if TYPE_CHECKING:
     from .canonical import Fixed, Raw, _Interner, _Symmetry
@@ -45,6 +46,13 @@ LOAD_EVENTS: Final[tuple[str, ...]] = ("match_tokens", "load_finished")
 #: connectors that may load, ``choose_loader(request_id, a, parts=[b])``: two loaders for one
 #: request, each owing its report.
 SPLIT_EVENTS: Final[tuple[str, ...]] = ("split_load",)
+#: The told path, opt-in (``events=ALPHABET + TOLD_EVENTS``): ``request_finished_by`` for every
+#: request with every subset of the ready savers (a counted connector's report names, as the
+#: vLLM adapter tells them), and once with every ready saver and every name that cannot report
+#: (a ``None`` slot, a name unregistered or never registered: ``allow_unregistered=True``), each
+#: abandoned at once. The core is told the savers, as the vLLM adapter tells it; nobody is
+#: asked, so no report comes early.
+TOLD_EVENTS: Final[tuple[str, ...]] = ("request_finished_by",)
 #: Connector kinds: a scripted saver, one whose calls raise, or ``None`` (a not-ready slot).
 SAVER: Final = "saver"
 RAISES: Final = "raises"
@@ -288,7 +296,7 @@ class _Request:
     #: it is in ``parts_owed``.
     part_view: tuple[str | None, bool] = (None, False)
     #: request_finished calls that asked and have not applied their answers yet (the first
-    #: half's result, see MultiConnector._ask), oldest first.
+    #: half's result, see :func:`.halves.ask`), oldest first.
     asking: tuple[tuple[Any, ...], ...] = ()
     #: With params checked: for each call in ``asking``, what the savers answered, as
     #: ``(choices, answered)``: each saver's params choice (sorted by name: part of the state)
@@ -299,7 +307,7 @@ class _Request:
     #: they came: what the second half decides.
     early: tuple[str, ...] = ()
     #: A match_tokens that asked and has not recorded its loader yet (the first half's result,
-    #: see MultiConnector._match_ask), or ``()``: at most one per request is explored.
+    #: see :func:`.halves.match_ask`), or ``()``: at most one per request is explored.
     matching: tuple[Any, ...] = ()
     #: For that match, as the checker saw its answers: whether it is decisive (no ``None``
     #: answer), the loader its answers chose, and each connector asked with the entry
@@ -541,7 +549,7 @@ def _entries(mc: MultiConnector) -> object:
 
 def _held(mc: MultiConnector) -> Mapping[str, RequestTransferState]:
     """The records the aggregator holds, by request id (read, never written)."""
-    return mc._held()
+    return halves.held(mc)
 
 
 def _take_queue(mc: MultiConnector) -> Sequence[RequestTransferState]:
@@ -550,7 +558,7 @@ def _take_queue(mc: MultiConnector) -> Sequence[RequestTransferState]:
     Read from the aggregator's queue of terminal records, which ``take()`` empties in order:
     taking would be an event, not an observation.
     """
-    return mc._queued()
+    return halves.queued(mc)
 
 
 #: The second half of a request_finished: it applies the answers its first half gathered.
@@ -573,10 +581,11 @@ _PER_REQUEST: Final = frozenset(
         "split_load",
         COUNTED_SAVE,
         COUNTED_LOAD,
+        "request_finished_by",
     }
 )
 _LOADING: Final = frozenset({*LOAD_EVENTS, *SPLIT_EVENTS, _MATCH_ANSWER})
-_KINDS: Final = ALPHABET + LOAD_EVENTS + SPLIT_EVENTS
+_KINDS: Final = ALPHABET + TOLD_EVENTS + LOAD_EVENTS + SPLIT_EVENTS
 
 
 def _view(record: RequestTransferState) -> View:

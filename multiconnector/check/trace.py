@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .properties import _owes, counted_text
+from .properties import _owes, counted_text, told_text
 from .scenario import (
     _APPLY_ANSWERS,
     _HELD,
@@ -63,6 +63,8 @@ def _label(world: _World) -> Callable[[Event], str]:
             return f"transfer_finished_many({event[1]}, [{', '.join(ids[i] for i in event[2])}])"
         if kind == _APPLY_ANSWERS:
             return f"request_finished({ids[event[1]]}) applies its answers"
+        if kind == "request_finished_by":
+            return told_text(ids, event)
         if kind == _MATCH_ANSWER:
             return f"match_tokens({ids[event[1]]}) records its loader"
         if kind in ("transfer_finished", "load_finished"):

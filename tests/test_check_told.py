@@ -1,0 +1,115 @@
+"""The model check of the told path: ``request_finished_by`` (``TOLD_EVENTS``).
+
+The vLLM adapter asks its children itself and tells the core who saves
+(``request_finished_by``) and who loads (``choose_loader``, a counted child's load the split
+load of its report names). With ``request_finished_by`` in the alphabet the check tells the core
+every subset of the ready savers (a counted connector's report names in its place), and once
+every name that cannot report besides, amid every other event: cancels, unregistering, a
+``request_finished`` asking the same request, take. The real aggregator passes; a bug planted
+in ``request_finished_by`` is caught by the told events alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from multiconnector import MultiConnector, Outcome, State
+from multiconnector.check import (
+    ALPHABET,
+    LOAD_EVENTS,
+    SPLIT_EVENTS,
+    TOLD_EVENTS,
+    check_aggregator,
+)
+from multiconnector.check.cli import run_cli
+from multiconnector.check.events import _events
+from multiconnector.check.run import _alphabet, _scenario
+from tests.broken_aggregators import CATALOG
+from tests.checked import BOUND
+
+pytestmark = pytest.mark.timeout(300)
+
+TOLD = ALPHABET + TOLD_EVENTS
+
+
+@pytest.mark.parametrize(
+    "connectors",
+    [
+        BOUND["connectors"],
+        {"a": "saver", "g": "garbage", "x": "raises"},
+        {"a": "saver", "c": "counted", "none": None},
+        {"s": "store", "l": "loader"},
+    ],
+    ids=["savers-none", "garbage-raises", "counted", "roles"],
+)
+def test_the_real_aggregator_passes_with_the_told_path(connectors: dict[str, str | None]) -> None:
+    report = check_aggregator(connectors, requests=1, events=TOLD)
+    assert report.ok and report.finished, report.to_text()
+    # The told calls add transitions (and states: names abandoned at once) to the asked ones.
+    asked = check_aggregator(connectors, requests=1)
+    assert report.states_generated > asked.states_generated
+
+
+def test_the_real_aggregator_passes_with_two_requests_told() -> None:
+    report = check_aggregator({"a": "saver", "b": "saver"}, requests=2, events=TOLD)
+    assert report.ok and report.finished, report.to_text()
+
+
+def test_the_told_path_with_counted_split_loads_passes() -> None:
+    events = TOLD + LOAD_EVENTS + SPLIT_EVENTS
+    report = check_aggregator({"a": "saver", "c": "counted"}, requests=1, events=events)
+    assert report.ok and report.finished, report.to_text()
+
+
+def test_the_told_events_are_every_subset_and_once_every_name_that_cannot_report() -> None:
+    connectors = {"a": "saver", "c": "counted", "none": None}
+    _, world = _scenario(
+        dict(connectors),
+        ("ghost",),
+        1,
+        _alphabet(TOLD),
+        MultiConnector,
+        symmetry=False,
+        params=False,
+    )
+    told = [e for e in _events(world) if e[0] == "request_finished_by"]
+    assert told == [
+        ("request_finished_by", 0, ()),
+        ("request_finished_by", 0, ("a",)),
+        ("request_finished_by", 0, ("c@1", "c@2")),
+        ("request_finished_by", 0, ("a", "c@1", "c@2")),
+        ("request_finished_by", 0, ("a", "c@1", "c@2"), True),
+    ]
+    # Applied to a begun request: every name that cannot report is expected and abandoned.
+    world.mc.begin("r1")
+    outcome = world.mc.request_finished_by(
+        "r1", ("a", "c@1", "c@2", "none", "ghost"), allow_unregistered=True
+    )
+    record = world.mc.get("r1")
+    assert outcome is Outcome.applied and record is not None
+    assert (record.state, record.awaiting, record.abandoned) == (
+        State.finishing,
+        ("a", "c@1", "c@2"),
+        ("none", "ghost"),
+    )
+
+
+def test_a_bug_in_request_finished_by_is_found_by_the_told_events_alone() -> None:
+    bug = next(b for b in CATALOG if b.name == "told path takes no claim")
+    with bug.installed() as factory:
+        asked = check_aggregator(**BOUND, factory=factory)
+        told = check_aggregator(**BOUND, events=TOLD, factory=factory)
+    assert asked.ok  # the asked path never calls request_finished_by
+    result = told.result("no early free")
+    assert not result.passed and result.counterexample is not None
+    assert len(result.counterexample) == 3
+    text = told.to_text()
+    assert "request_finished_by(r1, [])" in text
+
+
+def test_the_cli_takes_the_told_events(capsys: pytest.CaptureFixture[str]) -> None:
+    events = ",".join(TOLD)
+    status = run_cli(["--connectors", "a,b", "--requests", "1", "--events", events])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "request_finished_by" in out
