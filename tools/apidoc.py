@@ -26,6 +26,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Final
 
 ROOT: Final = Path(__file__).resolve().parent.parent
@@ -179,9 +180,13 @@ def _source_notes(module_name: str) -> dict[str, str]:
     (``Class.attr``): a ``#:`` comment above the assignment, or a string right after it."""
     module = importlib.import_module(module_name)
     try:
-        source = inspect.getsource(module)
+        return _file_notes(Path(inspect.getfile(module)))
     except (OSError, TypeError):
         return {}
+
+
+def _file_notes(path: Path) -> dict[str, str]:
+    source = path.read_text(encoding="utf-8")
     lines = source.splitlines()
     notes: dict[str, str] = {}
 
@@ -224,6 +229,17 @@ def _comment_above(lines: list[str], index: int) -> str:
         index -= 1
         found.insert(0, lines[index].strip()[2:].strip())
     return " ".join(found)
+
+
+def _package_notes(module: ModuleType) -> dict[str, str]:
+    """:func:`_source_notes` of ``module`` and, for a package, of the files under it, read, not
+    imported (a constant re-exported by ``__init__`` has its comment where it is defined); the
+    package's own win."""
+    notes: dict[str, str] = {}
+    if hasattr(module, "__path__"):
+        for path in sorted(Path(inspect.getfile(module)).parent.rglob("*.py")):
+            notes.update(_file_notes(path))
+    return notes | _source_notes(module.__name__)
 
 
 def _notes_for(obj: Any, fallback: str) -> dict[str, str]:
@@ -307,7 +323,7 @@ def section(module_name: str, purpose: str, documented: dict[int, str]) -> list[
     lines = [f"## `{module_name}`", "", purpose, "", *_paragraph(markdown(module.__doc__))]
     names = list(getattr(module, "__all__", ()))
     values: list[str] = []
-    notes = _source_notes(module_name)
+    notes = _package_notes(module)
     for name in names:
         obj = getattr(module, name)
         anchor = f"{module_name}.{name}"
