@@ -7,7 +7,9 @@ import doctest
 import importlib
 import importlib.util
 import inspect
+import os
 import re
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -43,6 +45,23 @@ def fresh() -> str:
 def test_the_committed_page_is_what_the_docstrings_give_today(fresh: str) -> None:
     committed = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
     assert committed == fresh, f"docs/api.md is stale: regenerate it with {tool.REGENERATE}"
+
+
+@pytest.mark.timeout(120)  # a process that imports vLLM
+def test_the_page_is_the_same_whatever_the_hash_seed(fresh: str) -> None:
+    """A set's order follows the string hash, which differs from process to process: the
+    page must not (``make api-docs`` on one machine, the test on another). This process has a
+    random seed; the other has none (0)."""
+    for seed in ("0",):
+        done = subprocess.run(
+            [sys.executable, "-W", "ignore", str(ROOT / "tools" / "apidoc.py"), "--check"],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_a_stale_page_is_reported(

@@ -126,11 +126,9 @@ def _annotation(value: Any) -> str:
 
 
 def _default(value: Any) -> str:
-    if isinstance(value, enum.Enum):
-        return f"{type(value).__name__}.{value.name}"
     if callable(value) and hasattr(value, "__qualname__"):
         return str(value.__qualname__)
-    shown = repr(value)
+    shown = _repr(value)
     return shown if " at 0x" not in shown else type(value).__name__
 
 
@@ -305,8 +303,25 @@ def _paragraph(text: str) -> list[str]:
     return [text, ""] if text else []
 
 
+def _repr(value: Any) -> str:
+    """``repr(value)``, the same in every process: a set's items sorted (their order follows
+    the string hash, which differs from run to run), an enum member as ``Class.name``."""
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
+    if isinstance(value, set | frozenset):
+        items = ", ".join(sorted(_repr(item) for item in value))
+        return f"{type(value).__name__}({{{items}}})" if value else f"{type(value).__name__}()"
+    if isinstance(value, tuple | list) and not hasattr(value, "_fields"):
+        items = ", ".join(_repr(item) for item in value)
+        comma = "," if isinstance(value, tuple) and len(value) == 1 else ""
+        return f"({items}{comma})" if isinstance(value, tuple) else f"[{items}]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_repr(k)}: {_repr(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
 def _value_lines(name: str, value: Any, note: str) -> list[str]:
-    shown = repr(value)
+    shown = _repr(value)
     if len(shown) > _LONG_VALUE or " at 0x" in shown:
         sized = isinstance(value, tuple | list | dict | set | frozenset)
         shown = f"{type(value).__name__} of {len(value)}" if sized else ""
