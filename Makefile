@@ -267,6 +267,12 @@ diagrams: setup
 docs-diagrams: setup
 	$(VENV)/bin/multiconnector diagram --all docs/generated
 
+## api-docs: rewrite docs/api.md, the API reference, from the docstrings (tools/apidoc.py;
+#            tests/test_apidoc.py fails when the committed page is stale)
+.PHONY: api-docs
+api-docs: setup
+	$(PY) tools/apidoc.py
+
 ## docs: the documentation site, warnings are errors; it ships mermaid (no CDN, no network)
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict

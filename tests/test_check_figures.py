@@ -22,6 +22,34 @@ def _number(text: str) -> int:
     return int(text.replace(",", ""))
 
 
+@pytest.mark.timeout(120)  # 5,398 states: about 3 s of CPU time
+def test_the_default_bounds_figures_are_its_search() -> None:
+    found = re.search(
+        r"The default bound .*?: ([\d,]+) distinct states,\s+([\d,]+) generated, ([\d,]+) edges, "
+        r"maximum depth (\d+)",
+        PAGE,
+        flags=re.S,
+    )
+    assert found, "docs/check.md no longer gives the default bound's figures"
+    headline = re.search(
+        r"^\| `multiconnector check` \| `PASS`, complete \(depth (\d+)\) \| "
+        r"([\d,]+) distinct, ([\d,]+) generated",
+        PAGE,
+        flags=re.M,
+    )
+    assert headline, "docs/check.md's first table no longer gives the default bound"
+    report = checked()  # `multiconnector check`: the default bound (tests/checked.py)
+    assert (report.distinct_states, report.states_generated, report.edges, report.max_depth) == (
+        tuple(map(_number, found.groups()))
+    )
+    depth, distinct, generated = map(_number, headline.groups())
+    assert (depth, distinct, generated) == (
+        report.max_depth,
+        report.distinct_states,
+        report.states_generated,
+    )
+
+
 @pytest.mark.timeout(120)  # 26,461 states: about 20 s, more on a busy machine
 def test_the_load_sides_figure_is_its_search() -> None:
     found = re.search(

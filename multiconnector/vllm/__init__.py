@@ -37,10 +37,16 @@ What changes against vLLM's own ``MultiConnector`` (docs/vllm.md has the full ta
 * A child that reports on fewer workers than all (``get_finished_count()``) is counted by name
   on the scheduler, so no request is stranded on the workers it never reports on.
 * Transfer params are merged by :func:`~multiconnector.merge_transfer_params` into a new dict;
-  no child's dict is modified, and a clash raises :class:`~multiconnector.KeyClashError` after
-  the bookkeeping was made consistent.
-* Every fan-out calls every child, then raises all failures together as
-  :class:`~multiconnector.ConnectorFailures` (an ``ExceptionGroup``); shutdown included.
+  no child's dict is modified. A key two children supply is the later child's failure: the
+  params are dropped, the clash counted under that child and logged, and the saves already
+  committed are still awaited.
+* A child that raises, or answers what cannot be true, in a hook vLLM calls per request or per
+  step is that child's failure: the other children are still called, and it is degraded for
+  that call, counted (:meth:`MultiConnector.child_failures`) and logged, never raised into
+  vLLM's engine loop. Hooks of start-up and shutdown (``register_kv_caches``,
+  ``bind_kv_cache_manager``, the handshakes, ``shutdown``, ...) call every child, then raise
+  all failures together as :class:`~multiconnector.ConnectorFailures` (an
+  ``ExceptionGroup``): a server that cannot start says why.
 * A child whose constructor raises has the children built before it shut down, then
   :class:`ChildStartError` names it.
 
