@@ -77,7 +77,8 @@ try:  # the vllm extra: without it, say how to install it, not just which module
 except ModuleNotFoundError as _missing:
     raise ModuleNotFoundError(
         f"multiconnector.vllm needs the vllm extra ({_missing}): "
-        "install it with pip install 'multiconnector[vllm]'",
+        "install vLLM 0.32-0.34 beside it (from a checkout of multiconnector: "
+        "pip install '.[vllm]', the multiconnector[vllm] extra)",
         name=_missing.name,
     ) from None
 
