@@ -10,9 +10,7 @@ prompt, under ``fail`` it fails that request alone. A child that reports on ever
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
-from typing import Any
 
 import pytest
 from vllm_support import require_vllm
@@ -20,68 +18,11 @@ from vllm_support import require_vllm
 require_vllm()
 pytestmark = pytest.mark.vllm
 
-from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.v1.engine import FinishReason  # noqa: E402
-from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm_children import child, script  # noqa: E402
-from vllm_harness import (  # noqa: E402
-    BLOCK,
-    Engine,
-    make_config,
-    make_connector,
-    make_request,
-    runner_output,
-)
+from vllm_harness import BLOCK, Workers, make_request  # noqa: E402
 
 PROMPT = 40
-
-
-class TwoWorkers:
-    """vLLM's scheduler over two worker connectors, their outputs aggregated as vLLM's engine
-    core does (``KVOutputAggregator.from_connector``)."""
-
-    def __init__(self, model: Path, policy: str, **scripts: Any) -> None:
-        config = make_config(model, [child(n, s) for n, s in scripts.items()])
-        config.parallel_config.world_size = 2
-        config.kv_transfer_config.kv_load_failure_policy = policy
-        self.engine = Engine(config, worker=False)
-        self.workers = [make_connector(config, KVConnectorRole.WORKER) for _ in range(2)]
-        self.aggregator = KVOutputAggregator.from_connector(self.engine.connector, 2)
-        self.scheduled: list[dict[str, int]] = []
-        self.outputs: dict[str, Any] = {}
-
-    def step(self, before_worker: Any = None) -> None:
-        """One step; ``before_worker(rank)`` runs before each worker's get_transfer_results."""
-        scheduler = self.engine.scheduler
-        output = scheduler.schedule()
-        self.scheduled.append(dict(output.num_scheduled_tokens))
-        outputs = []
-        for rank, worker in enumerate(self.workers):
-            shipped = pickle.loads(pickle.dumps(output))
-            worker.bind_connector_metadata(shipped.kv_connector_metadata)
-            worker.start_load_kv(None)
-            worker.wait_for_save()
-            if before_worker is not None:
-                before_worker(rank)
-            results = worker.get_transfer_results(shipped.finished_req_ids)
-            kv_output = KVConnectorOutput(
-                finished_sending=results.finished_sending or None,
-                finished_recving=results.finished_recving or None,
-                failed_recving=results.failed_recving,
-                invalid_block_ids=worker.get_block_ids_with_load_errors(),
-                kv_connector_worker_meta=worker.build_connector_worker_meta(),
-            )
-            worker.clear_connector_metadata()
-            outputs.append(runner_output(output, kv_output))
-        engine_outputs = scheduler.update_from_output(output, self.aggregator.aggregate(outputs))
-        for per_client in engine_outputs.values():
-            for out in per_client.outputs:
-                if out.finish_reason is not None:
-                    self.outputs[out.request_id] = out
-
-    def computed_for(self, request_id: str) -> int:
-        return sum(step.get(request_id, 0) for step in self.scheduled)
 
 
 @pytest.mark.parametrize("policy", ["recompute", "fail"])
@@ -90,7 +31,7 @@ def test_a_loaders_failed_load_reaches_vllm_as_a_failure(
     model: Path, count: int | None, policy: str
 ) -> None:
     c = script(tokens=2 * BLOCK, load_async=True, finished_count=count)
-    world = TwoWorkers(model, policy, c=c, b=script())
+    world = Workers(model, 2, [child("c", c), child("b", script())], policy=policy)
     world.engine.add(make_request("r1", num_tokens=PROMPT, max_tokens=1))
     world.step()  # c chosen to load r1 asynchronously; the workers learn it
     assert world.engine.connector.tracker.peek("r1") is not None

@@ -9,6 +9,7 @@ pickle round trip, as vLLM ships it to workers), asks for transfer results and h
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from vllm.config import (
     VllmConfig,
 )
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -52,6 +54,7 @@ __all__ = [
     "OURS",
     "THEIRS",
     "Engine",
+    "Workers",
     "builtin_config",
     "connector_output",
     "implemented",
@@ -62,6 +65,7 @@ __all__ = [
     "make_request",
     "make_scheduler",
     "runner_output",
+    "worker_output",
     "write_model",
 ]
 
@@ -153,6 +157,62 @@ class Engine:
     def held(self, request_id: str) -> bool:
         """Whether the scheduler still holds the request (its blocks are not freed)."""
         return request_id in self.scheduler.requests
+
+
+class Workers:
+    """vLLM's scheduler over ``n`` worker connectors, their outputs aggregated as vLLM's engine
+    core does (``KVOutputAggregator.from_connector``), with ``policy`` as the load failure
+    policy."""
+
+    def __init__(
+        self,
+        model: Path,
+        n: int,
+        children: list[dict[str, Any]],
+        *,
+        policy: str = "recompute",
+        **extra: Any,
+    ) -> None:
+        config = make_config(model, children, extra=extra)
+        config.parallel_config.world_size = n
+        assert config.kv_transfer_config is not None
+        config.kv_transfer_config.kv_load_failure_policy = policy  # type: ignore[assignment]
+        self.engine = Engine(config, worker=False)
+        self.workers = [make_connector(config, KVConnectorRole.WORKER) for _ in range(n)]
+        self.aggregator = KVOutputAggregator.from_connector(self.engine.connector, n)
+        self.scheduled: list[dict[str, int]] = []
+        #: What reached vLLM as finished sending, step by step.
+        self.sent_to_vllm: list[set[str]] = []
+        #: The finished requests' outputs, by request id.
+        self.outputs: dict[str, Any] = {}
+
+    def step(self, before_worker: Callable[[int], None] | None = None) -> None:
+        """One step; ``before_worker(rank)`` runs before each worker's get_transfer_results."""
+        scheduler = self.engine.scheduler
+        output = scheduler.schedule()
+        self.scheduled.append(dict(output.num_scheduled_tokens))
+        outputs = []
+        for rank, worker in enumerate(self.workers):
+            shipped = pickle.loads(pickle.dumps(output))
+            worker.bind_connector_metadata(shipped.kv_connector_metadata)
+            worker.start_load_kv(None)
+            worker.wait_for_save()
+            if before_worker is not None:
+                before_worker(rank)
+            kv_output = worker_output(worker, shipped.finished_req_ids)
+            worker.clear_connector_metadata()
+            outputs.append(runner_output(output, kv_output))
+        aggregated = self.aggregator.aggregate(outputs)
+        engine_outputs = scheduler.update_from_output(output, aggregated)
+        self.sent_to_vllm.append(set(aggregated.kv_connector_output.finished_sending or ()))
+        for per_client in engine_outputs.values():
+            for out in per_client.outputs:
+                if out.finish_reason is not None:
+                    self.outputs[out.request_id] = out
+
+    def computed_for(self, request_id: str) -> int:
+        """The tokens scheduled for ``request_id`` over every step."""
+        return sum(step.get(request_id, 0) for step in self.scheduled)
 
 
 def make_hybrid_kv_cache_config(num_blocks: int = 64) -> KVCacheConfig:
