@@ -508,17 +508,18 @@ def test_several_failures_need_property_and_the_drawn_one_is_named(
     assert "title: \"two_failures:M: counterexample to 'no trap'\"" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("failed", [["x"], ["x", "y"]], ids=["one-failed", "two-failed"])
 def test_a_transfer_machine_report_with_machine_says_so(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], failed: list[str]
 ) -> None:
+    """Said first, before --property is asked for when several properties failed."""
+    trace = {"paths": {"r1": [["cancel", "pending"]]}}
     report = tmp_path / "transfer.json"
     report.write_text(
         json.dumps(
             {
                 "bounds": {"connectors": ["a"]},
-                "properties": [
-                    {"name": "x", "counterexample": {"paths": {"r1": [["cancel", "pending"]]}}}
-                ],
+                "properties": [{"name": name, "counterexample": trace} for name in failed],
             }
         )
     )

@@ -275,11 +275,6 @@ def _report_path(data: Any, prop: str | None) -> Any:
             "must be a report of 'multiconnector check --machine ... --json' or a list of "
             "[trigger, source, dest] steps"
         )
-    bounds = data.get("bounds")
-    if isinstance(bounds, Mapping) and "machine" not in bounds:
-        raise InvalidValueError(
-            "is a report of the transfer machine's check: draw it without --machine"
-        )
     traced = {
         str(p.get("name")): p["counterexample"]
         for p in props
@@ -296,6 +291,14 @@ def _report_path(data: Any, prop: str | None) -> Any:
     return traced[prop]
 
 
+def _transfer_report(data: Any) -> str | None:
+    """Why ``data`` cannot be drawn with ``--machine``: it is the transfer machine's report."""
+    bounds = data.get("bounds") if isinstance(data, Mapping) else None
+    if isinstance(bounds, Mapping) and "machine" not in bounds:
+        return "is a report of the transfer machine's check: draw it without --machine"
+    return None
+
+
 def _read_path(args: Any, declared: Declared, prog: str) -> tuple[Any, str | None] | int:
     """``--path``'s steps, checked against ``declared``, and the property whose counterexample
     they are (``None``: a plain list of steps); or the exit status (2) once the reason why not
@@ -306,7 +309,11 @@ def _read_path(args: Any, declared: Declared, prog: str) -> tuple[Any, str | Non
         print(f"{prog}: error: --path {args.path}: {exc}", file=sys.stderr)
         return 2
     traced = traced_properties(data)
-    problem = needs_property(traced) if args.property is None else None
+    problem = _transfer_report(data)  # the wrong machine's report is said first
+    if problem is not None:
+        problem = f"--path {args.path}: {problem}"
+    elif args.property is None:
+        problem = needs_property(traced)
     if problem is not None:
         print(f"{prog}: error: {problem}", file=sys.stderr)
         return 2
