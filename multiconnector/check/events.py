@@ -223,6 +223,20 @@ def _batched(requests: Sequence[_Request], batch: tuple[int, ...], name: str) ->
     return True
 
 
+def _ready_savers(world: _World) -> list[str]:
+    """The savers a finishing request may have, told or asked: the ready scripted savers and the
+    counted connectors saving, in registration order, a counted one at its first name's place."""
+    scenario = world.scenario
+    kinds = scenario.kinds
+    first = {ranks[0]: n for n, ranks in scenario.ranks.items()}
+    counted = counted_savers(world) if first else ()
+    return [
+        first.get(n, n)
+        for n, ready in world.registry
+        if ready and (kinds.get(n) in SAVING or first.get(n) in counted)
+    ]
+
+
 def _told(world: _World, i: int, classes: Sequence[Sequence[str]] = ()) -> list[Event]:
     """The ``request_finished_by`` events of request ``i``: every subset of the ready scripted
     savers and counted connectors (as :func:`_finishing` chooses them), each told as the vLLM
@@ -230,17 +244,9 @@ def _told(world: _World, i: int, classes: Sequence[Sequence[str]] = ()) -> list[
     place. And once every one of them with ``True``: told too, every name that cannot report
     then (:func:`cannot_report`), each abandoned at once."""
     scenario = world.scenario
-    kinds = scenario.kinds
     ranks = scenario.ranks
-    first = {names[0]: n for n, names in ranks.items()}
-    counted = counted_savers(world) if first else ()
-    savers = [
-        first.get(n, n)
-        for n, ready in world.registry
-        if ready and (kinds.get(n) in SAVING or first.get(n) in counted)
-    ]
     out: list[Event] = []
-    for subset in _subsets(savers, classes):
+    for subset in _subsets(_ready_savers(world), classes):
         out.append(("request_finished_by", i, tuple(r for n in subset for r in ranks.get(n, (n,)))))
     if cannot_report(scenario, world.registry):
         out.append((*out[-1], True))
@@ -273,13 +279,7 @@ def _finishing(world: _World, i: int, classes: Sequence[Sequence[str]] = ()) -> 
     maps the state onto itself), one subset per number of each class's names saving."""
     scenario = world.scenario
     kinds = scenario.kinds
-    first = {ranks[0]: n for n, ranks in scenario.ranks.items()}
-    counted = counted_savers(world) if first else ()
-    savers = [
-        first.get(n, n)
-        for n, ready in world.registry
-        if ready and (kinds.get(n) in SAVING or first.get(n) in counted)
-    ]
+    savers = _ready_savers(world)
     subsets = _subsets(savers, classes)
     if not scenario.params:
         return [("request_finished", i, s) for s in subsets]

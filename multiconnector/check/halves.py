@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..aggregator import MultiConnector
+from ..aggregator.saving import Asked
 from ..machine import RequestTransferState
 from ..outcome import Outcome
 
@@ -31,12 +32,12 @@ __all__ = ["answer", "ask", "counted", "held", "match_answer", "match_ask", "que
 _APPLIED = Outcome.applied
 
 
-def ask(mc: MultiConnector, request_id: str, blocks: Sequence[int]) -> tuple[Any, ...]:
+def ask(mc: MultiConnector, request_id: str, blocks: Sequence[int]) -> Asked | tuple[Outcome, None]:
     """request_finished's first half: claim the request and ask every ready connector.
     Returns ``(outcome, None)`` when refused (nobody asked), else what :func:`answer` takes;
     the claim is held until :func:`answer` drops it."""
     claimed = mc._claim(request_id)
-    if claimed.__class__ is not tuple:
+    if not isinstance(claimed, tuple):
         return (claimed, None)
     record, claim, index = claimed
     try:
@@ -48,7 +49,7 @@ def ask(mc: MultiConnector, request_id: str, blocks: Sequence[int]) -> tuple[Any
     return record, index, ready, savers, failures, merged, clash
 
 
-def answer(mc: MultiConnector, asked: tuple[Any, ...]) -> tuple[Outcome, dict[str, Any] | None]:
+def answer(mc: MultiConnector, asked: Asked) -> tuple[Outcome, dict[str, Any] | None]:
     """request_finished's second half: tell the core what :func:`ask` gathered."""
     return mc._apply_answers(*asked)
 

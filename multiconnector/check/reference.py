@@ -161,19 +161,14 @@ def expected_outcomes(last: _Last, atomic: bool) -> tuple[Outcome, ...] | None:
     state = before[0]
     if kind == "cancel":
         return (_TERMINAL if state in TERMINAL else _APPLIED,)
-    if kind == "request_finished":
+    if kind in ("request_finished", "request_finished_by"):
         if state in TERMINAL:
             return (_TERMINAL,)
         # No request_finished declared from its state (finishing), or being asked already.
         if not TABLE[state].get("request_finished") or last.claimed:
             return (_DUPLICATE,)
-        return (_APPLIED,) if atomic else ()
-    if kind == "request_finished_by":  # told: applied at once, or refused as one call is
-        if state in TERMINAL:
-            return (_TERMINAL,)
-        if not TABLE[state].get("request_finished") or last.claimed:
-            return (_DUPLICATE,)
-        return (_APPLIED,)
+        # Told: applied at once; asked: applied by its second half unless atomic.
+        return (_APPLIED,) if atomic or kind == "request_finished_by" else ()
     if kind == _APPLY_ANSWERS:  # a cancel that came in between wins
         return (Outcome.overtaken if state is State.cancelled else _APPLIED,)
     if kind in (COUNTED_LOAD, "load_finished"):
