@@ -75,6 +75,7 @@ class Children:
         "closed",
         "fan",
         "items",
+        "loaders",
         "names",
         "roles",
         "savers",
@@ -110,6 +111,8 @@ class Children:
         self.fan = Fanout(self.items, self.roles)
         #: The children that may save (every role but load-only).
         self.savers = tuple((n, c) for n, c in self.items if self.roles[n] is not Role.load)
+        #: The children that may load (every role but save-only).
+        self.loaders = tuple((n, c) for n, c in self.items if self.roles[n] is not Role.save)
         self._counted: dict[str, int] | None = None
 
     def replace(self, connectors: Sequence[Any]) -> None:

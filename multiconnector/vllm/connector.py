@@ -37,7 +37,6 @@ from ..aggregator import MultiConnector as Aggregator
 from ..errors import InvalidArgumentError
 from ..ledger import SaveLedger
 from ..outcome import Outcome
-from ..registry import Role
 from . import queries
 from .children import ANSWER_TYPES, Children, Failures, failed, wrong_answer
 from .config import connector_class, settings_of, specs_of, without_hma
@@ -385,8 +384,7 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         answer, as for a child that does not implement the hook. Either answer is safe for
         vLLM (a wrong one costs a load slot or a prefetch, never a block).
         """
-        roles = self._kids.roles
-        pairs = tuple((n, c) for n, c in self._kids.items if roles[n] is not Role.save)
+        pairs = self._kids.loaders
         answers = self._kids.gather_soft(
             "may_load_async",
             lambda name, child: _flag(name, "may_load_async", child.may_load_async(request)),

@@ -71,9 +71,8 @@ class Lookups:
         self._ranged: tuple[str, ...] = (
             tuple(
                 name
-                for name, child in children.items
-                if children.roles[name] is not Role.save
-                and callable(getattr(child, RANGE_HOOK, None))
+                for name, child in children.loaders
+                if callable(getattr(child, RANGE_HOOK, None))
             )
             if settings.split
             else ()
