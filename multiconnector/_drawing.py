@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from typing import Any, Final, cast
 
 from transitions.extensions import GraphMachine
@@ -25,11 +27,11 @@ __all__ = [
     "DiagramMachine",
     "Numbers",
     "cell",
-    "dot_failed",
     "last_style",
     "machine_class",
     "mark_initial",
     "needs_property",
+    "render_failed",
     "svg_of",
     "titled_mermaid",
     "traced_properties",
@@ -43,6 +45,9 @@ FINAL_COLOUR: Final = "#b45309"
 
 # Styles per engine: mermaid's classDef speaks CSS, Graphviz speaks its own attributes. Only the
 # styles named here are emitted, so the mermaid text carries no unused classDef.
+# The path's last state: amber; ``final_terminal`` adds the terminal mark to it.
+_MERMAID_FINAL: Final = {"fillcolor": "#fde68a", "color": "#78350f", "stroke": FINAL_COLOUR}
+_DOT_FINAL: Final = {"fillcolor": "#fde68a", "color": FINAL_COLOUR, "penwidth": "3"}
 MERMAID_STYLES: Final[dict[str, Any]] = {
     "node": {
         "default": {"fillcolor": "white", "color": "black"},
@@ -50,13 +55,8 @@ MERMAID_STYLES: Final[dict[str, Any]] = {
         "visited": {"fillcolor": "#dbeafe", "color": "#1e3a8a", "stroke": VISITED_COLOUR},
         # The path's last state (or the state highlighted): amber, with the terminal mark (the
         # thick border) only when it is terminal.
-        "final": {"fillcolor": "#fde68a", "color": "#78350f", "stroke": FINAL_COLOUR},
-        "final_terminal": {
-            "fillcolor": "#fde68a",
-            "color": "#78350f",
-            "stroke": FINAL_COLOUR,
-            "stroke-width": "3px",
-        },
+        "final": _MERMAID_FINAL,
+        "final_terminal": {**_MERMAID_FINAL, "stroke-width": "3px"},
     },
     "edge": {"default": {}},
     "graph": {"default": {}},
@@ -72,13 +72,8 @@ DOT_STYLES: Final[dict[str, Any]] = {
         },
         "terminal": {"peripheries": "2"},
         "visited": {"fillcolor": "#dbeafe", "color": VISITED_COLOUR, "penwidth": "2"},
-        "final": {"fillcolor": "#fde68a", "color": FINAL_COLOUR, "penwidth": "3"},
-        "final_terminal": {
-            "fillcolor": "#fde68a",
-            "color": FINAL_COLOUR,
-            "penwidth": "3",
-            "peripheries": "2",
-        },
+        "final": _DOT_FINAL,
+        "final_terminal": {**_DOT_FINAL, "peripheries": "2"},
     },
     "edge": {
         "default": {"color": "black", "fontname": "Helvetica", "fontsize": "11"},
@@ -211,11 +206,17 @@ def svg_of(graph: Any) -> str:
     return str(graph.pipe(format="svg", encoding="utf-8"))
 
 
-def dot_failed(exc: Any) -> str:
-    """One line saying why Graphviz's ``dot`` failed (its ``CalledProcessError``)."""
+def render_failed(exc: GraphvizMissingError | subprocess.CalledProcessError, prog: str) -> int:
+    """Say on stderr, in one line, why a diagram could not be rendered, and return the exit
+    status: 2 when Graphviz's ``dot`` is missing (what to install: a usage error), 1 when it
+    ran and failed (its ``CalledProcessError``)."""
+    if isinstance(exc, GraphvizMissingError):
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
     said = exc.stderr.decode("utf-8", "replace") if isinstance(exc.stderr, bytes) else ""
     said = " ".join(said.split()) or f"exit status {exc.returncode}"
-    return f"Graphviz's dot failed: {said}"
+    print(f"{prog}: Graphviz's dot failed: {said}", file=sys.stderr)
+    return 1
 
 
 def traced_properties(data: Any) -> list[str]:

@@ -39,11 +39,11 @@ from ._drawing import (
     DiagramMachine,
     Numbers,
     cell,
-    dot_failed,
     last_style,
     machine_class,
     mark_initial,
     needs_property,
+    render_failed,
     svg_of,
     titled_mermaid,
     traced_properties,
@@ -651,12 +651,8 @@ def run_cli(argv: Sequence[str]) -> int:
                 _write(os.path.join(args.all, name), text)
             return 0
         text = render(args.format, path=path, title=title, request=request, numbers=numbers)
-    except GraphvizMissingError as exc:  # what to install: a usage error, one line
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except subprocess.CalledProcessError as exc:  # `dot` ran and failed
-        print(f"{parser.prog}: {dot_failed(exc)}", file=sys.stderr)
-        return 1
+    except (GraphvizMissingError, subprocess.CalledProcessError) as exc:
+        return render_failed(exc, parser.prog)
     except OSError as exc:  # writable when checked, no longer
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2

@@ -31,11 +31,11 @@ from .._drawing import (
     FORMATS,
     DiagramMachine,
     cell,
-    dot_failed,
     last_style,
     machine_class,
     mark_initial,
     needs_property,
+    render_failed,
     svg_of,
     titled_mermaid,
     traced_properties,
@@ -369,12 +369,8 @@ def run_cli(args: Any, parser: Any) -> int:
         diagram = attrs.evolve(diagram, title=base)
     try:
         out = diagram.render(args.format)
-    except GraphvizMissingError as exc:  # what to install: a usage error, one line
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except subprocess.CalledProcessError as exc:  # `dot` ran and failed
-        print(f"{parser.prog}: {dot_failed(exc)}", file=sys.stderr)
-        return 1
+    except (GraphvizMissingError, subprocess.CalledProcessError) as exc:
+        return render_failed(exc, parser.prog)
     if args.output is None:
         sys.stdout.write(out)
         return 0
