@@ -181,13 +181,13 @@ def test_every_failed_block_reaches_vllm_from_children_and_the_adapter_in_one_st
     # What vLLM computed: a synchronous load's step computed the tokens past the hit before
     # its failure was known; then each request from its first failed block to the prompt's end.
     for request_id, first in FIRST_FAILED.items():
-        ran_first = not load_async or request_id == "r4"  # its load was synchronous
-        before = PROMPT - HELD if ran_first else 0
-        if first is not None:
-            after = PROMPT - first * BLOCK
+        past_the_hit = PROMPT - HELD
+        recomputed = 0 if first is None else PROMPT - first * BLOCK
+        if not load_async or request_id == "r4":  # a synchronous load
+            expected_tokens = past_the_hit + recomputed
         else:
-            after = 0 if ran_first else PROMPT - HELD
-        assert world.world.computed_for(request_id) == before + after, request_id
+            expected_tokens = recomputed or past_the_hit
+        assert world.world.computed_for(request_id) == expected_tokens, request_id
     connector = world.world.engine.connector
     assert len(connector.tracker) == 0
     for worker in world.world.workers:
@@ -201,9 +201,7 @@ def split_engine(model: Path, n: int) -> tuple[Engine, list[Script]]:
     """An engine over ``n`` children, ``c0``, ``c1``, ..., child ``i`` holding the prompt's
     block ``i`` (a load of the first ``n`` blocks is split into one part per child), loading
     asynchronously; split loads and hit metrics on."""
-    made = [
-        script(holds_from=i * BLOCK, holds=(i + 1) * BLOCK, load_async=True) for i in range(n)
-    ]
+    made = [script(holds_from=i * BLOCK, holds=(i + 1) * BLOCK, load_async=True) for i in range(n)]
     config = make_config(
         model,
         [child(f"c{i}", s, "RangeConnector") for i, s in enumerate(made)],
@@ -257,7 +255,8 @@ def test_each_part_of_a_split_load_is_credited_to_its_own_child(
     assert {"r": PROMPT - n * BLOCK} in e.scheduled  # every part's tokens stood
 
     hits = e.connector.child_hits()
-    labels = dict(zip(["model_name", "engine"], map(str, stat_logger.per_engine_labelvalues[0])))
+    model_name, engine = stat_logger.per_engine_labelvalues[0]
+    labels = {"model_name": str(model_name), "engine": str(engine)}
     for i in range(n):
         name = f"c{i}"
         assert hits[name]["chosen"] == 1 and hits[name]["tokens_chosen"] == BLOCK, hits
