@@ -52,7 +52,7 @@ def prompt(k: int) -> list[int]:
 #: The requests, each loaded by its own child: ``r1`` by ``a`` and ``r2`` by ``b`` (both report
 #: load errors themselves), ``r3`` split between ``fast`` (its first block) and ``slow`` (the
 #: next two, the part that fails), ``r4`` by ``d`` (a synchronous loader that fails), ``r5`` by
-#: ``e`` (a load that succeeds).
+#: ``e`` (a load that succeeds; ``e`` raises when asked its load errors).
 REQUESTS = ("r1", "r2", "r3", "r4", "r5")
 #: Per request, the first of its blocks that failed: vLLM recomputes from there (``None``: none).
 FIRST_FAILED: dict[str, int | None] = {"r1": 1, "r2": 2, "r3": 1, "r4": 0, "r5": None}
@@ -88,7 +88,7 @@ class World:
             child("fast", self.fast, "RangeConnector"),
             child("slow", self.slow, "RangeConnector"),
             child("d", self.d),
-            child("e", self.e),
+            child("e", self.e, "ErrorsConnector"),
         ]
         # Room for every recompute in one step: the harness's runner samples a token for a
         # partial prefill too, which would finish a request before its prompt ran.
@@ -114,6 +114,9 @@ def fail_known(world: World, split_part: str, loader: str) -> None:
     elif split_part == "worker":
         world.slow.raise_in["start_load_kv"] = boom
     world.d.raise_in["update_state_after_alloc" if loader == "alloc" else "start_load_kv"] = boom
+    # And a third child whose class implements the hook raises in it: the others' blocks and
+    # the adapter's own still reach vLLM (its own, if it had any, are lost with its answer).
+    world.e.raise_in["get_block_ids_with_load_errors"] = boom
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -121,10 +124,11 @@ def test_every_failed_block_reaches_vllm_from_children_and_the_adapter_in_one_st
     model: Path, case: str
 ) -> None:
     """In one step: ``a`` reports ``r1``'s second block failed on worker 0, ``b`` reports
-    ``r2``'s third on worker 1, ``slow``'s part of ``r3`` fails, and ``d``'s synchronous load
-    of ``r4`` fails. That step's ``invalid_block_ids`` is exactly those blocks (those of the
-    failed part and load, all of theirs), no other step has any, and vLLM recomputes each
-    request from its first failed block on, ``r5``'s load standing whole."""
+    ``r2``'s third on worker 1, ``slow``'s part of ``r3`` fails, ``d``'s synchronous load
+    of ``r4`` fails, and ``e`` raises in ``get_block_ids_with_load_errors``. That step's
+    ``invalid_block_ids`` is exactly those blocks (those of the failed part and load, all of
+    theirs), no other step has any, and vLLM recomputes each request from its first failed
+    block on, ``r5``'s load standing whole."""
     load_async, split_part, loader = CASES[case]
     world = World(model, load_async)
     for request_id in ("r1", "r2", "r3", "r5"):
@@ -155,8 +159,8 @@ def test_every_failed_block_reaches_vllm_from_children_and_the_adapter_in_one_st
             world.b.load_errors.add(r2[2])
 
     world.world.step(worker_reports)
-    world.slow.raise_in.clear()
-    world.d.raise_in.clear()
+    for made in (world.slow, world.d, world.e):
+        made.raise_in.clear()
     failed_step = len(world.world.scheduled) - 1
 
     assert world.world.invalid_to_vllm[failed_step] == expected
@@ -192,6 +196,52 @@ def test_every_failed_block_reaches_vllm_from_children_and_the_adapter_in_one_st
     assert len(connector.tracker) == 0
     for worker in world.world.workers:
         assert len(worker.load_tracker) == 0
+        assert worker.child_failures()["e"] == {"get_block_ids_with_load_errors": 1}
+
+
+def _joined(found: set[int]) -> str:
+    return ",".join(map(str, sorted(found)))
+
+
+@pytest.mark.parametrize(
+    ("answer", "taken"),
+    [(frozenset, True), (sorted, True), (tuple, True), (_joined, False), (len, False)],
+    ids=["frozenset", "list", "tuple", "string", "number"],
+)
+def test_load_errors_answered_as_any_collection_of_block_ids_reach_vllm(
+    model: Path, answer: Any, taken: bool
+) -> None:
+    """``a`` answers ``get_block_ids_with_load_errors`` with its failed blocks in another
+    collection than a set (vLLM's class dies: ``set |= list``): they reach vLLM all the same,
+    since each names a block vLLM must not take as loaded. What is no collection of block ids
+    (a string, a number) is ``a``'s failure, counted; ``b``'s blocks reach vLLM either way and
+    nothing escapes into the model runner."""
+    a = script(tokens=HELD, only=frozenset({"r1"}), errors_as=answer)
+    b = script(tokens=HELD, only=frozenset({"r2"}))
+    children = [child("a", a, "ErrorsConnector"), child("b", b, "ErrorsConnector")]
+    world = Workers(model, 2, children, tokens_per_step=256)
+    for k, request_id in enumerate(("r1", "r2")):
+        world.engine.add(make_request(request_id, prompt(k), max_tokens=1))
+    blocks: dict[str, list[int]] = {}
+
+    def worker_reports(rank: int) -> None:
+        for request_id in ("r1", "r2"):
+            (ids,) = world.engine.scheduler.kv_cache_manager.get_block_ids(request_id)
+            blocks[request_id] = list(ids)
+        (a if rank == 0 else b).load_errors.update(blocks["r1" if rank == 0 else "r2"][1:3])
+
+    world.step(worker_reports)
+    reached = set(blocks["r2"][1:3]) | (set(blocks["r1"][1:3]) if taken else set())
+    assert world.invalid_to_vllm[0] == reached
+    requests = world.engine.scheduler.requests
+    assert requests["r2"].num_computed_tokens == BLOCK
+    if taken:
+        assert requests["r1"].num_computed_tokens == BLOCK
+    else:
+        assert "r1" in world.outputs  # taken as loaded: a's failed blocks never reached vLLM
+    failures = [worker.child_failures() for worker in world.workers]
+    assert failures[0] == ({} if taken else {"a": {"get_block_ids_with_load_errors": 1}})
+    assert failures[1] == {}
 
 
 # -- a split load whose parts all arrive ---------------------------------------------------------

@@ -8,7 +8,7 @@ shares that script, so a test sets answers and queues worker reports in one plac
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +64,9 @@ class Script:
     #: When set, the only requests whose prompt the child holds: asked about any other, it
     #: answers 0 tokens (each request is then loaded by the child meant to load it).
     only: frozenset[str] | None = None
+    #: When set, what an :class:`ErrorsConnector` answers for the set of its load errors (a
+    #: list of them, say: a child that does not answer a set, as vLLM's interface says).
+    errors_as: Callable[[set[int]], Any] | None = None
     calls: list[tuple[Any, ...]] = field(default_factory=list)
     instances: list[ScriptedConnector] = field(default_factory=list)
     shutdowns: int = 0
@@ -287,11 +290,11 @@ class ErrorsConnector(ScriptedConnector):
     out the script's ``load_errors`` (each once), as a child that found blocks it failed to
     load."""
 
-    def get_block_ids_with_load_errors(self) -> set[int]:
+    def get_block_ids_with_load_errors(self) -> Any:
         self._raise_if("get_block_ids_with_load_errors")
         found = set(self.script.load_errors)
         self.script.load_errors.clear()
-        return found
+        return found if self.script.errors_as is None else self.script.errors_as(found)
 
 
 class LMCacheEventsConnector(ScriptedConnector):
