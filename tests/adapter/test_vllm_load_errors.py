@@ -58,13 +58,22 @@ REQUESTS = ("r1", "r2", "r3", "r4", "r5")
 FIRST_FAILED: dict[str, int | None] = {"r1": 1, "r2": 2, "r3": 1, "r4": 0, "r5": None}
 
 #: How each case fails its two known loads: the split part and the synchronous loader.
-#: ``alloc``: its child raises in the scheduler's allocation hook; ``worker``: in the workers'
-#: ``start_load_kv``; ``report``: the part's child reports it failed (``failed_recving``).
+#: ``alloc``: its child raises in the scheduler's allocation hook; ``metadata``: in the
+#: scheduler's ``build_connector_meta``; ``worker``: in the workers' ``start_load_kv``;
+#: ``report``: the part's child reports it failed (``failed_recving``).
 CASES = {
     "sync-alloc": (False, "alloc", "alloc"),
+    "sync-metadata": (False, "metadata", "metadata"),
     "sync-worker": (False, "worker", "worker"),
     "async-alloc": (True, "report", "alloc"),
+    "async-metadata": (True, "report", "metadata"),
     "async-worker": (True, "report", "worker"),
+}
+#: The hook a child raises in, for each way of failing of :data:`CASES` (but ``report``).
+HOOK_OF = {
+    "alloc": "update_state_after_alloc",
+    "metadata": "build_connector_meta",
+    "worker": "start_load_kv",
 }
 
 
@@ -111,9 +120,9 @@ def fail_known(world: World, split_part: str, loader: str) -> None:
     boom = RuntimeError("boom")
     if split_part == "alloc":
         world.slow.raise_in["update_state_after_alloc_range"] = boom
-    elif split_part == "worker":
-        world.slow.raise_in["start_load_kv"] = boom
-    world.d.raise_in["update_state_after_alloc" if loader == "alloc" else "start_load_kv"] = boom
+    elif split_part != "report":
+        world.slow.raise_in[HOOK_OF[split_part]] = boom
+    world.d.raise_in[HOOK_OF[loader]] = boom
     # And a third child whose class implements the hook raises in it: the others' blocks and
     # the adapter's own still reach vLLM (its own, if it had any, are lost with its answer).
     world.e.raise_in["get_block_ids_with_load_errors"] = boom
