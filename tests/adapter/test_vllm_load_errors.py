@@ -7,11 +7,14 @@ taken as loaded, and the request runs over KV nothing wrote. The block ids come 
 at once here, in one step: children whose classes implement ``get_block_ids_with_load_errors``
 (each answering for its own request, on its own worker), and the adapter's own books (a part
 of a split load that failed, a synchronous loader that failed): all of them, and nothing else,
-must reach the scheduler, which then recomputes each request from its first failed block.
+must reach the scheduler, which then recomputes each request from its first failed block. A
+child that answers its blocks in a list or a tuple is heard too; one that raises, or answers
+what is no collection of block ids, loses only its own.
 
 A split load whose parts all arrive is one load per part: each part's child is credited its
 completed load in ``child_hits()`` and in the Prometheus counter vLLM's own stat logger records
-(docs/vllm.md, "Split loads" and "Hits per child").
+(docs/vllm.md, "Split loads" and "Hits per child"), also when vLLM aborted the request while
+it loaded.
 """
 
 from __future__ import annotations
