@@ -47,7 +47,9 @@ from .wire import (
 
 __all__ = ["SchedulerPart"]
 
-_APPLIED: Final = Outcome.applied
+#: A load report's outcomes that end a load owed: applied, or drained (the request finished
+#: while it loaded). Either way the child made that load: counted completed or failed.
+_LOAD_ENDED: Final = frozenset({Outcome.applied, Outcome.drained})
 _PENDING: Final = State.pending
 _FINISHING: Final = State.finishing
 _LOAD: Final = Role.load
@@ -578,7 +580,7 @@ class SchedulerPart:
                     self.hits.add(self.child_of(record.loader), "loads_completed")
                 continue
             for loader in (record.loader, *record.parts):
-                if tracker.load_finished(request_id, loader) is _APPLIED and not (
+                if tracker.load_finished(request_id, loader) in _LOAD_ENDED and not (
                     failed_now and request_id in failed_now  # counted by _mark_failed
                 ):
                     self.hits.add(loader, "loads_completed")
@@ -618,7 +620,7 @@ class SchedulerPart:
         """Child ``name``'s part of split load ``request_id`` failed while the other parts
         load: settled on the books now, and counted once (its report at the load's completion,
         or another worker's of the same failure, is then a duplicate, not a completion)."""
-        if self.tracker.load_finished(request_id, name) is _APPLIED:
+        if self.tracker.load_finished(request_id, name) in _LOAD_ENDED:
             self._load_failed(name, request_id)
 
     def _route_output(self, connector_output: Any, worker_meta: Any, events: Any) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from functools import cache
 from typing import Any, Final
@@ -89,6 +90,19 @@ def _merged(mine: Any, theirs: Any) -> Any:
     raise ChildrenConflictError(
         f"a transfer-results field holds {shown(mine)} from one child and {shown(theirs)} from "
         "another: they do not merge"
+    )
+
+
+def _ids(name: str, found: Any) -> set[Any]:
+    """Child ``name``'s load errors answered in another collection than a set (a list, a
+    tuple): its block ids all the same, each a block vLLM must not take as loaded (dropped,
+    vLLM would run over KV nothing wrote). What is no collection of ids (a string, a mapping,
+    a number) is that child's failure."""
+    if isinstance(found, Iterable) and not isinstance(found, str | bytes | Mapping):
+        return set(found)
+    raise InvalidArgumentError(
+        f"child {name!r} answered get_block_ids_with_load_errors with {shown(found)}; must "
+        "be a set of block ids"
     )
 
 
@@ -429,15 +443,13 @@ class WorkerPart:
         else:
             blocks = set()
         failures: Failures = None
-        answers: dict[str, Any] = {}
         for name, child in self._kids.fan.get_block_ids_with_load_errors:
             try:
-                answers[name] = found = child.get_block_ids_with_load_errors()
+                found = child.get_block_ids_with_load_errors()
+                if found:
+                    blocks |= found if isinstance(found, set | frozenset) else _ids(name, found)
             except Exception as exc:
                 failures = failed(failures, name, exc)
-                continue
-            if found:
-                blocks |= found
         if failures is not None:
             self._kids.absorb("get_block_ids_with_load_errors", failures)
         return blocks

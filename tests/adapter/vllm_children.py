@@ -8,7 +8,7 @@ shares that script, so a test sets answers and queues worker reports in one plac
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,8 @@ class Script:
     #: When set, the tokens held from the prompt's start: asked from ``num_computed_tokens``,
     #: the child answers what it holds past them (a child that loads token ranges).
     holds: int | None = None
+    #: With ``holds``, the first token held: asked from before it, the child answers 0.
+    holds_from: int = 0
     load_async: bool = False
     saves: bool = False
     params: dict[str, Any] | None = None
@@ -56,6 +58,15 @@ class Script:
     sending: set[str] = field(default_factory=set)
     recving: set[str] = field(default_factory=set)
     failed: set[str] = field(default_factory=set)
+    #: Block ids handed out by the next get_block_ids_with_load_errors of a child whose class
+    #: implements it (:class:`ErrorsConnector`).
+    load_errors: set[int] = field(default_factory=set)
+    #: When set, the only requests whose prompt the child holds: asked about any other, it
+    #: answers 0 tokens (each request is then loaded by the child meant to load it).
+    only: frozenset[str] | None = None
+    #: When set, what an :class:`ErrorsConnector` answers for the set of its load errors (a
+    #: list of them, say: a child that does not answer a set, as vLLM's interface says).
+    errors_as: Callable[[set[int]], Any] | None = None
     calls: list[tuple[Any, ...]] = field(default_factory=list)
     instances: list[ScriptedConnector] = field(default_factory=list)
     shutdowns: int = 0
@@ -155,6 +166,10 @@ class ScriptedConnector(KVConnectorBase_V1):
         tokens = self.script.tokens
         if self.script.holds is not None:
             tokens = max(0, self.script.holds - num_computed_tokens)
+            if num_computed_tokens < self.script.holds_from:
+                tokens = 0
+        if self.script.only is not None and request.request_id not in self.script.only:
+            tokens = 0
         return tokens, bool(tokens) and self.script.load_async
 
     def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
@@ -268,6 +283,18 @@ class RangeConnector(ScriptedConnector):
         self, request: Any, blocks: Any, start: int, num_tokens: int
     ) -> None:
         self._call("update_state_after_alloc_range", request.request_id, start, num_tokens)
+
+
+class ErrorsConnector(ScriptedConnector):
+    """A scripted child whose class implements ``get_block_ids_with_load_errors``: it hands
+    out the script's ``load_errors`` (each once), as a child that found blocks it failed to
+    load."""
+
+    def get_block_ids_with_load_errors(self) -> Any:
+        self._raise_if("get_block_ids_with_load_errors")
+        found = set(self.script.load_errors)
+        self.script.load_errors.clear()
+        return found if self.script.errors_as is None else self.script.errors_as(found)
 
 
 class LMCacheEventsConnector(ScriptedConnector):

@@ -91,9 +91,11 @@ def make_config(
     ours: bool = True,
     kv_role: str = "kv_both",
     extra: dict[str, Any] | None = None,
+    tokens_per_step: int = 64,
 ) -> VllmConfig:
     """A VllmConfig whose connector is ours or vLLM's MultiConnector over ``children`` (and
-    ``extra`` beside them in ``kv_connector_extra_config``)."""
+    ``extra`` beside them in ``kv_connector_extra_config``), scheduling at most
+    ``tokens_per_step`` tokens a step."""
     connector, module = OURS if ours else THEIRS
     transfer = KVTransferConfig(
         kv_connector=connector,
@@ -101,7 +103,7 @@ def make_config(
         kv_role=kv_role,
         kv_connector_extra_config={"connectors": children, **(extra or {})},
     )
-    return make_vllm_config(model, transfer)
+    return make_vllm_config(model, transfer, max_num_batched_tokens=tokens_per_step)
 
 
 def make_connector(config: VllmConfig, role: KVConnectorRole) -> Any:
@@ -162,7 +164,8 @@ class Engine:
 class Workers:
     """vLLM's scheduler over ``n`` worker connectors, their outputs aggregated as vLLM's engine
     core does (``KVOutputAggregator.from_connector``), with ``policy`` as the load failure
-    policy."""
+    policy. The model runner here samples a token for every scheduled request, a partial
+    prefill's too: give ``tokens_per_step`` room for every prompt a test computes at once."""
 
     def __init__(
         self,
@@ -171,9 +174,10 @@ class Workers:
         children: list[dict[str, Any]],
         *,
         policy: str = "recompute",
+        tokens_per_step: int = 64,
         **extra: Any,
     ) -> None:
-        config = make_config(model, children, extra=extra)
+        config = make_config(model, children, extra=extra, tokens_per_step=tokens_per_step)
         config.parallel_config.world_size = n
         assert config.kv_transfer_config is not None
         config.kv_transfer_config.kv_load_failure_policy = policy  # type: ignore[assignment]
@@ -183,6 +187,8 @@ class Workers:
         self.scheduled: list[dict[str, int]] = []
         #: What reached vLLM as finished sending, step by step.
         self.sent_to_vllm: list[set[str]] = []
+        #: The block ids that reached vLLM as load errors (``invalid_block_ids``), step by step.
+        self.invalid_to_vllm: list[set[int]] = []
         #: The finished requests' outputs, by request id.
         self.outputs: dict[str, Any] = {}
 
@@ -205,6 +211,7 @@ class Workers:
         aggregated = self.aggregator.aggregate(outputs)
         engine_outputs = scheduler.update_from_output(output, aggregated)
         self.sent_to_vllm.append(set(aggregated.kv_connector_output.finished_sending or ()))
+        self.invalid_to_vllm.append(set(aggregated.kv_connector_output.invalid_block_ids))
         for per_client in engine_outputs.values():
             for out in per_client.outputs:
                 if out.finish_reason is not None:
