@@ -26,6 +26,7 @@ from ..errors import (
     KeyClashError,
     ShutDownError,
 )
+from ..healthbook import health_book
 from ..ledger import take_older
 from ..machine import State
 from ..outcome import Outcome
@@ -84,6 +85,8 @@ class SchedulerPart:
         self._all_support_hma = all_support_hma
         self._block_size = int(getattr(vllm_config.cache_config, "block_size", 16) or 16)
         self.live: dict[str, Any] = {}
+        #: Each child's health (``None``: no health machine), fed by every failure absorbed.
+        self.health = children.health = health_book(children.names, settings.health)
         #: Which child loads each request, and what later lookups need of it.
         self.lookups = Lookups(children, settings, self.hits)
         #: Each request's computed tokens when its loader was chosen, until vLLM allocates.
@@ -373,6 +376,8 @@ class SchedulerPart:
             self._fail_step_loads({name for name, _ in failures})
         if self._load_since:
             self._overdue_loads()
+        if self.health is not None:
+            self.health.tick()  # open children whose cooldown is over go half-open
         return NamedMultiConnectorMetadata.owning(children, self._seal())
 
     def _seal(self) -> Outbox:
@@ -599,6 +604,8 @@ class SchedulerPart:
         if request_id in self.live:
             self.lookups.failed(name, request_id)
         self.hits.add(name, "loads_failed")
+        if self.health is not None:
+            self.health.failed(self.child_of(name))
 
     def _parts_failed(self, load_failed: Mapping[str, Mapping[str, int]]) -> None:
         """The workers reported these children's parts of split loads failed (their blocks
@@ -790,5 +797,3 @@ class SchedulerPart:
         if shared is None:
             shared = self._saver_tuples.setdefault(names, names)
         return shared
-
-    # -- the rest of the scheduler's hooks -----------------------------------------------------

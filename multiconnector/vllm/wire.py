@@ -607,6 +607,10 @@ logger: Final = logging.getLogger("multiconnector")
 
 #: The prefix of a count of a child's failures in one hook: ``"failed.<hook>"``.
 FAILED: Final = "failed."
+#: The prefix of a child's health counts: ``"health.<source>_to_<dest>"`` (its transitions),
+#: and ``"health.open"`` or ``"health.half_open"`` (1 per step it was so: summed over an
+#: interval, the steps it was bypassed or probing).
+HEALTH: Final = "health."
 #: The count of a child whose stats raised where vLLM called them.
 _STATS_FAILED: Final = FAILED + "get_kv_connector_stats"
 
