@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from transitions import Machine
 
 from multiconnector._table import compile_table
+from multiconnector.diagram import run_cli
 from multiconnector.errors import InvalidMachineError
 from multiconnector.health import (
     HEALTH_EVENTS,
@@ -301,3 +302,34 @@ def test_the_book_is_safe_from_several_threads() -> None:
     for thread in threads:
         thread.join()
     assert len(health.record("a").failures) == 800
+
+
+# -- the diagram ---------------------------------------------------------------------------------
+
+
+def test_the_diagram_is_drawn_from_the_one_declaration(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["--health"]) == 0
+    drawn = capsys.readouterr().out
+    assert 'title: "child health"' in drawn
+    arrows = {
+        line.strip().split(":")[0]
+        for line in drawn.splitlines()
+        if "-->" in line and "[*]" not in line
+    }
+    declared = {
+        f"{src} --> {src if t['dest'] == '=' else t['dest']}"
+        for t in HEALTH_TRANSITIONS
+        for src in ([t["source"]] if isinstance(t["source"], str) else t["source"])
+    }
+    assert arrows == declared
+    assert "closed --> open: failure [tripped]" in drawn
+    assert "half_open --> closed: probe_ok [probes_done]" in drawn
+
+
+def test_health_and_another_machine_are_refused_together(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert run_cli(["--health", "--machine", "x:y"]) == 2
+    assert capsys.readouterr().err == (
+        "multiconnector diagram: error: --health draws a machine of its own, not --machine\n"
+    )
