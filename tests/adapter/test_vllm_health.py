@@ -10,6 +10,7 @@ from vllm_support import require_vllm
 
 require_vllm()
 
+import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -223,3 +224,60 @@ def test_bad_health_bounds_are_refused_before_any_child_starts(
     assert named in str(raised.value)
     assert "kv_connector_extra_config['health']" in str(raised.value)
     assert made.instances == []
+
+
+def test_loads_reported_failed_open_a_child(model: Path) -> None:
+    """A load the workers report failed is its loader's failure: three of them open it; the
+    requests are recomputed by vLLM, and later ones are not looked up in it."""
+    pd = script(tokens=32, load_async=True)
+    e, _ = engine(model, pd, script())
+    failing = [rid(i) for i in range(3)]
+    for request_id in failing:
+        e.add(make_request(request_id, num_tokens=40, max_tokens=1))
+    e.step()
+    pd.recving.update(failing)
+    pd.failed.update(failing)
+    e.step()
+    assert e.connector.child_hits()["c0"]["loads_failed"] == 3
+    assert e.connector.child_health()["c0"] is Health.open
+    assert e.connector.child_failures().get("c0") is None  # no hook raised: only loads failed
+    run(e, rid(3), rid(4))
+    assert asked(pd) == 3
+    assert sorted(e.outputs) == sorted(rid(i) for i in range(5))
+    assert len(e.connector.tracker) == 0
+
+
+def test_the_stats_payload_carries_each_transition_and_the_state(
+    model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    dead = script(tokens=16, raise_in={LOOKUP: RuntimeError("store down")})
+    e, clock = engine(model, dead, script())
+    payloads = []
+    with caplog.at_level("INFO", logger="multiconnector"):
+        for i in range(4):
+            e.add(make_request(rid(i), num_tokens=40, max_tokens=1))
+            payloads.append(collected(e.step()))
+        clock.now += 5
+        payloads.append(collected(e.step()))  # its tick: half-open
+    # vLLM's scheduler collected each step's stats: the payloads its front end gets, summed
+    summed: dict[str, int] = {}
+    for payload in payloads:
+        for key, n in payload.get("c0", {}).get("counts", {}).items():
+            summed[key] = summed.get(key, 0) + n
+    assert summed["health.closed_to_open"] == 1
+    assert summed["failed.get_num_new_matched_tokens"] == 3
+    assert summed["health.open"] >= 1  # one per step it was open
+    assert summed["health.open_to_half_open"] == 1 and summed["health.half_open"] == 1
+    later = e.connector.get_kv_connector_stats()  # the next step: only its state
+    assert later.counts["c0"] == {"health.half_open": 1}
+    moves = [r.getMessage() for r in caplog.records if " health " in r.getMessage()]
+    assert len(moves) == 2  # one line per transition
+    assert "'c0' health closed -> open" in moves[0] and "open -> half_open" in moves[1]
+
+
+def collected(outputs: Any) -> dict[str, Any]:
+    """The stats payload vLLM's scheduler collected in one step (empty when none)."""
+    stats = next(iter(outputs.values())).scheduler_stats if outputs else None
+    if stats is None or stats.kv_connector_stats is None:
+        return {}
+    return dict(json.loads(json.dumps(stats.kv_connector_stats)))
