@@ -153,8 +153,11 @@ class Lookups:
             for name in left:
                 self._hits.add(name, "asked")
                 try:
-                    tokens, flag = self._asked(
-                        name, self._kids.by_name[name], request, start, waits=False
+                    child = self._kids.by_name[name]
+                    tokens, flag = (
+                        self._asked(name, child, request, start, waits=False)
+                        if health is None
+                        else self._probed(health, name, child, request, start, waits=False)
                     )
                 except Exception as exc:
                     failures.append((name, exc))
@@ -241,7 +244,14 @@ class Lookups:
             yield name, tokens
 
     def _probed(
-        self, health: HealthBook, name: str, child: Any, request: Any, num_computed_tokens: int
+        self,
+        health: HealthBook,
+        name: str,
+        child: Any,
+        request: Any,
+        num_computed_tokens: int,
+        *,
+        waits: bool = True,
     ) -> tuple[int | None, bool]:
         """:meth:`_asked`, watched by the children's health machine: an answer slower than
         ``slow_lookup_seconds`` is taken and is the child's failure
@@ -249,7 +259,7 @@ class Lookups:
         answered in time by a half-open child is a probe's success."""
         bound = health.settings.slow_lookup_seconds
         began = health.clock() if bound is not None else 0.0
-        tokens, load_async = self._asked(name, child, request, num_computed_tokens)
+        tokens, load_async = self._asked(name, child, request, num_computed_tokens, waits=waits)
         if bound is not None:
             took = health.clock() - began
             if slow_lookup(took, bound):
