@@ -231,6 +231,13 @@ class Children:
             for name, _ in failures:
                 health.failed(name)
 
+    def overdue(self, kind: str, name: str, request_id: str, seconds: float, limit: float) -> None:
+        """Child ``name`` owes its ``kind`` report of ``request_id`` past ``limit``
+        (:meth:`Trouble.overdue`: counted, warned about); a failure of its health machine too."""
+        self.trouble.overdue(kind, name, request_id, seconds, limit)
+        if self.health is not None:
+            self.health.failed(name)
+
     def present(self, method: str, *, soft: bool = False) -> dict[str, Any]:
         """Each child's no-argument ``method()``, keeping only answers that are not ``None``
         (``soft``: a per-step hook, whose failures are absorbed)."""

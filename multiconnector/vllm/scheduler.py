@@ -409,7 +409,7 @@ class SchedulerPart:
         for request_id, began in take_older(self._load_since, now - limit):
             loader = self.loader(request_id)
             if loader is not None:
-                self._kids.trouble.overdue("load", loader, request_id, now - began, limit)
+                self._kids.overdue("load", loader, request_id, now - began, limit)
 
     def _fail_step_loads(self, names: set[str]) -> None:
         """The loads of this step by the children ``names`` (which sent their workers no

@@ -281,3 +281,45 @@ def collected(outputs: Any) -> dict[str, Any]:
     if stats is None or stats.kv_connector_stats is None:
         return {}
     return dict(json.loads(json.dumps(stats.kv_connector_stats)))
+
+
+def test_a_load_report_overdue_is_a_failure_and_still_awaited(model: Path) -> None:
+    """A loader owing a load's report past ``report_overdue_seconds`` fails its health machine
+    (with ``threshold: 1`` it opens); the request still waits for that load, which completes
+    once when it comes."""
+    slow = script(tokens=16, load_async=True)
+    e, _ = engine(
+        model, slow, script(), bounds={**BOUNDS, "threshold": 1}, report_overdue_seconds=30
+    )
+    loading = e.add(make_request("loading", num_tokens=40, max_tokens=2))
+    e.step()
+    part = e.connector._scheduler
+    part._load_since["loading"] -= 60  # sent a minute ago (instead of sleeping)
+    e.step()
+    assert e.connector.child_failures() == {"c0": {"finished_recving_overdue": 1}}
+    assert e.connector.child_health()["c0"] is Health.open
+    assert loading.status is RequestStatus.WAITING_FOR_REMOTE_KVS and e.held("loading")
+    slow.recving.add("loading")
+    for _ in range(3):
+        e.step()
+    assert "loading" in e.outputs and len(e.connector.tracker) == 0
+    assert e.connector.child_hits()["c0"]["loads_completed"] == 1
+
+
+@pytest.mark.parametrize("hook", ["build_connector_meta", "request_finished", "on_new_request"])
+def test_a_child_failing_only_one_scheduler_hook_opens_and_is_still_called_there(
+    model: Path, hook: str
+) -> None:
+    """Every failure the adapter absorbs on the scheduler counts (docs/vllm.md, "When a child
+    fails"): a child failing only ``hook`` opens after the threshold, is then not looked up,
+    and is still called in ``hook`` (vLLM's contract), every request served."""
+    broken = script(tokens=16, raise_in={hook: RuntimeError(f"{hook} broke")})
+    e, _ = engine(model, broken, script(tokens=16))
+    run(e, *(rid(i) for i in range(6)))
+    assert e.connector.child_health()["c0"] is Health.open
+    assert e.connector.child_failures()["c0"][hook] >= BOUNDS["threshold"]
+    assert asked(broken) < 6 and e.connector.child_hits()["c0"]["skipped"] >= 1
+    called = len(broken.names(hook))
+    run(e, rid(6), steps=2)
+    assert len(broken.names(hook)) > called  # still called there
+    assert sorted(e.outputs) == sorted(rid(i) for i in range(7))
