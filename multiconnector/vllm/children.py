@@ -224,7 +224,8 @@ class Children:
     ) -> None:
         """The children of ``failures`` failed in ``what``, a hook vLLM calls per request or per
         step: counted under their names and logged, never raised (``degraded`` says what became
-        of each child's part, for the log)."""
+        of each child's part, for the log); each a failure of its health machine, when the
+        composition has one (:attr:`health`)."""
         self.trouble.record_all(what, failures, degraded)
         health = self.health
         if health is not None:

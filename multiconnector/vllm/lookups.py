@@ -9,6 +9,11 @@ point. It keeps, per request, only what later lookups need: whether the chosen l
 asynchronously, the children whose load of it failed (not asked again), and under ``longest``
 the ``None`` answers in a row per child (past the patience, :data:`GAVE_UP`: the lookup goes
 on without that child, a :class:`~multiconnector.vllm.LookupPatienceError` counted once).
+
+With a health machine (``kv_connector_extra_config['health']``), a child it holds open is not
+asked (as if it answered 0; counted ``skipped``), a half-open one's answers are probes, and an
+answer slower than ``slow_lookup_seconds`` is taken and counted its failure
+(:class:`~multiconnector.vllm.SlowLookupError`).
 """
 
 from __future__ import annotations
