@@ -15,13 +15,15 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram  # noqa: E402
+from vllm.v1.metrics.prometheus import unregister_vllm_metrics  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 from vllm_children import Script, child, script  # noqa: E402
 from vllm_harness import Engine, make_config, make_request  # noqa: E402
 
 from multiconnector import InvalidArgumentError, InvalidValueError  # noqa: E402
 from multiconnector.health import Health  # noqa: E402
-from multiconnector.vllm import HEALTH_KEY, LOOKUP_KEY, SPLIT_KEY  # noqa: E402
+from multiconnector.vllm import HEALTH_KEY, LOOKUP_KEY, SPLIT_KEY, MultiConnector  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
@@ -323,3 +325,41 @@ def test_a_child_failing_only_one_scheduler_hook_opens_and_is_still_called_there
     run(e, rid(6), steps=2)
     assert len(broken.names(hook)) > called  # still called there
     assert sorted(e.outputs) == sorted(rid(i) for i in range(7))
+
+
+def test_prometheus_shows_each_childs_state_and_transitions(model: Path) -> None:
+    """Each step's payload, as vLLM records it: the state gauge (0 closed, 1 half-open, 2 open)
+    of every child from the start, and a counter of each transition."""
+    dead = script(tokens=16, raise_in={LOOKUP: RuntimeError("store down")})
+    e, clock = engine(model, dead, script())
+    unregister_vllm_metrics()
+    metrics = MultiConnector.build_prom_metrics(
+        e.config, {Gauge: Gauge, Counter: Counter, Histogram: Histogram}, ["engine"], {0: ["0"]}
+    )
+    sample = REGISTRY.get_sample_value
+
+    def state(name: str) -> float | None:
+        return sample("vllm:multiconnector_child_health", {"engine": "0", "child": name})
+
+    def moved(name: str, transition: str) -> float | None:
+        labels = {"engine": "0", "child": name, "transition": transition}
+        return sample("vllm:multiconnector_child_health_transitions_total", labels)
+
+    def step() -> None:
+        metrics.observe(collected(e.step()))
+
+    assert (state("c0"), state("c1")) == (0, 0)
+    for i in range(3):
+        e.add(make_request(rid(i), num_tokens=40, max_tokens=1))
+        step()
+    assert state("c0") == 2 and moved("c0", "closed_to_open") == 1
+    dead.raise_in.clear()
+    clock.now += 5
+    step()
+    assert state("c0") == 1 and moved("c0", "open_to_half_open") == 1
+    for i in (3, 4):
+        e.add(make_request(rid(i), num_tokens=40, max_tokens=1))
+        step()
+    step()
+    assert state("c0") == 0 and moved("c0", "half_open_to_closed") == 1
+    assert state("c1") == 0 and moved("c1", "closed_to_open") is None
