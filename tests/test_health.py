@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +29,7 @@ from multiconnector.health import (
 )
 from multiconnector.healthbook import HealthBook, HealthSettings
 from multiconnector.rule import may_look_up, next_cooldown, slow_lookup
+from tests.browser import mermaid_blocks, mermaid_page, problems, rendered, require_chromium
 
 SETTINGS = HealthSettings(
     threshold=3, window_seconds=10.0, cooldown_seconds=5.0, max_cooldown_seconds=20.0, probes=2
@@ -333,3 +335,16 @@ def test_health_and_another_machine_are_refused_together(
     assert capsys.readouterr().err == (
         "multiconnector diagram: error: --health draws a machine of its own, not --machine\n"
     )
+
+
+def test_the_diagram_renders_in_a_real_browser(tmp_path: Path) -> None:
+    """The ``--format md`` page of ``diagram --health`` drawn by headless Chromium with the
+    real mermaid library, as the transfer machine's are (tests/test_browser.py)."""
+    require_chromium()
+    out = tmp_path / "health.md"
+    assert run_cli(["--health", "--format", "md", "-o", str(out)]) == 0
+    sources = mermaid_blocks(out.read_text(encoding="utf-8"))
+    assert len(sources) == 1
+    result = rendered(mermaid_page(sources, tmp_path / "health.html"))
+    assert problems(result, 1) == []
+    assert result["diagrams"][0]["nodes"] >= 3
