@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from transitions import Machine
 
 from multiconnector._table import compile_table
-from multiconnector.diagram import run_cli
+from multiconnector.diagram import HEALTH_MACHINE, run_cli
 from multiconnector.errors import InvalidMachineError
 from multiconnector.health import (
     HEALTH_EVENTS,
@@ -29,6 +29,7 @@ from multiconnector.health import (
 )
 from multiconnector.healthbook import HealthBook, HealthSettings
 from multiconnector.rule import may_look_up, next_cooldown, slow_lookup
+from multiconnector.usermachine import check_machine
 from tests.browser import mermaid_blocks, mermaid_page, problems, rendered, require_chromium
 
 SETTINGS = HealthSettings(
@@ -348,3 +349,13 @@ def test_the_diagram_renders_in_a_real_browser(tmp_path: Path) -> None:
     result = rendered(mermaid_page(sources, tmp_path / "health.html"))
     assert problems(result, 1) == []
     assert result["diagrams"][0]["nodes"] >= 3
+
+
+def test_the_generic_checker_passes_the_one_declaration() -> None:
+    """``multiconnector check --machine multiconnector.health:build_health_machine``: with its
+    guards as free choices, no event's guards overlap, no state deadlocks, every state is
+    entered and every declared transition fires."""
+    report = check_machine(HEALTH_MACHINE)
+    assert report.ok and report.finished
+    assert all(p.passed for p in report.properties)
+    assert set(report.states_reached) == {s.value for s in HEALTH_STATES}
