@@ -262,6 +262,7 @@ diagrams: setup
 	$(VENV)/bin/multiconnector diagram --format dot -o $(BUILD)/machine.dot
 	$(VENV)/bin/multiconnector diagram --format svg -o $(BUILD)/machine.svg
 	$(VENV)/bin/multiconnector diagram --format md -o $(BUILD)/machine.md
+	$(VENV)/bin/multiconnector diagram --health --format mermaid -o $(BUILD)/health.mmd
 
 ## docs-diagrams: rewrite the committed diagrams in docs/generated/ (a test checks they are fresh)
 docs-diagrams: setup

@@ -55,6 +55,8 @@ from .machine import INITIAL, STATES, TERMINAL, RequestTransferState, State, Ste
 __all__ = [
     "FORMATS",
     "GENERATED",
+    "HEALTH_MACHINE",
+    "HEALTH_TITLE",
     "TITLE",
     "find_path",
     "read_path",
@@ -66,6 +68,11 @@ __all__ = [
 
 #: The title every diagram of the machine carries.
 TITLE: Final = "request transfer"
+#: The health machine's factory, as ``--machine`` names it: ``--health`` draws it from its one
+#: declaration (:data:`multiconnector.health.HEALTH_TRANSITIONS`) as any machine of your own.
+HEALTH_MACHINE: Final = "multiconnector.health:build_health_machine"
+#: The title of its diagrams.
+HEALTH_TITLE: Final = "child health"
 #: The committed diagrams (``docs/generated/``), file name -> format. ``make docs-diagrams``
 #: rewrites them; a test fails when one is stale.
 GENERATED: Final[Mapping[str, str]] = {
@@ -563,6 +570,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--state", metavar="NAME", help="with --machine: the state to highlight (the current one)"
     )
+    parser.add_argument(
+        "--health",
+        action="store_true",
+        help=f"draw a child's health machine (--machine {HEALTH_MACHINE}), not the transfer one",
+    )
     return parser
 
 
@@ -617,6 +629,13 @@ def run_cli(argv: Sequence[str]) -> int:
         args = parser.parse_args(list(argv))
     except SystemExit as exc:  # argparse's own exit: 0 for --help, 2 for bad arguments
         return exc.code if isinstance(exc.code, int) else 2
+    if args.health:
+        if args.machine is not None:
+            print(f"{parser.prog}: error: --health draws a machine of its own, not --machine",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        args.machine = HEALTH_MACHINE
+        args.title = HEALTH_TITLE if args.title is None else args.title
     if args.machine is not None:
         from .usermachine.diagram import run_cli as run_machine_cli  # noqa: PLC0415 - on demand
 

@@ -35,6 +35,7 @@ A bad argument's error is a :class:`TypeError` when its type is wrong and also a
         ├── HMAUnsupportedError         (also ValueError)   the HMA on, a child without support
         ├── LookupPatienceError         (also TimeoutError) a child looking up past its patience
         ├── MetadataMismatchError       (also ValueError)   metadata not naming exactly the children
+        ├── SlowLookupError             (also TimeoutError) a child's lookup slower than its bound
         ├── UncomposedHookError         (also RuntimeError) a newer vLLM's hook ours cannot compose
         └── WrongRoleError              (also RuntimeError) a call the connector's role never gets
 

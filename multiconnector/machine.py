@@ -34,7 +34,7 @@ from typing import Any, Final, NamedTuple, final
 import attrs
 from transitions import Machine
 
-from .errors import InvalidMachineError
+from ._table import as_list, compile_table, decision, decisions, events_of, guard_of
 
 __all__ = [
     "DECISIONS",
@@ -101,10 +101,7 @@ INITIAL: Final = State.pending
 
 
 def _events() -> tuple[str, ...]:
-    seen: dict[str, None] = {}
-    for t in TRANSITIONS:
-        seen.setdefault(t["trigger"], None)
-    return tuple(seen)
+    return events_of(TRANSITIONS)
 
 
 EVENTS: Final[tuple[str, ...]] = _events()
@@ -240,34 +237,17 @@ Guard = Callable[[RequestTransferState, Any], bool]
 #: A compiled transition: one guard (``None``: always), the value it must return, destination.
 Compiled = tuple[Guard | None, bool, State]
 
-
-def _as_list(value: Any) -> list[str]:
-    if value is None:
-        return []
-    return [value] if isinstance(value, str) else list(value)
+_as_list = as_list
+_decision = decision
 
 
 def _guard(conds: list[str], unless: list[str]) -> tuple[Guard | None, bool]:
-    """A transition's guard and the value it must return: at most one guard per transition
-    (the runtime's decisions call one), or the module does not load."""
-    if not conds and not unless:
-        return None, True
-    if len(conds) + len(unless) > 1:
-        raise InvalidMachineError(
-            [f"a transition has several guards ({', '.join(conds + unless)}): declare one"]
-        )
-    name = (conds or unless)[0]
-    return getattr(RequestTransferState, name), bool(conds)
+    """A transition's guard and the value it must return (:func:`._table.guard_of`)."""
+    return guard_of(RequestTransferState, conds, unless)
 
 
 def _compile() -> dict[State, dict[str, tuple[Compiled, ...]]]:
-    table: dict[State, dict[str, list[Compiled]]] = {s: {} for s in STATES}
-    for t in TRANSITIONS:
-        guard, want = _guard(_as_list(t.get("conditions")), _as_list(t.get("unless")))
-        for source in (State(s) for s in _as_list(t["source"])):
-            dest = source if t["dest"] == "=" else State(t["dest"])
-            table[source].setdefault(t["trigger"], []).append((guard, want, dest))
-    return {s: {e: tuple(ts) for e, ts in events.items()} for s, events in table.items()}
+    return compile_table(TRANSITIONS, State, RequestTransferState)
 
 
 #: ``TABLE[state][event]`` lists the candidate transitions in declaration order.
@@ -292,37 +272,10 @@ def step(record: RequestTransferState, event: str, arg: Any) -> State | None:
 Decision = tuple[Guard | None, State | None, State | None]
 
 
-def _decision(candidates: tuple[Compiled, ...]) -> Decision | None:
-    """One guard call instead of a walk, when the candidates allow it; ``None`` when not."""
-    if not candidates:
-        return None, None, None
-    guard, want, dest = candidates[0]
-    if guard is None:
-        return None, dest, None
-    if len(candidates) == 1:
-        return (guard, dest, None) if want else (guard, None, dest)
-    other, other_want, other_dest = candidates[1]
-    # The second candidate takes exactly the cases the first refuses: later ones never run.
-    if other is None or (other is guard and other_want is not want):
-        return (guard, dest, other_dest) if want else (guard, other_dest, dest)
-    return None
-
-
 def _decisions() -> dict[str, dict[State, Decision]]:
     """Every (state, event) pair's decision; :class:`InvalidMachineError` (at import) when some
     pair's candidates need a walk."""
-    decisions: dict[str, dict[State, Decision]] = {event: {} for event in EVENTS}
-    walks = []
-    for event in EVENTS:
-        for state in STATES:
-            decision = _decision(TABLE[state].get(event, ()))
-            if decision is None:
-                walks.append(f"{event} from {state.value}: its candidates need more than one guard")
-            else:
-                decisions[event][state] = decision
-    if walks:
-        raise InvalidMachineError(walks)
-    return decisions
+    return decisions(TABLE, EVENTS, STATES)
 
 
 #: ``DECISIONS[event][state]``: TABLE specialised per event, for the aggregator's hot path, which

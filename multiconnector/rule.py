@@ -27,6 +27,11 @@ The decisions held here:
   request that saves: its one completion is its save's). Read by a vLLM worker for the saves
   it reports, and by the vLLM scheduler for every load completion (a counted loader's
   included).
+* :func:`may_look_up`, :func:`slow_lookup` and :func:`next_cooldown`: what a child's health
+  (:mod:`multiconnector.health`) means: whether it is asked to look up (and so may be chosen to
+  load), whether a lookup that answered was too slow (a failure, its answer taken), and how
+  long a child stays open when it opens (the cooldown, doubled after each failed probe up to a
+  bound). Nothing here touches the transfer books: health never drops what a child owes.
 * :func:`finish_answer`: what a connector's ``request_finished`` answer promises (a garbage
   answer is awaited, in case it started a save; a load-only connector is never awaited), read
   by the aggregator's ``request_finished``, the registry's load-only connectors and the vLLM
@@ -68,6 +73,7 @@ from typing import Any, Final
 
 from ._validate import shown
 from .errors import InvalidAnswerError, RoleError
+from .health import Health
 from .machine import DECISIONS, STATES, TERMINAL, RequestTransferState, State, load_owed
 from .outcome import Outcome
 
@@ -86,10 +92,13 @@ __all__ = [
     "finish_answer",
     "load_owed",
     "load_report",
+    "may_look_up",
+    "next_cooldown",
     "one_completion",
     "part_report",
     "refined",
     "safe_to_hand_back",
+    "slow_lookup",
     "transfer_report",
 ]
 
@@ -483,3 +492,28 @@ class Verdicts:
             self.kept += 1
             by_awaiting.setdefault(awaiting, {})[name] = verdict
         return verdict
+
+
+def may_look_up(state: Health) -> bool:
+    """Whether a child in health ``state`` is asked to look up (so may be chosen to load):
+    yes unless it is ``open``. A ``half_open`` child is asked: its answers are the probes.
+    Saves, per-step and per-layer hooks, ``request_finished`` and shutdown are asked whatever
+    the state: a save it takes is awaited as any, and vLLM's contract (``request_finished``
+    once per request) holds for every child."""
+    return state is not Health.open
+
+
+def slow_lookup(seconds: float, bound: float | None) -> bool:
+    """Whether a lookup that took ``seconds`` is a failure under the composition's
+    ``slow_lookup_seconds`` ``bound`` (``None``: off). Python cannot interrupt a call: the
+    answer is taken, and counted a failure, so that the next ones are not waited for."""
+    return bound is not None and seconds > bound
+
+
+def next_cooldown(cooldown: float, *, base: float, most: float, probe_failed: bool) -> float:
+    """How long a child that opens now stays open: ``base`` when it opens from ``closed``;
+    twice its last ``cooldown`` (at most ``most``) when a probe failed (it opens from
+    ``half_open``): a store that is still down is asked less and less often."""
+    if not probe_failed:
+        return base
+    return min(cooldown * 2, most)

@@ -77,6 +77,7 @@ _ADAPTERS = {
     "HMAUnsupportedError",
     "LookupPatienceError",
     "MetadataMismatchError",
+    "SlowLookupError",
     "UncomposedHookError",
     "WrongRoleError",
 }

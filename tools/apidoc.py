@@ -42,6 +42,8 @@ SECTIONS: Final = (
     ("multiconnector.check", "The model checker (docs/check.md)."),
     ("multiconnector.usermachine", "Checking and drawing your own machine (docs/usermachine.md)."),
     ("multiconnector.machine", "The request state machine's one declaration."),
+    ("multiconnector.health", "A child's health machine's one declaration."),
+    ("multiconnector.healthbook", "Every child's health in one composition, on an injected clock."),
     ("multiconnector.rule", "The report rule: what a report does to a record, as pure functions."),
     ("multiconnector.diagram", "The diagrams drawn from the declaration (docs/diagrams.md)."),
     ("multiconnector.errors", "Every error the package raises, under one root."),

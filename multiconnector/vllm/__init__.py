@@ -85,6 +85,7 @@ except ModuleNotFoundError as _missing:
 from ..ledger import SaveLedger
 from .config import (
     CHILDREN_KEY,
+    HEALTH_KEY,
     HIT_METRICS_KEY,
     LOOKUP_KEY,
     NAME_KEY,
@@ -104,6 +105,7 @@ from .errors import (
     HMAUnsupportedError,
     LookupPatienceError,
     MetadataMismatchError,
+    SlowLookupError,
     UncomposedHookError,
     WrongRoleError,
 )
@@ -122,6 +124,7 @@ from .wire import (
 
 __all__ = [
     "CHILDREN_KEY",
+    "HEALTH_KEY",
     "HIT_METRICS_KEY",
     "LOOKUP_KEY",
     "NAME_KEY",
@@ -145,6 +148,7 @@ __all__ = [
     "NamedMultiConnectorWorkerMetadata",
     "NamedPromMetrics",
     "SaveLedger",
+    "SlowLookupError",
     "UncomposedHookError",
     "WrongRoleError",
     "child_specs",

@@ -21,6 +21,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 
 from .._validate import shown
 from ..errors import ConnectorFailures, InvalidArgumentError, InvalidValueError
+from ..healthbook import HealthBook
 from ..registry import ConnectorRegistry, Role
 from .config import ChildSpec
 from .errors import ChildStartError, MetadataMismatchError, WrongRoleError
@@ -74,6 +75,7 @@ class Children:
         "by_name",
         "closed",
         "fan",
+        "health",
         "items",
         "loaders",
         "names",
@@ -92,6 +94,9 @@ class Children:
         self.roles: dict[str, Role] = {spec.name: spec.role for spec in specs}
         #: The children's failures in per-request and per-step hooks, counted and logged.
         self.trouble = Trouble()
+        #: Each child's health (the scheduler's, when the composition has a health machine):
+        #: every failure absorbed is fed to it.
+        self.health: HealthBook | None = None
         self.closed = False
         self._world = int(
             getattr(getattr(vllm_config, "parallel_config", None), "world_size", 1) or 1
@@ -219,8 +224,20 @@ class Children:
     ) -> None:
         """The children of ``failures`` failed in ``what``, a hook vLLM calls per request or per
         step: counted under their names and logged, never raised (``degraded`` says what became
-        of each child's part, for the log)."""
+        of each child's part, for the log); each a failure of its health machine, when the
+        composition has one (:attr:`health`)."""
         self.trouble.record_all(what, failures, degraded)
+        health = self.health
+        if health is not None:
+            for name, _ in failures:
+                health.failed(name)
+
+    def overdue(self, kind: str, name: str, request_id: str, seconds: float, limit: float) -> None:
+        """Child ``name`` owes its ``kind`` report of ``request_id`` past ``limit``
+        (:meth:`Trouble.overdue`: counted, warned about); a failure of its health machine too."""
+        self.trouble.overdue(kind, name, request_id, seconds, limit)
+        if self.health is not None:
+            self.health.failed(name)
 
     def present(self, method: str, *, soft: bool = False) -> dict[str, Any]:
         """Each child's no-argument ``method()``, keeping only answers that are not ``None``

@@ -28,12 +28,14 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
 from .._validate import bad_argument, check_int, check_name, check_seconds, shown
 from ..errors import DuplicateConnectorError, InvalidArgumentError, InvalidValueError
+from ..healthbook import HealthSettings
 from ..lookup import Lookup, lookup_of
 from ..registry import Role
 from .errors import ChildClassError
 
 __all__ = [
     "CHILDREN_KEY",
+    "HEALTH_KEY",
     "HIT_METRICS_KEY",
     "LOOKUP_KEY",
     "NAME_KEY",
@@ -47,6 +49,7 @@ __all__ = [
     "Settings",
     "child_specs",
     "default_name",
+    "health_settings",
     "hit_metrics",
     "lookup_policy",
     "overdue_seconds",
@@ -93,6 +96,21 @@ HIT_METRICS_KEY: Final = "child_hit_metrics"
 PATIENCE_KEY: Final = "lookup_patience_steps"
 #: Its default: vLLM asks again each scheduler step.
 PATIENCE_STEPS: Final = 64
+
+
+#: The key of each child's health machine (:mod:`multiconnector.health`): a mapping of its
+#: bounds (``{}``: every default), or absent (or ``None``): off, as before it existed.
+HEALTH_KEY: Final = "health"
+#: Each key of the health mapping and its kind: a count (>= 1), seconds (> 0), or a bound
+#: (seconds > 0, or ``None``: off).
+_HEALTH_FIELDS: Final = {
+    "threshold": "count",
+    "window_seconds": "seconds",
+    "cooldown_seconds": "seconds",
+    "max_cooldown_seconds": "seconds",
+    "probes": "count",
+    "slow_lookup_seconds": "bound",
+}
 
 
 @final
@@ -323,6 +341,43 @@ def patience_steps(extra_config: Mapping[str, Any]) -> int:
     return check_int(value, f"kv_connector_extra_config[{PATIENCE_KEY!r}]", minimum=1)
 
 
+def health_settings(extra_config: Mapping[str, Any]) -> HealthSettings | None:
+    """``kv_connector_extra_config[HEALTH_KEY]``, checked (each key named with its full path),
+    or ``None`` (off) when absent or ``None``: an unknown key is refused (a misspelt bound
+    would otherwise be its default, silently), and ``max_cooldown_seconds`` may not be below
+    ``cooldown_seconds``."""
+    value = extra_config.get(HEALTH_KEY)
+    if value is None:
+        return None
+    where = f"kv_connector_extra_config[{HEALTH_KEY!r}]"
+    if not isinstance(value, Mapping):
+        raise InvalidArgumentError(
+            f"{where}={shown(value)} must be a mapping of the health bounds "
+            f"({', '.join(_HEALTH_FIELDS)}), or absent for no health machine"
+        )
+    unknown = sorted(str(key) for key in value if key not in _HEALTH_FIELDS)
+    if unknown:
+        raise InvalidValueError(
+            f"{where} has unknown key(s) {unknown}; the keys are {list(_HEALTH_FIELDS)}"
+        )
+    fields: dict[str, Any] = {}
+    for key, kind in _HEALTH_FIELDS.items():
+        if key not in value:
+            continue
+        at = f"{where}[{key!r}]"
+        if kind == "count":
+            fields[key] = check_int(value[key], at, minimum=1)
+        elif kind == "seconds" or value[key] is not None:
+            fields[key] = check_seconds(value[key], at, positive=True)
+    settings = HealthSettings(**fields)
+    if settings.max_cooldown_seconds < settings.cooldown_seconds:
+        raise InvalidValueError(
+            f"{where}['max_cooldown_seconds']={settings.max_cooldown_seconds:g} must be >= "
+            f"{where}['cooldown_seconds']={settings.cooldown_seconds:g}"
+        )
+    return settings
+
+
 @attrs.frozen(kw_only=True)
 class Settings:
     """The composition's own settings in ``kv_connector_extra_config``, each checked before
@@ -339,6 +394,8 @@ class Settings:
     hit_metrics: bool
     #: Whether a load may be split across the children that load token ranges.
     split: bool = False
+    #: Each child's health machine's bounds (``None``: no health machine).
+    health: HealthSettings | None = None
 
 
 def settings_of(extra_config: Mapping[str, Any]) -> Settings:
@@ -349,6 +406,7 @@ def settings_of(extra_config: Mapping[str, Any]) -> Settings:
         patience=patience_steps(extra_config),
         hit_metrics=hit_metrics(extra_config),
         split=split_loads(extra_config),
+        health=health_settings(extra_config),
     )
 
 

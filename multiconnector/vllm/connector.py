@@ -35,6 +35,7 @@ from vllm.version import __version__ as VLLM_VERSION
 from .._validate import shown
 from ..aggregator import MultiConnector as Aggregator
 from ..errors import InvalidArgumentError
+from ..health import Health
 from ..ledger import SaveLedger
 from ..outcome import Outcome
 from . import queries
@@ -47,6 +48,7 @@ from .hooks import adopt, check_adopted
 from .scheduler import SchedulerPart
 from .wire import (
     FAILED,
+    HEALTH,
     NamedHandshakeMetadata,
     NamedKVEvents,
     NamedMultiConnectorMetadata,
@@ -201,12 +203,23 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     def child_hits(self) -> dict[str, dict[str, int]]:
         """Scheduler: per child name, its lookups so far: ``asked``, ``hits`` (more than 0
         tokens), ``tokens_offered``, ``chosen`` and ``tokens_chosen`` (the loads it was chosen
-        for), ``loads_completed`` and ``loads_failed`` (asynchronous loads); a count that is 0
-        is absent (docs/vllm.md, "Hits per child").
+        for), ``loads_completed`` and ``loads_failed`` (asynchronous loads), ``skipped`` (the
+        lookups of a loader not asked: its health machine was open); a count that is 0 is
+        absent (docs/vllm.md, "Hits per child").
 
         .. versionadded:: 0.1.0
         """
         return self._scheduler.hits.counts()
+
+    def child_health(self) -> dict[str, Health]:
+        """Scheduler: each child's health (:class:`~multiconnector.health.Health`), by name in
+        configuration order; empty when the composition has no health machine (no
+        ``kv_connector_extra_config['health']``): docs/vllm.md, "When a child fails".
+
+        .. versionadded:: 0.1.0
+        """
+        health = self._scheduler.health
+        return {} if health is None else health.snapshot()
 
     def child_failures(self) -> dict[str, dict[str, int]]:
         """Per child name, per hook, how many times the child raised or answered what cannot
@@ -385,6 +398,11 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         vLLM (a wrong one costs a load slot or a prefetch, never a block).
         """
         pairs = self._kids.loaders
+        health = self._kids.health
+        if health is not None and health.bypassed:  # open: not asked to look up, nor this
+            pairs = tuple(pair for pair in pairs if pair[0] not in health.bypassed)
+            if not pairs:
+                return False  # no child that may load is asked: none loads it
         answers = self._kids.gather_soft(
             "may_load_async",
             lambda name, child: _flag(name, "may_load_async", child.may_load_async(request)),
@@ -741,14 +759,19 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         if failures is not None:
             self._kids.absorb("get_kv_connector_stats", failures, "its stats of this step dropped")
         new = self._kids.trouble.take_unreported()
-        hits = self._sched.hits.take_unreported() if self._sched is not None else {}
-        if not stats and not new and not hits:
+        sched = self._sched
+        hits = sched.hits.take_unreported() if sched is not None else {}
+        moved = (
+            sched.health.take_unreported() if sched is not None and sched.health is not None else {}
+        )
+        if not stats and not new and not hits and not moved:
             return None
         counts = {name: {FAILED + hook: n for hook, n in per.items()} for name, per in new.items()}
-        for name, per in hits.items():
-            mine = counts.setdefault(name, {})
-            for count, n in per.items():
-                mine[LOOKUP + count] = n
+        for prefix, table in ((LOOKUP, hits), (HEALTH, moved)):
+            for name, per in table.items():
+                mine = counts.setdefault(name, {})
+                for count, n in per.items():
+                    mine[prefix + count] = n
         sources = {name: self._kids.sources[name] for name in (*stats, *counts)}
         return NamedMultiConnectorStats(data=stats, sources=sources, counts=counts)
 

@@ -15,6 +15,7 @@ __all__ = [
     "HMAUnsupportedError",
     "LookupPatienceError",
     "MetadataMismatchError",
+    "SlowLookupError",
     "UncomposedHookError",
     "WrongRoleError",
 ]
@@ -114,6 +115,16 @@ class LookupPatienceError(MultiConnectorError, TimeoutError):
     me again") more times in a row than ``lookup_patience_steps``: that child's failure, counted
     under ``get_num_new_matched_tokens`` in ``child_failures()`` and logged once per request;
     the lookup goes on without it.
+
+    .. versionadded:: 0.1.0
+    """
+
+
+class SlowLookupError(MultiConnectorError, TimeoutError):
+    """A child answered a lookup (``get_num_new_matched_tokens``) slower than the health
+    machine's ``slow_lookup_seconds``: its answer is taken (Python cannot interrupt a call),
+    and the delay is that child's failure, counted under ``get_num_new_matched_tokens`` in
+    ``child_failures()``, logged, and fed to its health machine.
 
     .. versionadded:: 0.1.0
     """

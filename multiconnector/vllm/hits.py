@@ -3,11 +3,13 @@
 vLLM's own metrics count prefix-cache hits per engine, and per connector class at best; which
 child of a composition served a hit is not seen (two children of one class collide). The
 scheduler counts, per child *name*: lookups asked, hits (answers of more than 0 tokens), tokens
-offered, loads chosen and their tokens, and asynchronous loads completed and failed. The counts
-reach vLLM's stats payload each step (``"lookup.<count>"`` beside the failures' counts) and the
-Prometheus counter ``vllm:multiconnector_child_lookups{child, count}`` when the composition
-asks for them (``child_hit_metrics: true``: vLLM's class has no such counts, and vLLM's stats
-log line would show them); :meth:`Hits.counts` is the running total, always kept
+offered, loads chosen and their tokens, asynchronous loads completed and failed, and lookups
+skipped because the child's health machine is open (``skipped``: each one a call a failing
+child was spared). The counts reach vLLM's stats payload each step (``"lookup.<count>"``
+beside the failures' counts) and the Prometheus counter
+``vllm:multiconnector_child_lookups{child, count}`` when the composition asks for them
+(``child_hit_metrics: true``: vLLM's class has no such counts, and vLLM's stats log line
+would show them); :meth:`Hits.counts` is the running total, always kept
 (docs/vllm.md, "Hits per child").
 """
 
@@ -28,6 +30,7 @@ COUNTS: Final = (
     "tokens_chosen",
     "loads_completed",
     "loads_failed",
+    "skipped",
 )
 
 

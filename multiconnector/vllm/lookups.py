@@ -9,6 +9,11 @@ point. It keeps, per request, only what later lookups need: whether the chosen l
 asynchronously, the children whose load of it failed (not asked again), and under ``longest``
 the ``None`` answers in a row per child (past the patience, :data:`GAVE_UP`: the lookup goes
 on without that child, a :class:`~multiconnector.vllm.LookupPatienceError` counted once).
+
+With a health machine (``kv_connector_extra_config['health']``), a child it holds open is not
+asked (as if it answered 0; counted ``skipped``), a half-open one's answers are probes, and an
+answer slower than ``slow_lookup_seconds`` is taken and counted its failure
+(:class:`~multiconnector.vllm.SlowLookupError`).
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ from typing import Any, Final
 
 from .._validate import shown
 from ..errors import InvalidArgumentError, InvalidValueError
+from ..healthbook import HealthBook
 from ..lookup import Lookup, choose
 from ..registry import Role
+from ..rule import slow_lookup
 from .children import Children
 from .config import PATIENCE_KEY, Settings
-from .errors import LookupPatienceError
+from .errors import LookupPatienceError, SlowLookupError
 from .hits import Hits
 
 __all__ = ["GAVE_UP", "RANGE_HOOK", "Lookups"]
@@ -31,6 +38,7 @@ __all__ = ["GAVE_UP", "RANGE_HOOK", "Lookups"]
 #: In a request's waits: the child answered ``None`` past its patience (not asked again).
 GAVE_UP: Final = -1
 _SAVE: Final = Role.save
+_NONE: Final[frozenset[str]] = frozenset()
 
 #: The method by which a child declares that it loads token ranges, so a load may be split
 #: across it and others (``split_loads``): ``update_state_after_alloc_range(request, blocks,
@@ -132,6 +140,8 @@ class Lookups:
         load_async = request_id in self._load_async
         failed_here = self._failed_by.get(request_id, ()) if self._failed_by else ()
         waits = self._waits.get(request_id, {}) if self._waits else {}
+        health = self._kids.health
+        bypassed = health.bypassed if health is not None else _NONE
         left = [
             name
             for name in ranged
@@ -139,6 +149,7 @@ class Lookups:
             and name not in counted
             and name not in failed_here
             and waits.get(name) != GAVE_UP
+            and name not in bypassed
         ]
         parts: list[tuple[str, int, int]] = []
         failures: list[tuple[str, Exception]] = []
@@ -147,8 +158,11 @@ class Lookups:
             for name in left:
                 self._hits.add(name, "asked")
                 try:
-                    tokens, flag = self._asked(
-                        name, self._kids.by_name[name], request, start, waits=False
+                    child = self._kids.by_name[name]
+                    tokens, flag = (
+                        self._asked(name, child, request, start, waits=False)
+                        if health is None
+                        else self._probed(health, name, child, request, start, waits=False)
                     )
                 except Exception as exc:
                     failures.append((name, exc))
@@ -201,15 +215,26 @@ class Lookups:
         first = self._policy is Lookup.first
         failed_here = self._failed_by.get(request_id, ()) if self._failed_by else ()
         waits = self._waits.get(request_id) if self._waits else None
+        health = self._kids.health
+        bypassed = health.bypassed if health is not None else _NONE
         for name, child in self._kids.items:
             if self._kids.roles[name] is _SAVE:
                 continue  # never looked up
             if name in failed_here or (waits is not None and waits.get(name) == GAVE_UP):
                 yield name, 0
                 continue
+            if name in bypassed:  # its health machine is open: as if it answered 0
+                self._hits.add(name, "skipped")
+                yield name, 0
+                continue
             self._hits.add(name, "asked")
             try:
-                tokens, load_async = self._asked(name, child, request, num_computed_tokens)
+                if health is None:
+                    tokens, load_async = self._asked(name, child, request, num_computed_tokens)
+                else:
+                    tokens, load_async = self._probed(
+                        health, name, child, request, num_computed_tokens
+                    )
             except Exception as exc:
                 failures.append((name, exc))
                 continue
@@ -222,6 +247,36 @@ class Lookups:
                 self._hits.answered(name, tokens)
             flags[name] = load_async
             yield name, tokens
+
+    def _probed(
+        self,
+        health: HealthBook,
+        name: str,
+        child: Any,
+        request: Any,
+        num_computed_tokens: int,
+        *,
+        waits: bool = True,
+    ) -> tuple[int | None, bool]:
+        """:meth:`_asked`, watched by the children's health machine: an answer slower than
+        ``slow_lookup_seconds`` is taken and is the child's failure
+        (:func:`~multiconnector.rule.slow_lookup`, a :class:`SlowLookupError`); a number
+        answered in time by a half-open child is a probe's success."""
+        bound = health.settings.slow_lookup_seconds
+        began = health.clock() if bound is not None else 0.0
+        tokens, load_async = self._asked(name, child, request, num_computed_tokens, waits=waits)
+        if bound is not None:
+            took = health.clock() - began
+            if slow_lookup(took, bound):
+                slow = SlowLookupError(
+                    f"child {name!r} took {took:.3g} s to answer a lookup of request "
+                    f"{request.request_id!r} (slow_lookup_seconds={bound:g})"
+                )
+                self._kids.absorb("get_num_new_matched_tokens", [(name, slow)], "its answer taken")
+                return tokens, load_async
+        if tokens is not None and name in health.probing:
+            health.answered(name)
+        return tokens, load_async
 
     def _asked(
         self, name: str, child: Any, request: Any, num_computed_tokens: int, *, waits: bool = True

@@ -26,6 +26,7 @@ from ..errors import (
     KeyClashError,
     ShutDownError,
 )
+from ..healthbook import health_book
 from ..ledger import take_older
 from ..machine import State
 from ..outcome import Outcome
@@ -86,6 +87,8 @@ class SchedulerPart:
         self._all_support_hma = all_support_hma
         self._block_size = int(getattr(vllm_config.cache_config, "block_size", 16) or 16)
         self.live: dict[str, Any] = {}
+        #: Each child's health (``None``: no health machine), fed by every failure absorbed.
+        self.health = children.health = health_book(children.names, settings.health)
         #: Which child loads each request, and what later lookups need of it.
         self.lookups = Lookups(children, settings, self.hits)
         #: Each request's computed tokens when its loader was chosen, until vLLM allocates.
@@ -375,6 +378,8 @@ class SchedulerPart:
             self._fail_step_loads({name for name, _ in failures})
         if self._load_since:
             self._overdue_loads()
+        if self.health is not None:
+            self.health.tick()  # open children whose cooldown is over go half-open
         return NamedMultiConnectorMetadata.owning(children, self._seal())
 
     def _seal(self) -> Outbox:
@@ -406,7 +411,7 @@ class SchedulerPart:
         for request_id, began in take_older(self._load_since, now - limit):
             loader = self.loader(request_id)
             if loader is not None:
-                self._kids.trouble.overdue("load", loader, request_id, now - began, limit)
+                self._kids.overdue("load", loader, request_id, now - began, limit)
 
     def _fail_step_loads(self, names: set[str]) -> None:
         """The loads of this step by the children ``names`` (which sent their workers no
@@ -601,6 +606,8 @@ class SchedulerPart:
         if request_id in self.live:
             self.lookups.failed(name, request_id)
         self.hits.add(name, "loads_failed")
+        if self.health is not None:
+            self.health.failed(self.child_of(name))
 
     def _parts_failed(self, load_failed: Mapping[str, Mapping[str, int]]) -> None:
         """The workers reported these children's parts of split loads failed (their blocks
@@ -792,5 +799,3 @@ class SchedulerPart:
         if shared is None:
             shared = self._saver_tuples.setdefault(names, names)
         return shared
-
-    # -- the rest of the scheduler's hooks -----------------------------------------------------

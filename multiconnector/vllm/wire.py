@@ -29,6 +29,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
 
 from .._validate import shown
 from ..errors import InvalidArgumentError
+from ..health import Health
+from .config import HEALTH_KEY, specs_of
 from .hits import LOOKUP
 
 __all__ = [
@@ -607,6 +609,28 @@ logger: Final = logging.getLogger("multiconnector")
 
 #: The prefix of a count of a child's failures in one hook: ``"failed.<hook>"``.
 FAILED: Final = "failed."
+#: The prefix of a child's health counts: ``"health.<source>_to_<dest>"`` (its transitions),
+#: and ``"health.open"`` or ``"health.half_open"`` (1 per step it was so: summed over an
+#: interval, the steps it was bypassed or probing).
+HEALTH: Final = "health."
+#: The value of ``vllm:multiconnector_child_health`` per state.
+HEALTH_GAUGE: Final = {Health.closed: 0, Health.half_open: 1, Health.open: 2}
+
+
+def health_state(counts: Mapping[str, int]) -> Health | None:
+    """A child's health at the end of the step whose ``counts`` these are (vLLM records each
+    step's payload): its state when not closed (a count of the step, ``health.open`` or
+    ``health.half_open``), closed when it moved there in that step; ``None``: it did not
+    change (a closed child's counts say nothing of its health)."""
+    if counts.get(HEALTH + Health.open.value):
+        return Health.open
+    if counts.get(HEALTH + Health.half_open.value):
+        return Health.half_open
+    if any(key.startswith(HEALTH) and key.endswith("_to_closed") for key in counts):
+        return Health.closed
+    return None
+
+
 #: The count of a child whose stats raised where vLLM called them.
 _STATS_FAILED: Final = FAILED + "get_kv_connector_stats"
 
@@ -635,7 +659,10 @@ class NamedPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
     Metrics are built once per class (Prometheus refuses to register a metric twice), so two
     children of one class record into the same metrics. The adapter's own counts of each child
     (:attr:`NamedMultiConnectorStats.counts`) are recorded by child *name*:
-    ``vllm:multiconnector_child_failures_total{child, hook}``.
+    ``vllm:multiconnector_child_failures_total{child, hook}``, and with a health machine
+    ``vllm:multiconnector_child_health{child}`` (:data:`HEALTH_GAUGE`: 0 closed, 1 half-open, 2
+    open; every child 0 from the start) and
+    ``vllm:multiconnector_child_health_transitions_total{child, transition}``.
 
     .. versionadded:: 0.1.0
     """
@@ -662,9 +689,26 @@ class NamedPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
             name="vllm:multiconnector_child_lookups",
             documentation="Lookups of a child connector of multiconnector's MultiConnector, by "
             "child name and count: asked, hits, tokens_offered, chosen, tokens_chosen, "
-            "loads_completed, loads_failed",
+            "loads_completed, loads_failed, skipped",
             labelnames=[*labelnames, "child", "count"],
         )
+        self.child_health = self._gauge_cls(
+            name="vllm:multiconnector_child_health",
+            documentation="The health of a child connector of multiconnector's MultiConnector, "
+            "by child name: 0 closed (asked), 1 half_open (probed), 2 open (not looked up)",
+            labelnames=[*labelnames, "child"],
+        )
+        self.child_health_transitions = self._counter_cls(
+            name="vllm:multiconnector_child_health_transitions",
+            documentation="Transitions of a child's health machine, by child name and "
+            "'<source>_to_<dest>'",
+            labelnames=[*labelnames, "child", "transition"],
+        )
+        transfer = vllm_config.kv_transfer_config
+        if transfer is not None and transfer.kv_connector_extra_config.get(HEALTH_KEY) is not None:
+            for values in per_engine_labelvalues.values():
+                for spec in specs_of(transfer):
+                    self.child_health.labels(*values, spec.name).set(0)
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for name, entry in transfer_stats_data.items():
@@ -705,3 +749,9 @@ class NamedPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
                 self.child_failures.labels(*values, name, key.removeprefix(FAILED)).inc(n)
             elif key.startswith(LOOKUP):
                 self.child_lookups.labels(*values, name, key.removeprefix(LOOKUP)).inc(n)
+            elif key.startswith(HEALTH) and "_to_" in key:
+                moved = key.removeprefix(HEALTH)
+                self.child_health_transitions.labels(*values, name, moved).inc(n)
+        state = health_state(counts)
+        if state is not None:
+            self.child_health.labels(*values, name).set(HEALTH_GAUGE[state])

@@ -81,12 +81,15 @@ from vllm_harness import (
 
 from bench.scheduler_parts import make_request as bench_request
 from multiconnector import ConnectorFailures
-from multiconnector.vllm import SPLIT_KEY
+from multiconnector.vllm import HEALTH_KEY, SPLIT_KEY
 
 NAMES = ("a", "b", "c")
 EVENT_CLASSES = {"a": EventsA, "b": EventsB, "c": EventsA}
 _MODEL: list[Path] = []  # the tiny model folder, written once
-_CONFIGS: dict[tuple[bool, int, tuple[int | None, ...], bool], VllmConfig] = {}
+_CONFIGS: dict[tuple[bool, int, tuple[int | None, ...], bool, bool], VllmConfig] = {}
+#: The health machine's bounds when a world has one: a child opens at its first failure, so
+#: that health transitions interleave with every other event of a run.
+HEALTH_BOUNDS: dict[str, Any] = {"threshold": 1, "cooldown_seconds": 1, "probes": 1}
 
 #: Every rule's name, with the labels it counts under (the coverage test checks each fired).
 RULE_EVENTS = (
@@ -149,15 +152,22 @@ def model_folder() -> Path:
 
 
 def config_for(
-    ours: bool, workers: int, counts: tuple[int | None, ...], split: bool = False
+    ours: bool,
+    workers: int,
+    counts: tuple[int | None, ...],
+    split: bool = False,
+    health: bool = False,
 ) -> VllmConfig:
     """One VllmConfig per configuration, reused by every example (building one is slow);
-    ``split``: ``split_loads`` on, every child a :class:`~fuzz_children.RangeFuzzChild`."""
-    key = (ours, workers, counts, split)
+    ``split``: ``split_loads`` on, every child a :class:`~fuzz_children.RangeFuzzChild`;
+    ``health``: each child's health machine on (:data:`HEALTH_BOUNDS`)."""
+    key = (ours, workers, counts, split, health)
     if key not in _CONFIGS:
         children = [fuzz_child(name, f"fuzz-{name}", ranged=split) for name in NAMES]
-        extra = {SPLIT_KEY: True} if split else None
-        config = make_config(model_folder(), children, ours=ours, extra=extra)
+        extra: dict[str, Any] = {SPLIT_KEY: True} if split else {}
+        if health:
+            extra[HEALTH_KEY] = HEALTH_BOUNDS
+        config = make_config(model_folder(), children, ours=ours, extra=extra or None)
         assert config.kv_transfer_config is not None
         config.kv_transfer_config.kv_load_failure_policy = "recompute"
         config.parallel_config.world_size = workers  # vLLM's tensor parallel size
@@ -182,6 +192,7 @@ class World:
         num_blocks: int = 10,
         counts: tuple[int | None, ...] = (None, None, None),
         split: bool = False,
+        health: bool = False,
     ) -> None:
         self.ours = ours
         self.boards: dict[str, Board] = {
@@ -193,7 +204,7 @@ class World:
             )
             for name, count in zip(NAMES, counts, strict=True)
         }
-        config = config_for(ours, workers, counts, split)
+        config = config_for(ours, workers, counts, split, health)
         self.num_blocks = num_blocks
         self.scheduler = make_scheduler(config, num_blocks)
         self.connector = self.scheduler.connector
@@ -617,6 +628,8 @@ class AdapterMachine(RuleBasedStateMachine):
     #: ``split_loads`` on, every child loading token ranges (:class:`SplitMachine`, whose
     #: requests are added by its ``add_ranges``, not by :meth:`add`).
     SPLIT: ClassVar[bool] = False
+    #: Each child's health machine on (:data:`HEALTH_BOUNDS`; its rules: test_vllm_health_fuzz).
+    HEALTH: ClassVar[bool] = False
     EVENTS: ClassVar[bool] = True
     #: The children that may have an external prefix hit (may be chosen to load).
     LOADERS: ClassVar[tuple[str, ...]] = NAMES
@@ -635,6 +648,7 @@ class AdapterMachine(RuleBasedStateMachine):
             num_blocks=self.NUM_BLOCKS,
             counts=self.COUNTS,
             split=self.SPLIT,
+            health=self.HEALTH,
         )
         self.serial = 0
         self.requests: list[str] = []  # every request id ever added

@@ -22,6 +22,9 @@ Extra config keys (each child's own ``kv_connector_extra_config``):
 - ``never_knows``: answer every lookup ``None`` ("ask me again"), for ever (a tier whose
   lookups never finish).
 
+A label in :data:`DOWN` raises in every lookup while it is there (a store that is down, then
+back: the health machine's tests).
+
 It loads token ranges (``update_state_after_alloc_range``), so a load may be split across it
 and another such child (``split_loads``): asked from a ``num_computed_tokens`` past the
 request's, it answers the stored blocks from there on, and loads the range it is told.
@@ -51,6 +54,9 @@ FINISHED: dict[str, list[str]] = {}
 #: Per label, each ``get_num_new_matched_tokens`` answer: (request id, tokens).
 ANSWERS: dict[str, list[tuple[str, int]]] = {}
 
+#: The labels whose lookups raise (a store that is down), until removed.
+DOWN: set[str] = set()
+
 MARKER = "complete"
 
 
@@ -59,6 +65,7 @@ def reset() -> None:
     CALLS.clear()
     FINISHED.clear()
     ANSWERS.clear()
+    DOWN.clear()
 
 
 def block_key(token_ids: list[int], end: int) -> str:
@@ -120,6 +127,8 @@ class BlockStoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         self._calls["get_num_new_matched_tokens"] += 1
+        if self._label in DOWN:
+            raise OSError(f"{self._label}: its store is down")
         if self._never_knows:
             return None, False
         tokens = list(request.prompt_token_ids or [])
