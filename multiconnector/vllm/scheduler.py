@@ -1,14 +1,12 @@
 """The scheduler's part of the vLLM-facing connector: :class:`SchedulerPart`.
 
 The calls vLLM makes on the scheduler's connector. The part asks its children itself (they want
-vLLM's ``Request``), judges their answers by the core's pure rules (through
-:class:`~multiconnector.vllm.lookups.Lookups`, and :func:`~multiconnector.rule.finish_answer`)
-and *tells* its core books what they decided: the loader
-(:meth:`~multiconnector.MultiConnector.choose_loader`) and the savers
-(:meth:`~multiconnector.MultiConnector.request_finished_by`). The books then hold each request
-from its arrival until :meth:`~multiconnector.MultiConnector.take` hands it back, which is
-when vLLM may free its blocks. Each step's metadata tells the workers, by name, who loads and
-who saves what.
+vLLM's ``Request``), judges their answers by the core's pure rules (:mod:`~multiconnector.rule`,
+through :class:`~multiconnector.vllm.lookups.Lookups`) and *tells* its core books what they
+decided: the loader (:meth:`~multiconnector.MultiConnector.choose_loader`) and the savers
+(:meth:`~multiconnector.MultiConnector.request_finished_by`). The books hold each request until
+:meth:`~multiconnector.MultiConnector.take` hands it back, when vLLM may free its blocks. Each
+step's metadata tells the workers, by name, who loads and who saves what.
 """
 
 from __future__ import annotations
