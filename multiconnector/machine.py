@@ -37,6 +37,7 @@ from transitions import Machine
 from .errors import InvalidMachineError
 
 __all__ = [
+    "CALL_EVENTS",
     "DECISIONS",
     "EVENTS",
     "STATES",
@@ -108,6 +109,22 @@ def _events() -> tuple[str, ...]:
 
 
 EVENTS: Final[tuple[str, ...]] = _events()
+
+#: Which event each of the aggregator's calls can fire, beside the declaration it fires into
+#: (the model checker reads it to know which transitions an alphabet of calls can reach). An
+#: event is named after the call that fires it, but for three calls: ``request_finished_by``
+#: (the told form) fires ``request_finished``; ``transfer_finished_many`` fires
+#: ``transfer_finished``, once per report; ``unregister`` fires ``connector_gone``, once per
+#: request awaiting the name. No other call fires one (``begin`` makes a record in
+#: :data:`INITIAL`; a load report changes the record, not its state).
+CALL_EVENTS: Final[Mapping[str, str]] = {
+    "request_finished": "request_finished",
+    "request_finished_by": "request_finished",
+    "transfer_finished": "transfer_finished",
+    "transfer_finished_many": "transfer_finished",
+    "cancel": "cancel",
+    "unregister": "connector_gone",
+}
 
 
 class Step(NamedTuple):
