@@ -49,6 +49,7 @@ __all__ = [
     "State",
     "Step",
     "build_machine",
+    "in_flight_of",
     "load_owed",
     "step",
 ]
@@ -207,7 +208,9 @@ class RequestTransferState:
         """Whether a connector may still touch the request's blocks: it awaits a save, or its
         load is :attr:`loading`. A terminal request is handed back by ``take()`` only once this
         is false; until then it is *draining*."""
-        return bool(self.awaiting) or self.loading
+        return in_flight_of(
+            self.awaiting, self.parts_owed, self.loader, self.loaded, self.loader_gone
+        )
 
     @property
     def loading(self) -> bool:
@@ -251,6 +254,20 @@ def load_owed(loader: str | None, loaded: bool, loader_gone: bool) -> bool:
     (this module is below :mod:`multiconnector.rule`, which cannot be imported here); every
     other side reads it as :func:`multiconnector.rule.load_owed`."""
     return loader is not None and not loaded and not loader_gone
+
+
+def in_flight_of(
+    awaiting: tuple[str, ...],
+    parts_owed: tuple[str, ...],
+    loader: str | None,
+    loaded: bool,
+    loader_gone: bool,
+) -> bool:
+    """:attr:`RequestTransferState.in_flight` from the fields it reads: a save is awaited, a
+    split load's part is owed, or the load is (:func:`load_owed`). The one spelling of it: the
+    aggregator asks it of fields it is about to write
+    (:func:`multiconnector.rule.safe_to_hand_back`)."""
+    return bool(awaiting) or bool(parts_owed) or load_owed(loader, loaded, loader_gone)
 
 
 Guard = Callable[[RequestTransferState, Any], bool]
@@ -344,8 +361,9 @@ def _decisions() -> dict[str, dict[State, Decision]]:
 
 #: ``DECISIONS[event][state]``: TABLE specialised per event, for the aggregator's hot path, which
 #: evaluates ``yes if guard is None or guard(record, arg) else no`` instead of calling
-#: :func:`step`. Derived from TABLE, so from TRANSITIONS, and complete: every (state, event) pair
-#: is there, or the module does not load. Guards return ``bool``.
+#: :func:`step` (:func:`multiconnector.rule.decide`, the one place an entry is applied).
+#: Derived from TABLE, so from TRANSITIONS, and complete: every (state, event) pair is there, or
+#: the module does not load. Guards return ``bool``.
 DECISIONS: Final[Mapping[str, Mapping[State, Decision]]] = _decisions()
 
 

@@ -31,18 +31,17 @@ from ..errors import (
     RoleError,
     UnknownConnectorError,
 )
-from ..machine import DECISIONS, STATES, TABLE, TERMINAL, RequestTransferState
+from ..machine import DECISIONS, STATES, TABLE, RequestTransferState
 from ..outcome import Outcome
 from ..params import merge_transfer_params
 from ..registry import Entry, Role
-from ..rule import SHARED_LIMIT, finish_answer
+from ..rule import SHARED_LIMIT, decide, finish_answer, finish_refused
 from ._books import (
     _APPLIED,
     _CANCELLED,
     _DUPLICATE,
     _NO_NAME,
     _OVERTAKEN,
-    _TERMINAL,
     _UNKNOWN_REQUEST,
     Awaited,
     Books,
@@ -157,7 +156,7 @@ class Saving(Books):
         if record is None:
             refused = _UNKNOWN_REQUEST
         elif record.state in _NOT_FINISHABLE:
-            refused = self._refuse_finish(record)
+            refused = finish_refused(record.state)
         else:
             claim = object()  # ours alone: only the call that set it removes it
             try:
@@ -165,7 +164,7 @@ class Saving(Books):
                     refused = _DUPLICATE
                 elif record.state in _NOT_FINISHABLE:  # finished or cancelled since our look
                     self._release(record, claim, index)
-                    refused = self._refuse_finish(record)
+                    refused = finish_refused(record.state)
                 else:
                     return record, claim, index
             except BaseException:
@@ -496,10 +495,9 @@ class Saving(Books):
         :meth:`request_finished_by`: ``awaited`` are the savers that can still report,
         ``expected`` every saver (``awaited`` itself when they are the same).
         """
-        guard, yes, no = _ON_REQUEST_FINISHED[record.state]
-        dest = yes if guard is None or guard(record, awaited) else no
+        dest = decide(_ON_REQUEST_FINISHED, record, awaited)
         if dest is None:
-            outcome = self._refuse_finish(record)
+            outcome = finish_refused(record.state)
             self._count(index, outcome, _NO_NAME)
             return outcome
         record.awaiting = awaited
@@ -511,8 +509,3 @@ class Saving(Books):
         self._transition(record, "request_finished", dest, None)  # last: take() may see it
         self._finishes[index] += 1
         return _APPLIED
-
-    @staticmethod
-    def _refuse_finish(record: RequestTransferState) -> Outcome:
-        """Why ``request_finished`` does not apply to ``record``."""
-        return _TERMINAL if record.state in TERMINAL else _DUPLICATE
