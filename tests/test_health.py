@@ -359,3 +359,18 @@ def test_the_generic_checker_passes_the_one_declaration() -> None:
     assert report.ok and report.finished
     assert all(p.passed for p in report.properties)
     assert set(report.states_reached) == {s.value for s in HEALTH_STATES}
+
+
+def test_the_docs_page_shows_what_the_declaration_draws(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/health.md's diagram is ``diagram --health``'s, line for line (its title and styles
+    left out): regenerate it when the declaration changes."""
+    page = Path(__file__).resolve().parents[1] / "docs" / "health.md"
+    (shown,) = mermaid_blocks(page.read_text(encoding="utf-8"))
+    assert run_cli(["--health", "--format", "mermaid"]) == 0
+    drawn = capsys.readouterr().out
+
+    def edges(text: str) -> list[str]:
+        return [line.strip() for line in text.splitlines() if "-->" in line]
+
+    assert edges(shown) == edges(drawn)
+    assert edges(shown)
