@@ -397,12 +397,9 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         answer, as for a child that does not implement the hook. Either answer is safe for
         vLLM (a wrong one costs a load slot or a prefetch, never a block).
         """
-        pairs = self._kids.loaders
-        health = self._kids.health
-        if health is not None and health.bypassed:  # open: not asked to look up, nor this
-            pairs = tuple(pair for pair in pairs if pair[0] not in health.bypassed)
-            if not pairs:
-                return False  # no child that may load is asked: none loads it
+        pairs = self._scheduler.lookups.askable(request)  # not open, named by its params
+        if not pairs:
+            return False  # no child that may load is asked: none loads it
         answers = self._kids.gather_soft(
             "may_load_async",
             lambda name, child: _flag(name, "may_load_async", child.may_load_async(request)),
