@@ -234,7 +234,7 @@ Guard = Callable[[RequestTransferState, Any], bool]
 Compiled = tuple[Guard | None, bool, State]
 
 #: ``TABLE[state][event]`` lists the candidate transitions in declaration order
-#: (:func:`._table.compile_table`: the record's guard methods, at most one per transition).
+#: (compiled by :func:`multiconnector._table.compile_table`, as the health machine is).
 TABLE: Final[Mapping[State, Mapping[str, tuple[Compiled, ...]]]] = compile_table(
     TRANSITIONS, State, RequestTransferState
 )

@@ -204,8 +204,10 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         """Scheduler: per child name, its lookups so far: ``asked``, ``hits`` (more than 0
         tokens), ``tokens_offered``, ``chosen`` and ``tokens_chosen`` (the loads it was chosen
         for), ``loads_completed`` and ``loads_failed`` (asynchronous loads), ``skipped`` (the
-        lookups of a loader not asked: its health machine was open); a count that is 0 is
-        absent (docs/vllm.md, "Hits per child").
+        lookups of a loader not asked: its health machine was open), ``excluded`` (not asked:
+        the request's ``multiconnector_load_children`` left it out) and ``refused`` (requests
+        whose such key was refused); a count that is 0 is absent (docs/vllm.md, "Hits per
+        child").
 
         .. versionadded:: 0.1.0
         """

@@ -21,8 +21,7 @@ import pytest  # noqa: E402
 from vllm_children import Script, child, script  # noqa: E402
 from vllm_harness import Engine, make_config, make_request  # noqa: E402
 
-from multiconnector.vllm import LOOKUP_KEY, ROLE_KEY, SPLIT_KEY  # noqa: E402
-from multiconnector.vllm.choice import LOAD_CHILDREN_KEY  # noqa: E402
+from multiconnector.vllm import LOAD_CHILDREN_KEY, LOOKUP_KEY, ROLE_KEY, SPLIT_KEY  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
