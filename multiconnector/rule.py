@@ -20,7 +20,15 @@ The decisions held here:
 * :func:`load_owed`: whether a request's load is still owed (defined in
   :mod:`multiconnector.machine`, beside the record whose ``in_flight`` reads it, and read
   from here by every other side).
-* :func:`safe_to_hand_back`: whether ``take()`` may hand a record back.
+* :func:`safe_to_hand_back`: whether ``take()`` may hand a record back: terminal, and not in
+  flight (:func:`multiconnector.machine.in_flight_of`, the one spelling of "a connector may
+  still touch its blocks", which the record's ``in_flight`` reads too).
+* :func:`decide`: the state an event leads a record to, from its
+  :data:`~multiconnector.machine.DECISIONS` entry: every side that fires an event (the
+  aggregator's ``request_finished``, ``cancel`` and unregistering, the report rules here)
+  applies the entry through it.
+* :func:`finish_refused`: why ``request_finished`` does not apply to a held request
+  (``terminal`` or ``duplicate``).
 * :func:`one_completion`: what becomes of a completion a vLLM side is about to pass on (vLLM
   frees a request's blocks, or runs a loaded request, on the first completion of it it sees):
   passed on, held back while its load still owes a report, or dropped (a load completion of a
@@ -77,7 +85,16 @@ from typing import Any, Final
 from ._validate import shown
 from .errors import InvalidAnswerError, RoleError
 from .health import Health
-from .machine import DECISIONS, STATES, TERMINAL, RequestTransferState, State, load_owed
+from .machine import (
+    DECISIONS,
+    STATES,
+    TERMINAL,
+    Decision,
+    RequestTransferState,
+    State,
+    in_flight_of,
+    load_owed,
+)
 from .outcome import Outcome
 
 __all__ = [
@@ -94,9 +111,11 @@ __all__ = [
     "Verdicts",
     "count",
     "counted_name",
+    "decide",
     "failure_counts",
     "failure_kind",
     "finish_answer",
+    "finish_refused",
     "load_owed",
     "load_report",
     "may_look_up",
@@ -285,12 +304,25 @@ def safe_to_hand_back(
     fields: it is terminal, it awaits no save, its load is not owed (:func:`load_owed`) and no
     part of a split load is (``parts_owed``). No connector touches its blocks then. (A terminal
     record that is not is *draining*.)"""
-    return (
-        state in TERMINAL
-        and not awaiting
-        and not parts_owed
-        and not load_owed(loader, loaded, loader_gone)
-    )
+    return state in TERMINAL and not in_flight_of(awaiting, parts_owed, loader, loaded, loader_gone)
+
+
+def decide(
+    decisions: Mapping[State, Decision], record: RequestTransferState, arg: Any
+) -> State | None:
+    """The state one event leads ``record`` to, ``None`` when no transition applies, from the
+    event's entry of :data:`~multiconnector.machine.DECISIONS` (``decisions``) and the guard's
+    argument ``arg``: the one place an entry is applied (``machine.step``'s walk, in one guard
+    call). Does not change ``record``: the caller writes the state with its bookkeeping."""
+    guard, yes, no = decisions[record.state]
+    return yes if guard is None or guard(record, arg) else no
+
+
+def finish_refused(state: State) -> Outcome:
+    """Why ``request_finished`` does not apply to a held request in ``state`` (no transition, or
+    another call holds it): ``terminal`` once it is finished or cancelled, else ``duplicate``
+    (it is finishing, or another call is finishing it)."""
+    return Outcome.terminal if state in TERMINAL else Outcome.duplicate
 
 
 _DECIDE: Final = DECISIONS["transfer_finished"]
@@ -333,15 +365,11 @@ def transfer_report(
     if state is None:
         return _UNKNOWN
     if name in awaiting:
-        guard, yes, no = _DECIDE[state]
-        if guard is None:
-            dest = yes
-        else:
-            # The guards are methods of the record (machine.py): they read it, so they get one.
-            probe = RequestTransferState(
-                "", state, awaiting=awaiting, expected=expected, abandoned=abandoned
-            )
-            dest = yes if guard(probe, name) else no
+        # The guards are methods of the record (machine.py): they read it, so they get one.
+        probe = RequestTransferState(
+            "", state, awaiting=awaiting, expected=expected, abandoned=abandoned
+        )
+        dest = decide(_DECIDE, probe, name)
         if dest is not None:
             rest = tuple([n for n in awaiting if n != name])
             if dest is state and state in TERMINAL:

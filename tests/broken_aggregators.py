@@ -88,7 +88,7 @@ class BareTrueNoPromise(MultiConnector):  # type: ignore[misc]
     """Treats a bare ``True`` answer to request_finished as a raise: "made no promise"."""
 
     def _apply_answers(self, *asked: Any) -> tuple[Outcome, dict[str, Any] | None]:
-        record, index, ready, savers, failures, merged, clash = asked
+        record, claim, index, ready, savers, failures, merged, clash = asked
         bare = {
             name
             for name, exc in failures or ()
@@ -96,7 +96,7 @@ class BareTrueNoPromise(MultiConnector):  # type: ignore[misc]
         }
         savers = [e for e in savers if e.name not in bare]  # the bug: not awaited
         return super()._apply_answers(  # type: ignore[no-any-return]
-            record, index, ready, savers, failures, merged, clash
+            record, claim, index, ready, savers, failures, merged, clash
         )
 
 
@@ -313,6 +313,16 @@ ToldUnclaimed = Planted(
         "        claimed = (record, object(), hash(request_id) & self._mask)\n"
         "    else:\n"
         "        claimed = self._claim(request_id)",
+    ),
+    (  # and so, holding none, it updates the record without the claim's bookkeeping
+        "outcome, early = self._finish_by(request_id, record, names, index, claim)",
+        "if self._asking.get(id(record)) is claim:\n"
+        "            outcome, early = self._finish_by(request_id, record, names, index, claim)\n"
+        "        else:\n"
+        "            with self._locks[index]:\n"
+        "                awaited, expected = self._awaited(names, None)\n"
+        "                outcome = self._finish(record, awaited, expected, None, index)\n"
+        "            early = None",
     ),
     doc="""Takes no claim on a pending request ("it asks nobody: no claim needed"): told while a
     request_finished asks, it applies, and the savers that call's connectors promise are then

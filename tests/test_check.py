@@ -491,6 +491,13 @@ def test_reachable_coverage_still_fails() -> None:
     assert not reachable_in(SMALL, {"begin", "request_finished"})(
         ("pending", "cancel", "cancelled")
     )
+    # Reachable by any call that fires the event (machine.CALL_EVENTS): told, or in a batch.
+    told = reachable_in(SMALL, {"begin", "request_finished_by", "cancel"})
+    assert told(("pending", "request_finished", "finishing"))
+    assert told(("cancelled", "transfer_finished", "cancelled")) is False  # nothing reports
+    batch = reachable_in(SMALL, {"begin", "request_finished", "transfer_finished_many"})
+    assert batch(("finishing", "transfer_finished", "finished"))
+    assert not batch(("finishing", "connector_gone", "finished"))  # nothing unregisters
     # A patched table that never leaves finishing by a report: that one is reachable, so FAIL.
     bug = next(b for b in CATALOG if b.name == "last report does not finish")
     with bug.installed() as factory:

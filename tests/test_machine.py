@@ -9,11 +9,13 @@ from typing import Any
 import pytest
 from transitions import Machine, MachineError
 
+from multiconnector import MultiConnector
 from multiconnector import machine as machine_module
 from multiconnector._table import as_list, compile_table, events_of, guard_of
 from multiconnector._table import decision as decision_of
 from multiconnector.errors import InvalidMachineError
 from multiconnector.machine import (
+    CALL_EVENTS,
     EVENTS,
     STATES,
     TABLE,
@@ -297,3 +299,10 @@ def test_the_compiler_honours_unless_in_any_declaration_order(
     record = RequestTransferState("r")
     assert step(record, "request_finished", ("a",)) is State.finishing
     assert step(record, "request_finished", ()) is State.finished
+
+
+def test_every_event_is_fired_by_an_aggregator_call_the_table_names() -> None:
+    # CALL_EVENTS, beside the declaration: each call is the aggregator's, each event declared,
+    # and no declared event lacks a call (the checker would think it unreachable).
+    assert all(callable(getattr(MultiConnector, call, None)) for call in CALL_EVENTS)
+    assert set(CALL_EVENTS.values()) == set(EVENTS)

@@ -423,6 +423,43 @@ def test_an_interrupt_right_after_the_claim_leaks_no_claim(
     assert (outcome[0] if isinstance(outcome, tuple) else outcome) is Outcome.applied
 
 
+@pytest.mark.parametrize(("stripes", "stripe"), CHOSEN, ids=CHOSEN_IDS)
+@pytest.mark.parametrize("event", ["request_finished", "request_finished_by"])
+def test_an_interrupted_update_drops_its_own_claim_and_no_other(
+    event: str, stripes: int, stripe: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A KeyboardInterrupt lands in the update (_finish), after which the update still drops
+    # its claim; the request is still pending, so another call claims it that instant (a claim
+    # takes no lock). The interrupted call's clean-up must leave that claim alone: dropped, a
+    # third call would claim too and ask the connectors a second time.
+    others: list[object] = []
+
+    class ClaimedMeanwhile(dict[object, object]):
+        def __delitem__(self, key: object) -> None:
+            super().__delitem__(key)
+            if not others:
+                others.append(object())
+                self[key] = others[0]  # the other call's claim, made right after ours went
+
+    def interrupted(*args: Any) -> Outcome:
+        raise KeyboardInterrupt
+
+    a = Scripted()
+    mc, rid = striped({"a": a}, stripes, stripe)
+    mc._asking = ClaimedMeanwhile()
+    mc.begin(rid)
+    record = mc.peek(rid)
+    finish = getattr(mc, event)
+    args: tuple[Any, ...] = (rid,) if event == "request_finished" else (rid, ["a"])
+    with monkeypatch.context() as patched:
+        patched.setattr(MultiConnector, "_finish", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            finish(*args)
+    assert dict(mc._asking) == {id(record): others[0]}  # the other call's, still held
+    assert mc.request_finished(rid) == (Outcome.duplicate, None)  # asks nobody
+    assert len(a.finished_calls) == (event == "request_finished")
+
+
 @pytest.mark.parametrize("stripes", STRIPE_COUNTS)
 def test_the_load_side_and_given_savers_take_the_lock_of_the_requests_stripe(
     stripes: int,

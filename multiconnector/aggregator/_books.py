@@ -24,7 +24,15 @@ from ..lookup import Lookup, lookup_of
 from ..machine import DECISIONS, TERMINAL, RequestTransferState, State, Step
 from ..outcome import Outcome
 from ..registry import Connector, ConnectorRegistry, Entry
-from ..rule import OTHER_NAMES, Verdicts, count, load_owed, refined, safe_to_hand_back
+from ..rule import (
+    OTHER_NAMES,
+    Verdicts,
+    count,
+    decide,
+    load_owed,
+    refined,
+    safe_to_hand_back,
+)
 
 __all__ = ["OTHER_NAMES", "Books"]
 
@@ -239,8 +247,7 @@ class Books:
                     continue
                 # A record awaits names only in finishing or cancelled, and DECISIONS (complete)
                 # gives both a connector_gone transition.
-                guard, yes, no = _ON_GONE[record.state]
-                dest = yes if guard is None or guard(record, name) else no
+                dest = decide(_ON_GONE, record, name)
                 assert dest is not None
                 record.awaiting = tuple([n for n in record.awaiting if n != name])
                 record.abandoned = (*record.abandoned, name)

@@ -5,14 +5,19 @@ unregistered, :meth:`~MultiConnector.begin`, :meth:`~MultiConnector.cancel`,
 
 from __future__ import annotations
 
+from typing import Final
+
 from .._validate import check_request_id
 from ..errors import ConnectorFailures, DuplicateRequestError
-from ..machine import RequestTransferState, step
+from ..machine import DECISIONS, RequestTransferState
 from ..outcome import Outcome
 from ..registry import Connector, ConnectorRegistry, Role
+from ..rule import decide
 from ._books import _APPLIED, _NO_NAME, _TERMINAL, _UNKNOWN_REQUEST, Books
 
 __all__ = ["Lifecycle"]
+
+_ON_CANCEL: Final = DECISIONS["cancel"]
 
 
 class Lifecycle(Books):
@@ -79,7 +84,7 @@ class Lifecycle(Books):
             record = self._requests.get(request_id)
             if record is None:
                 outcome = _UNKNOWN_REQUEST
-            elif (dest := step(record, "cancel", None)) is None:
+            elif (dest := decide(_ON_CANCEL, record, None)) is None:
                 outcome = _TERMINAL
             else:
                 self._transition(record, "cancel", dest, None)

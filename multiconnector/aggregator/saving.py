@@ -31,18 +31,17 @@ from ..errors import (
     RoleError,
     UnknownConnectorError,
 )
-from ..machine import DECISIONS, STATES, TABLE, TERMINAL, RequestTransferState
+from ..machine import DECISIONS, STATES, TABLE, RequestTransferState
 from ..outcome import Outcome
 from ..params import merge_transfer_params
 from ..registry import Entry, Role
-from ..rule import SHARED_LIMIT, finish_answer
+from ..rule import SHARED_LIMIT, decide, finish_answer, finish_refused
 from ._books import (
     _APPLIED,
     _CANCELLED,
     _DUPLICATE,
     _NO_NAME,
     _OVERTAKEN,
-    _TERMINAL,
     _UNKNOWN_REQUEST,
     Awaited,
     Books,
@@ -62,11 +61,13 @@ _NOT_FINISHABLE: Final = frozenset(
 #: The connectors that failed while asked, each with its exception (``None``: none failed).
 Failures = list[tuple[str, Exception]] | None
 #: What request_finished's first half gathered, for its second half (_apply_answers): the
-#: claimed record, its lock stripe, the ready snapshot asked, the savers, the failures, the
-#: merged params and the params error. A plain tuple: a NamedTuple took about 5x the time to
-#: build (timeit, CPython 3.11).
+#: claimed record, the claim the first half took (the second half drops that one, no other),
+#: its lock stripe, the ready snapshot asked, the savers, the failures, the merged params and
+#: the params error. A plain tuple: a NamedTuple took about 5x the time to build (timeit,
+#: CPython 3.11).
 Asked = tuple[
     RequestTransferState,
+    object,
     int,
     tuple[Entry, ...],
     list[Entry],
@@ -138,7 +139,7 @@ class Saving(Books):
         except BaseException:
             self._release(record, claim, index)
             raise
-        return self._apply_answers(record, index, ready, savers, failures, merged, clash)
+        return self._apply_answers(record, claim, index, ready, savers, failures, merged, clash)
 
     def _claim(self, request_id: str) -> tuple[RequestTransferState, object, int] | Outcome:
         """Claim held ``request_id`` for one request_finished or request_finished_by: the
@@ -155,7 +156,7 @@ class Saving(Books):
         if record is None:
             refused = _UNKNOWN_REQUEST
         elif record.state in _NOT_FINISHABLE:
-            refused = self._refuse_finish(record)
+            refused = finish_refused(record.state)
         else:
             claim = object()  # ours alone: only the call that set it removes it
             try:
@@ -163,7 +164,7 @@ class Saving(Books):
                     refused = _DUPLICATE
                 elif record.state in _NOT_FINISHABLE:  # finished or cancelled since our look
                     self._release(record, claim, index)
-                    refused = self._refuse_finish(record)
+                    refused = finish_refused(record.state)
                 else:
                     return record, claim, index
             except BaseException:
@@ -230,6 +231,7 @@ class Saving(Books):
     def _apply_answers(  # noqa: PLR0917
         self,
         record: RequestTransferState,
+        claim: object,
         index: int,
         ready: tuple[Entry, ...],
         savers: list[Entry],
@@ -238,8 +240,8 @@ class Saving(Books):
         clash: Exception | None,
     ) -> tuple[Outcome, dict[str, Any] | None]:
         """request_finished's second half: tell the core who answered that it saves (the one
-        decision, :meth:`_finish_by`), release the claim, and return (or raise) the call's
-        result."""
+        decision, :meth:`_finish_by`, which drops ``claim``, the first half's), and return (or
+        raise) the call's result."""
         request_id = record.request_id
         try:
             cached = self._ready_names
@@ -247,11 +249,11 @@ class Saving(Books):
                 names = cached[1]  # every ready connector saves: the shared tuple of their names
             else:
                 names = tuple([e.name for e in savers])
-            outcome, early = self._finish_by(request_id, record, names, index, None, ready, merged)
+            outcome, early = self._finish_by(request_id, record, names, index, claim, ready, merged)
         except BaseException:
-            claim = self._asking.get(id(record))  # ours: held since the first half
-            if claim is not None:
-                self._release(record, claim, index)  # unless _finish_by released it
+            # Ours alone: once _finish_by dropped it, another call may have claimed the record
+            # (a claim takes no lock), and that claim is not ours to drop.
+            self._release(record, claim, index)
             raise
         # A copy for the caller: the record keeps its own (no aliasing of the books).
         result = (outcome, merged.copy() if merged is not None and outcome is _APPLIED else None)
@@ -371,9 +373,9 @@ class Saving(Books):
         record, claim, index = claimed
         try:
             outcome, early = self._finish_by(request_id, record, names, index, claim)
-        finally:
-            if self._asking.get(id(record)) is claim:  # interrupted: not released
-                self._release(record, claim, index)
+        except BaseException:
+            self._release(record, claim, index)  # interrupted: ours, if still held
+            raise
         if outcome is not _APPLIED:
             self._log_ignored("request_finished", request_id, None, outcome)
         if early is not None:
@@ -403,16 +405,17 @@ class Saving(Books):
         claimed: RequestTransferState,
         names: tuple[str, ...],
         index: int,
-        claim: object | None,
+        claim: object,
         asked: tuple[Entry, ...] | None = None,
         params: dict[str, Any] | None = None,
     ) -> tuple[Outcome, list[tuple[str, Sequence[int]]] | None]:
         """The core told that ``names`` save ``claimed`` (a request_finished_by, or a
         request_finished once its connectors answered: then ``asked`` is the ready snapshot it
         asked and ``params`` their merged params): the one update of both, under the request's
-        lock. Releases ``claim`` there (``None``: the claim the first half of a request_finished
-        took, held since), after the state is written, and returns the outcome and the early
-        reports applied then (whose ``on_finished`` the caller calls).
+        lock. Drops ``claim``, the caller's, there, after the state is written, and returns the
+        outcome and the early reports applied then (whose ``on_finished`` the caller calls).
+        The claim is dropped without a look: the caller took it and only its taker drops a
+        claim (:meth:`_release`, or here), so it is held.
 
         A cancel that came after the claim overtook a call that asked: its connectors may have
         promised saves meanwhile, so the cancelled request awaits them (:meth:`_overtaken`).
@@ -432,10 +435,10 @@ class Saving(Books):
             else:
                 outcome = self._finish(record, awaited, expected, params, index)
         finally:
-            early = None
-            if claim is None or self._asking.get(id(claimed)) is claim:
+            try:
                 early = self._drop_claim(claimed, index)
-            lock.release()
+            finally:
+                lock.release()
         return outcome, early
 
     def _awaited(self, names: tuple[str, ...], asked: tuple[Entry, ...] | None) -> Awaited:
@@ -492,10 +495,9 @@ class Saving(Books):
         :meth:`request_finished_by`: ``awaited`` are the savers that can still report,
         ``expected`` every saver (``awaited`` itself when they are the same).
         """
-        guard, yes, no = _ON_REQUEST_FINISHED[record.state]
-        dest = yes if guard is None or guard(record, awaited) else no
+        dest = decide(_ON_REQUEST_FINISHED, record, awaited)
         if dest is None:
-            outcome = self._refuse_finish(record)
+            outcome = finish_refused(record.state)
             self._count(index, outcome, _NO_NAME)
             return outcome
         record.awaiting = awaited
@@ -507,8 +509,3 @@ class Saving(Books):
         self._transition(record, "request_finished", dest, None)  # last: take() may see it
         self._finishes[index] += 1
         return _APPLIED
-
-    @staticmethod
-    def _refuse_finish(record: RequestTransferState) -> Outcome:
-        """Why ``request_finished`` does not apply to ``record``."""
-        return _TERMINAL if record.state in TERMINAL else _DUPLICATE

@@ -81,7 +81,9 @@ def _apply(world: _World, event: Event) -> None:
         )
         if kind == _APPLY_ANSWERS and request is not None:
             entry = world.mc.registry.entry
-            last.savers = tuple((e.name, entry(e.name) is e) for e in request.asking[0][3])
+            last.savers = tuple(
+                (e.name, entry(e.name) is e) for e in halves.savers_asked(request.asking[0])
+            )
             if request.early:
                 last.settled = settled_early(last, request.early)
         if kind == _MATCH_ANSWER and request is not None and request.load_early:

@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
+from . import halves
 from .counted import counted_events, counted_savers
 from .scenario import (
     _APPLY_ANSWERS,
@@ -172,7 +173,7 @@ def _reporters(world: _World, i: int, names: tuple[str, ...]) -> tuple[str, ...]
     entry = world.mc.registry.entry
     savers: set[str] = set()
     for asked in r.asking:
-        savers.update(n for s in asked[3] if entry(n := s.name) is s)
+        savers.update(n for s in halves.savers_asked(asked) if entry(n := s.name) is s)
     return tuple(n for n in names if n not in ready or n in awaiting or n in savers)
 
 

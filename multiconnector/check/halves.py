@@ -26,16 +26,26 @@ from ..aggregator import MultiConnector
 from ..aggregator.saving import Asked
 from ..machine import RequestTransferState
 from ..outcome import Outcome
+from ..registry import Entry
 
-__all__ = ["answer", "ask", "counted", "held", "match_answer", "match_ask", "queued"]
+__all__ = [
+    "answer",
+    "ask",
+    "counted",
+    "held",
+    "match_answer",
+    "match_ask",
+    "queued",
+    "savers_asked",
+]
 
 _APPLIED = Outcome.applied
 
 
 def ask(mc: MultiConnector, request_id: str, blocks: Sequence[int]) -> Asked | tuple[Outcome, None]:
     """request_finished's first half: claim the request and ask every ready connector.
-    Returns ``(outcome, None)`` when refused (nobody asked), else what :func:`answer` takes;
-    the claim is held until :func:`answer` drops it."""
+    Returns ``(outcome, None)`` when refused (nobody asked), else what :func:`answer` takes,
+    the claim among it: held until :func:`answer` drops it."""
     claimed = mc._claim(request_id)
     if not isinstance(claimed, tuple):
         return (claimed, None)
@@ -46,7 +56,12 @@ def ask(mc: MultiConnector, request_id: str, blocks: Sequence[int]) -> Asked | t
     except BaseException:
         mc._release(record, claim, index)
         raise
-    return record, index, ready, savers, failures, merged, clash
+    return record, claim, index, ready, savers, failures, merged, clash
+
+
+def savers_asked(asked: Asked) -> list[Entry]:
+    """The connectors that answered :func:`ask` that they save (garbage answers included)."""
+    return asked[4]
 
 
 def answer(mc: MultiConnector, asked: Asked) -> tuple[Outcome, dict[str, Any] | None]:

@@ -11,7 +11,7 @@ from .._explore import (
     STATES_REACHED,
     TRANSITIONS_FIRED,
 )
-from ..machine import TERMINAL, State
+from ..machine import CALL_EVENTS, TERMINAL, State
 from ..outcome import Outcome
 from . import halves
 from .reference import expected_outcomes, reference_merge
@@ -22,7 +22,6 @@ from .scenario import (
     _FINISHED,
     _GONE,
     _HELD,
-    _KINDS,
     _MATCH_ANSWER,
     _TAKEN,
     _UNBORN,
@@ -536,33 +535,32 @@ def reachable_in(
 ) -> Callable[[tuple[str, str, str]], bool]:
     """Whether a declared (source, event, dest) transition can fire in this configuration.
 
-    Every transition needs ``begin``; its own event kind (``connector_gone`` is fired by
-    ``unregister``); one touching ``finishing`` needs a saver and ``request_finished`` (the way
-    into ``finishing``); one staying in ``finishing`` needs two savers (a request awaits a
-    second report, or a second connector's unregistering). One touching ``cancelled`` needs
-    ``cancel``; a drain (``cancelled`` to itself) also needs a saver and ``request_finished``,
-    so that a cancelled request awaits a report. A counted connector counts as a saver per
-    name, but for ``connector_gone``: its names are never unregistered. A transition of an
-    event the scenario does not know is assumed reachable.
+    Every transition needs ``begin``, and a call in ``events`` that fires its event
+    (:data:`multiconnector.machine.CALL_EVENTS`: ``connector_gone`` is fired by ``unregister``,
+    ``request_finished`` by either finish call); one touching ``finishing`` needs a saver and a
+    call that fires ``request_finished`` (the way into ``finishing``); one staying in
+    ``finishing`` needs two savers (a request awaits a second report, or a second connector's
+    unregistering). One touching ``cancelled`` needs ``cancel``; a drain (``cancelled`` to
+    itself) also needs a saver and a call that fires ``request_finished``, so that a cancelled
+    request awaits a report. A counted connector counts as a saver per name, but for
+    ``connector_gone``: its names are never unregistered. A transition of an event no call
+    fires is assumed reachable.
 
     .. versionadded:: 0.1.0
     """
     savers = sum(1 for kind in connectors.values() if kind in SAVING)
     # A counted connector saves under each of its names, none of which is ever unregistered.
     ranks = COUNTED_RANKS * sum(1 for kind in connectors.values() if kind == COUNTED)
-    alphabet = frozenset(events)
+    begins = "begin" in events
+    fired = {event for call, event in CALL_EVENTS.items() if call in events}
+    known = frozenset(CALL_EVENTS.values())
     finishing = State.finishing.value
     cancelled = State.cancelled.value
-    # Either finish path takes a request into finishing: asked, or told.
-    told = "request_finished_by" in alphabet and "request_finished" not in alphabet
-    finish = "request_finished_by" if told else "request_finished"
+    finish = "request_finished"  # the event into finishing, fired asked or told
 
     def reachable(triple: tuple[str, str, str]) -> bool:
         source, event, dest = triple
-        needs = {"begin", "unregister" if event == "connector_gone" else event}
-        needs &= set(_KINDS)
-        if told and event == "request_finished":  # fired by request_finished_by alike
-            needs = {"begin", finish}
+        needs = {event} & known
         least = 0
         if finishing in (source, dest):
             needs.add(finish)
@@ -573,6 +571,6 @@ def reachable_in(
                 needs.add(finish)
                 least = max(least, 1)
         gone = event == "connector_gone"  # of a saver that can be unregistered: not a counted one
-        return needs <= alphabet and savers + ranks >= least and (savers >= 1 or not gone)
+        return begins and needs <= fired and savers + ranks >= least and (savers >= 1 or not gone)
 
     return reachable

@@ -7,6 +7,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, Final
 
 from ..machine import TERMINAL
+from . import halves
 from .canonical import AS_SET, IN_ORDER, Raw, _names_key
 from .scenario import _NOTHING, _TAKEN, _Request, _World
 
@@ -92,7 +93,8 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
     # connector registered under its name (what its answers' application reads), as a set:
     # the order asked only orders the names it will write to the sets above.
     asking = tuple(
-        tuple(sorted((e.name, entry(e.name) is e) for e in asked[3])) for asked in r.asking
+        tuple(sorted((e.name, entry(e.name) is e) for e in halves.savers_asked(asked)))
+        for asked in r.asking
     )
     # The early reports kept while asking, as a set: the second half decides each on the
     # answers alone, so their order orders nothing but its on_finished calls (judged on it).
