@@ -219,6 +219,19 @@ def test_only_failures_of_the_counted_kinds_feed_the_machine(hook: str, kind: st
     assert HealthSettings().count == DEFAULT_FAILURE_KINDS
 
 
+def test_a_failure_not_counted_neither_fills_the_window_nor_fails_a_probe() -> None:
+    health, clock = book(threshold=2)
+    assert health.failed("a", hook="request_finished") is Health.closed
+    assert health.record("a").failures == []  # not in the window
+    health.failed("a", hook="get_num_new_matched_tokens")
+    assert health.failed("a", hook="build_connector_meta") is Health.closed
+    assert health.failed("a", hook="finished_recving") is Health.open
+    clock.now += health.record("a").cooldown
+    health.tick()
+    assert health.failed("a", hook="request_finished") is Health.half_open  # no probe failed
+    assert health.failed("a", hook="finished_recving_overdue") is Health.open
+
+
 def test_an_open_child_is_probed_after_its_cooldown_and_closed_by_enough_probes() -> None:
     health, clock = book()
     for _ in range(3):
