@@ -25,7 +25,7 @@ from typing import Any, Final, final
 import attrs
 
 from .health import ChildHealth, Health, health_step
-from .rule import may_look_up, next_cooldown
+from .rule import DEFAULT_FAILURE_KINDS, failure_counts, may_look_up, next_cooldown
 
 __all__ = ["HealthBook", "HealthSettings", "health_book"]
 
@@ -55,6 +55,9 @@ class HealthSettings:
     probes: int = 3
     #: A lookup slower than this is a failure (``None``: off).
     slow_lookup_seconds: float | None = None
+    #: The kinds of failure counted (:data:`~multiconnector.rule.FAILURE_KINDS`): by default
+    #: those of what the breaker gates, lookups and loads.
+    count: frozenset[str] = attrs.field(default=DEFAULT_FAILURE_KINDS, converter=frozenset)
 
 
 @final
@@ -88,11 +91,17 @@ class HealthBook:
         #: The half-open children: each lookup they answer is a probe.
         self.probing: frozenset[str] = frozenset()
 
-    def failed(self, name: str, now: float | None = None) -> Health | None:
-        """Child ``name`` failed; its state afterwards (``None``: no such child, ignored)."""
+    def failed(
+        self, name: str, now: float | None = None, *, hook: str | None = None
+    ) -> Health | None:
+        """Child ``name`` failed (in ``hook``: counted only when its kind is one the settings'
+        ``count`` names, :func:`~multiconnector.rule.failure_counts`; ``None``: always); its
+        state afterwards (``None``: no such child, ignored)."""
         record = self._records.get(name)
         if record is None:
             return None
+        if not failure_counts(hook, self.settings.count):
+            return record.state
         when = self.clock() if now is None else now
         with self._lock:
             if record.state is Health.closed:

@@ -34,7 +34,7 @@ from typing import Any, Final, NamedTuple, final
 import attrs
 from transitions import Machine
 
-from ._table import as_list, compile_table, decision, decisions, events_of, guard_of
+from ._table import compile_table, decisions, events_of
 
 __all__ = [
     "CALL_EVENTS",
@@ -102,11 +102,7 @@ TRANSITIONS: Final[tuple[Mapping[str, Any], ...]] = (
 INITIAL: Final = State.pending
 
 
-def _events() -> tuple[str, ...]:
-    return events_of(TRANSITIONS)
-
-
-EVENTS: Final[tuple[str, ...]] = _events()
+EVENTS: Final[tuple[str, ...]] = events_of(TRANSITIONS)
 
 #: Which event each of the aggregator's calls can fire, beside the declaration it fires into
 #: (the model checker reads it to know which transitions an alphabet of calls can reach). An
@@ -278,21 +274,11 @@ Guard = Callable[[RequestTransferState, Any], bool]
 #: A compiled transition: one guard (``None``: always), the value it must return, destination.
 Compiled = tuple[Guard | None, bool, State]
 
-_as_list = as_list
-_decision = decision
-
-
-def _guard(conds: list[str], unless: list[str]) -> tuple[Guard | None, bool]:
-    """A transition's guard and the value it must return (:func:`._table.guard_of`)."""
-    return guard_of(RequestTransferState, conds, unless)
-
-
-def _compile() -> dict[State, dict[str, tuple[Compiled, ...]]]:
-    return compile_table(TRANSITIONS, State, RequestTransferState)
-
-
-#: ``TABLE[state][event]`` lists the candidate transitions in declaration order.
-TABLE: Final[Mapping[State, Mapping[str, tuple[Compiled, ...]]]] = _compile()
+#: ``TABLE[state][event]`` lists the candidate transitions in declaration order
+#: (compiled by :func:`multiconnector._table.compile_table`, as the health machine is).
+TABLE: Final[Mapping[State, Mapping[str, tuple[Compiled, ...]]]] = compile_table(
+    TRANSITIONS, State, RequestTransferState
+)
 
 
 def step(record: RequestTransferState, event: str, arg: Any) -> State | None:
@@ -313,18 +299,13 @@ def step(record: RequestTransferState, event: str, arg: Any) -> State | None:
 Decision = tuple[Guard | None, State | None, State | None]
 
 
-def _decisions() -> dict[str, dict[State, Decision]]:
-    """Every (state, event) pair's decision; :class:`InvalidMachineError` (at import) when some
-    pair's candidates need a walk."""
-    return decisions(TABLE, EVENTS, STATES)
-
-
 #: ``DECISIONS[event][state]``: TABLE specialised per event, for the aggregator's hot path, which
 #: evaluates ``yes if guard is None or guard(record, arg) else no`` instead of calling
 #: :func:`step` (:func:`multiconnector.rule.decide`, the one place an entry is applied).
 #: Derived from TABLE, so from TRANSITIONS, and complete: every (state, event) pair is there, or
-#: the module does not load. Guards return ``bool``.
-DECISIONS: Final[Mapping[str, Mapping[State, Decision]]] = _decisions()
+#: the module does not load (:class:`InvalidMachineError` when some pair's candidates need a
+#: walk). Guards return ``bool``.
+DECISIONS: Final[Mapping[str, Mapping[State, Decision]]] = decisions(TABLE, EVENTS, STATES)
 
 
 def build_machine(**kwargs: Any) -> Machine:

@@ -40,6 +40,9 @@ The decisions held here:
   load), whether a lookup that answered was too slow (a failure, its answer taken), and how
   long a child stays open when it opens (the cooldown, doubled after each failed probe up to a
   bound). Nothing here touches the transfer books: health never drops what a child owes.
+* :func:`failure_kind` and :func:`failure_counts`: which of a child's failures its health
+  machine counts (``health.count``: by kind, :data:`FAILURE_KINDS`; by default those of what
+  the breaker gates, :data:`DEFAULT_FAILURE_KINDS`).
 * :func:`finish_answer`: what a connector's ``request_finished`` answer promises (a garbage
   answer is awaited, in case it started a save; a load-only connector is never awaited), read
   by the aggregator's ``request_finished``, the registry's load-only connectors and the vLLM
@@ -96,7 +99,9 @@ from .outcome import Outcome
 
 __all__ = [
     "COUNTER_LIMIT",
+    "DEFAULT_FAILURE_KINDS",
     "DROP",
+    "FAILURE_KINDS",
     "HOLD",
     "OTHER_NAMES",
     "PASS",
@@ -107,6 +112,8 @@ __all__ = [
     "count",
     "counted_name",
     "decide",
+    "failure_counts",
+    "failure_kind",
     "finish_answer",
     "finish_refused",
     "load_owed",
@@ -545,3 +552,51 @@ def next_cooldown(cooldown: float, *, base: float, most: float, probe_failed: bo
     if not probe_failed:
         return base
     return min(cooldown * 2, most)
+
+
+#: The kinds of a child's failure its health machine may count, each a family of hooks
+#: (:func:`failure_kind`): ``lookup`` (its lookups: ``get_num_new_matched_tokens``, a slow or
+#: an impatient answer, ``may_load_async``, and what vLLM asks of the loader it chose:
+#: ``get_loaded_kv_cache_group_ids``, ``get_external_cache_hit_sources``), ``load`` (a load
+#: reported failed, its blocks' load errors, ``update_state_after_alloc``), ``overdue`` (a
+#: load's report owed past ``report_overdue_seconds``), ``save`` (``request_finished`` and
+#: ``register_finished_partial_tail``: where a child decides a save) and ``step`` (every other
+#: per-step hook: ``build_connector_meta``, ``update_connector_output``, stats, events, ...).
+FAILURE_KINDS: Final = ("lookup", "load", "overdue", "save", "step")
+
+#: What the breaker counts unless told otherwise: the failures of what it gates (an open child
+#: is not asked to look up nor chosen to load), so that a child failing only its stats, its
+#: events or ``request_finished`` (still called whatever its health) is not bypassed for
+#: lookups it answers well.
+DEFAULT_FAILURE_KINDS: Final = frozenset({"lookup", "load", "overdue"})
+
+_KIND_OF_HOOK: Final[Mapping[str, str]] = {
+    "get_num_new_matched_tokens": "lookup",
+    "may_load_async": "lookup",
+    "get_loaded_kv_cache_group_ids": "lookup",
+    "get_external_cache_hit_sources": "lookup",
+    "update_state_after_alloc": "load",
+    "update_state_after_alloc_range": "load",
+    "finished_recving": "load",
+    "get_block_ids_with_load_errors": "load",
+    "finished_recving_overdue": "overdue",
+    "finished_sending_overdue": "overdue",
+    "request_finished": "save",
+    "request_finished_all_groups": "save",
+    "register_finished_partial_tail": "save",
+}
+
+
+def failure_kind(hook: str) -> str:
+    """The kind (:data:`FAILURE_KINDS`) of a child's failure in ``hook`` (the hook's name, or
+    the pseudo-hook under which a load reported failed or a report overdue is counted): a hook
+    not listed is a per-step one, ``step``."""
+    return _KIND_OF_HOOK.get(hook, "step")
+
+
+def failure_counts(hook: str | None, kinds: Collection[str]) -> bool:
+    """Whether a child's failure in ``hook`` is a failure of its health machine, under the
+    composition's ``kinds`` (``health.count``); ``None``: a failure with no hook (told to the
+    book directly), always counted. A failure not counted is still counted and logged as the
+    child's (:mod:`multiconnector.vllm.trouble`): only the breaker does not see it."""
+    return hook is None or failure_kind(hook) in kinds

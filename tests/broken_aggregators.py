@@ -21,6 +21,7 @@ import pytest
 
 from multiconnector import InvalidAnswerError, MultiConnector, Outcome, State
 from multiconnector import machine as machine_module
+from multiconnector._table import decision as decision_of
 from multiconnector.aggregator import saving as saving_module
 from multiconnector.check import ALPHABET, LOAD_EVENTS, SPLIT_EVENTS, TOLD_EVENTS
 from multiconnector.machine import Compiled, RequestTransferState
@@ -469,12 +470,12 @@ def patched_table(changes: Mapping[tuple[State, str], tuple[Compiled, ...]]) -> 
     saved_table = {key: table[key[0]].get(key[1]) for key in changes}
     saved_decisions = {key: decisions[key[1]].get(key[0]) for key in changes if key[1] in decisions}
     for (state, event), candidates in changes.items():
-        assert machine_module._decision(candidates) is not None, (state, event)
+        assert decision_of(candidates) is not None, (state, event)
     try:
         for (state, event), candidates in changes.items():
             table[state][event] = candidates
             if event in decisions:
-                decisions[event][state] = machine_module._decision(candidates)
+                decisions[event][state] = decision_of(candidates)
         yield
     finally:
         for (state, event), old in saved_table.items():

@@ -28,7 +28,15 @@ from multiconnector.health import (
     health_step,
 )
 from multiconnector.healthbook import HealthBook, HealthSettings
-from multiconnector.rule import may_look_up, next_cooldown, slow_lookup
+from multiconnector.rule import (
+    DEFAULT_FAILURE_KINDS,
+    FAILURE_KINDS,
+    failure_counts,
+    failure_kind,
+    may_look_up,
+    next_cooldown,
+    slow_lookup,
+)
 from multiconnector.usermachine import check_machine
 from tests.browser import mermaid_blocks, mermaid_page, problems, rendered, require_chromium
 
@@ -184,6 +192,44 @@ def test_failures_within_the_window_open_a_child_and_only_then() -> None:
     assert health.bypassed == {"a"} and health.probing == frozenset()
     assert health.snapshot() == {"a": Health.open, "b": Health.closed}
     assert health.failed("nobody") is None  # a name that is no child's: ignored
+
+
+@pytest.mark.parametrize(
+    ("hook", "kind"),
+    [
+        ("get_num_new_matched_tokens", "lookup"),
+        ("may_load_async", "lookup"),
+        ("finished_recving", "load"),
+        ("update_state_after_alloc", "load"),
+        ("get_block_ids_with_load_errors", "load"),
+        ("finished_recving_overdue", "overdue"),
+        ("request_finished", "save"),
+        ("register_finished_partial_tail", "save"),
+        ("build_connector_meta", "step"),
+        ("get_kv_connector_stats", "step"),
+    ],
+)
+def test_only_failures_of_the_counted_kinds_feed_the_machine(hook: str, kind: str) -> None:
+    assert failure_kind(hook) == kind and kind in FAILURE_KINDS
+    assert failure_counts(hook, DEFAULT_FAILURE_KINDS) is (kind in {"lookup", "load", "overdue"})
+    assert failure_counts(None, frozenset({"step"}))  # told the book directly: always
+    for counted in (frozenset({kind}), frozenset(FAILURE_KINDS) - {kind}):
+        health, _ = book(threshold=1, count=counted)
+        assert health.failed("a", hook=hook) is (Health.open if kind in counted else Health.closed)
+    assert HealthSettings().count == DEFAULT_FAILURE_KINDS
+
+
+def test_a_failure_not_counted_neither_fills_the_window_nor_fails_a_probe() -> None:
+    health, clock = book(threshold=2)
+    assert health.failed("a", hook="request_finished") is Health.closed
+    assert health.record("a").failures == []  # not in the window
+    health.failed("a", hook="get_num_new_matched_tokens")
+    assert health.failed("a", hook="build_connector_meta") is Health.closed
+    assert health.failed("a", hook="finished_recving") is Health.open
+    clock.now += health.record("a").cooldown
+    health.tick()
+    assert health.failed("a", hook="request_finished") is Health.half_open  # no probe failed
+    assert health.failed("a", hook="finished_recving_overdue") is Health.open
 
 
 def test_an_open_child_is_probed_after_its_cooldown_and_closed_by_enough_probes() -> None:

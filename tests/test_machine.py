@@ -11,6 +11,8 @@ from transitions import Machine, MachineError
 
 from multiconnector import MultiConnector
 from multiconnector import machine as machine_module
+from multiconnector._table import as_list, compile_table, events_of, guard_of
+from multiconnector._table import decision as decision_of
 from multiconnector.errors import InvalidMachineError
 from multiconnector.machine import (
     CALL_EVENTS,
@@ -126,8 +128,8 @@ def decide(decision: Any, record: RequestTransferState, arg: Any) -> State | Non
 def test_tables_built_again_agree_with_transitions_machine(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert machine_module._events() == tuple(build_machine().events) == EVENTS
-    table = machine_module._compile()
+    assert events_of(TRANSITIONS) == tuple(build_machine().events) == EVENTS
+    table = compile_table(TRANSITIONS, State, RequestTransferState)
     assert set(table) == set(STATES)
     monkeypatch.setattr(machine_module, "TABLE", table)
     for state, event in itertools.product(STATES, EVENTS):
@@ -139,7 +141,7 @@ def test_tables_built_again_agree_with_transitions_machine(
             record = RequestTransferState("r", state=state, awaiting=awaiting)
             expected = machine_says(state, event, awaiting, arg)
             assert step(record, event, arg) == expected, (state, event, awaiting, arg)
-            decision = machine_module._decision(table[state].get(event, ()))
+            decision = decision_of(table[state].get(event, ()))
             assert decision is not None  # the declaration needs no walk anywhere
             assert decide(decision, record, arg) == expected, (state, event, awaiting, arg)
             assert machine_module.DECISIONS[event][state] == decision
@@ -170,7 +172,7 @@ def other(record: RequestTransferState, arg: Any) -> bool:
     ],
 )
 def test_a_decision_takes_exactly_the_walks_choices(candidates: Any, walkable: bool) -> None:
-    decision = machine_module._decision(candidates)
+    decision = decision_of(candidates)
     assert (decision is not None) is walkable
     if decision is not None:
         record = RequestTransferState("r")
@@ -191,7 +193,7 @@ def test_a_decision_takes_exactly_the_walks_choices(candidates: Any, walkable: b
 def test_a_guard_holds_exactly_when_the_transition_may_fire(
     conds: list[str], unless: list[str], arg: str, awaiting: tuple[str, ...], holds: bool
 ) -> None:
-    guard, want = machine_module._guard(conds, unless)
+    guard, want = guard_of(RequestTransferState, conds, unless)
     record = RequestTransferState("r", state=State.finishing, awaiting=awaiting)
     assert (guard is None or guard(record, arg) is want) is holds
 
@@ -201,7 +203,7 @@ def test_a_guard_holds_exactly_when_the_transition_may_fire(
 )
 def test_a_transition_with_several_guards_is_refused(conds: list[str], unless: list[str]) -> None:
     with pytest.raises(InvalidMachineError, match="several guards"):
-        machine_module._guard(conds, unless)
+        guard_of(RequestTransferState, conds, unless)
 
 
 def _load_machine_with(old: str, new: str) -> None:
@@ -241,10 +243,10 @@ def test_a_declaration_with_two_guards_on_a_transition_does_not_load() -> None:
 
 
 def test_as_list_reads_every_spelling_of_a_declaration_field() -> None:
-    assert machine_module._as_list(None) == []
-    assert machine_module._as_list("pending") == ["pending"]
-    assert machine_module._as_list(["pending", "finishing"]) == ["pending", "finishing"]
-    assert machine_module._as_list(("pending",)) == ["pending"]
+    assert as_list(None) == []
+    assert as_list("pending") == ["pending"]
+    assert as_list(["pending", "finishing"]) == ["pending", "finishing"]
+    assert as_list(("pending",)) == ["pending"]
 
 
 def test_build_machine_is_the_declaration_and_nothing_more() -> None:
@@ -291,7 +293,9 @@ def test_the_compiler_honours_unless_in_any_declaration_order(
          "conditions": "has_savers"},
     )  # fmt: skip
     monkeypatch.setattr(machine_module, "TRANSITIONS", reordered)
-    monkeypatch.setattr(machine_module, "TABLE", machine_module._compile())
+    monkeypatch.setattr(
+        machine_module, "TABLE", compile_table(reordered, State, RequestTransferState)
+    )
     record = RequestTransferState("r")
     assert step(record, "request_finished", ("a",)) is State.finishing
     assert step(record, "request_finished", ()) is State.finished

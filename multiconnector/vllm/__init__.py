@@ -83,6 +83,7 @@ except ModuleNotFoundError as _missing:
     ) from None
 
 from ..ledger import SaveLedger
+from .choice import LOAD_CHILDREN_KEY
 from .config import (
     CHILDREN_KEY,
     HEALTH_KEY,
@@ -126,6 +127,7 @@ __all__ = [
     "CHILDREN_KEY",
     "HEALTH_KEY",
     "HIT_METRICS_KEY",
+    "LOAD_CHILDREN_KEY",
     "LOOKUP_KEY",
     "NAME_KEY",
     "PATIENCE_KEY",

@@ -26,7 +26,7 @@ from ..registry import ConnectorRegistry, Role
 from .config import ChildSpec
 from .errors import ChildStartError, MetadataMismatchError, WrongRoleError
 from .fanout import Fanout
-from .trouble import Trouble
+from .trouble import OVERDUE_HOOKS, Trouble
 from .wire import NamedMultiConnectorMetadata
 
 __all__ = ["ANSWER_TYPES", "Children", "Slot", "failed", "wrong_answer"]
@@ -230,14 +230,14 @@ class Children:
         health = self.health
         if health is not None:
             for name, _ in failures:
-                health.failed(name)
+                health.failed(name, hook=what)
 
     def overdue(self, kind: str, name: str, request_id: str, seconds: float, limit: float) -> None:
         """Child ``name`` owes its ``kind`` report of ``request_id`` past ``limit``
         (:meth:`Trouble.overdue`: counted, warned about); a failure of its health machine too."""
         self.trouble.overdue(kind, name, request_id, seconds, limit)
         if self.health is not None:
-            self.health.failed(name)
+            self.health.failed(name, hook=OVERDUE_HOOKS[kind])
 
     def present(self, method: str, *, soft: bool = False) -> dict[str, Any]:
         """Each child's no-argument ``method()``, keeping only answers that are not ``None``

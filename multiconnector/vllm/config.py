@@ -31,6 +31,7 @@ from ..errors import DuplicateConnectorError, InvalidArgumentError, InvalidValue
 from ..healthbook import HealthSettings
 from ..lookup import Lookup, lookup_of
 from ..registry import Role
+from ..rule import FAILURE_KINDS
 from .errors import ChildClassError
 
 __all__ = [
@@ -101,8 +102,9 @@ PATIENCE_STEPS: Final = 64
 #: The key of each child's health machine (:mod:`multiconnector.health`): a mapping of its
 #: bounds (``{}``: every default), or absent (or ``None``): off, as before it existed.
 HEALTH_KEY: Final = "health"
-#: Each key of the health mapping and its kind: a count (>= 1), seconds (> 0), or a bound
-#: (seconds > 0, or ``None``: off).
+#: Each key of the health mapping and its kind: a count (>= 1), seconds (> 0), a bound
+#: (seconds > 0, or ``None``: off), or kinds of failure (:data:`~multiconnector.rule.FAILURE_KINDS`
+#: listed).
 _HEALTH_FIELDS: Final = {
     "threshold": "count",
     "window_seconds": "seconds",
@@ -110,6 +112,7 @@ _HEALTH_FIELDS: Final = {
     "max_cooldown_seconds": "seconds",
     "probes": "count",
     "slow_lookup_seconds": "bound",
+    "count": "kinds",
 }
 
 
@@ -367,6 +370,8 @@ def health_settings(extra_config: Mapping[str, Any]) -> HealthSettings | None:
         at = f"{where}[{key!r}]"
         if kind == "count":
             fields[key] = check_int(value[key], at, minimum=1)
+        elif kind == "kinds":
+            fields[key] = failure_kinds(value[key], at)
         elif kind == "seconds" or value[key] is not None:
             fields[key] = check_seconds(value[key], at, positive=True)
     settings = HealthSettings(**fields)
@@ -376,6 +381,22 @@ def health_settings(extra_config: Mapping[str, Any]) -> HealthSettings | None:
             f"{where}['cooldown_seconds']={settings.cooldown_seconds:g}"
         )
     return settings
+
+
+def failure_kinds(value: Any, where: str) -> frozenset[str]:
+    """``health.count``, checked: a non-empty list or tuple of kinds of failure
+    (:data:`~multiconnector.rule.FAILURE_KINDS`); ``where`` names the key in each error."""
+    if not isinstance(value, list | tuple) or not all(isinstance(k, str) for k in value):
+        raise InvalidArgumentError(
+            f"{where}={shown(value)} must be a list of kinds of failure, of {list(FAILURE_KINDS)}"
+        )
+    unknown = sorted(set(value) - set(FAILURE_KINDS))
+    if unknown or not value:
+        raise InvalidValueError(
+            f"{where}={shown(value)} must name one or more kinds of failure, of "
+            f"{list(FAILURE_KINDS)}" + (f" (unknown: {unknown})" if unknown else "")
+        )
+    return frozenset(value)
 
 
 @attrs.frozen(kw_only=True)

@@ -204,8 +204,10 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         """Scheduler: per child name, its lookups so far: ``asked``, ``hits`` (more than 0
         tokens), ``tokens_offered``, ``chosen`` and ``tokens_chosen`` (the loads it was chosen
         for), ``loads_completed`` and ``loads_failed`` (asynchronous loads), ``skipped`` (the
-        lookups of a loader not asked: its health machine was open); a count that is 0 is
-        absent (docs/vllm.md, "Hits per child").
+        lookups of a loader not asked: its health machine was open), ``excluded`` (not asked:
+        the request's ``multiconnector_load_children`` left it out) and ``refused`` (requests
+        whose such key was refused); a count that is 0 is absent (docs/vllm.md, "Hits per
+        child").
 
         .. versionadded:: 0.1.0
         """
@@ -397,12 +399,9 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         answer, as for a child that does not implement the hook. Either answer is safe for
         vLLM (a wrong one costs a load slot or a prefetch, never a block).
         """
-        pairs = self._kids.loaders
-        health = self._kids.health
-        if health is not None and health.bypassed:  # open: not asked to look up, nor this
-            pairs = tuple(pair for pair in pairs if pair[0] not in health.bypassed)
-            if not pairs:
-                return False  # no child that may load is asked: none loads it
+        pairs = self._scheduler.lookups.askable(request)  # not open, named by its params
+        if not pairs:
+            return False  # no child that may load is asked: none loads it
         answers = self._kids.gather_soft(
             "may_load_async",
             lambda name, child: _flag(name, "may_load_async", child.may_load_async(request)),

@@ -5,8 +5,10 @@ child of a composition served a hit is not seen (two children of one class colli
 scheduler counts, per child *name*: lookups asked, hits (answers of more than 0 tokens), tokens
 offered, loads chosen and their tokens, asynchronous loads completed and failed, and lookups
 skipped because the child's health machine is open (``skipped``: each one a call a failing
-child was spared). The counts reach vLLM's stats payload each step (``"lookup.<count>"``
-beside the failures' counts) and the Prometheus counter
+child was spared), lookups not asked because the request's ``kv_transfer_params`` left the
+child out (``excluded``) and requests whose key naming their loaders was refused (``refused``,
+once per request: :mod:`~multiconnector.vllm.choice`). The counts reach vLLM's stats payload
+each step (``"lookup.<count>"`` beside the failures' counts) and the Prometheus counter
 ``vllm:multiconnector_child_lookups{child, count}`` when the composition asks for them
 (``child_hit_metrics: true``: vLLM's class has no such counts, and vLLM's stats log line
 would show them); :meth:`Hits.counts` is the running total, always kept
@@ -31,6 +33,8 @@ COUNTS: Final = (
     "loads_completed",
     "loads_failed",
     "skipped",
+    "excluded",
+    "refused",
 )
 
 

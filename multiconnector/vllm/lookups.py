@@ -14,6 +14,10 @@ With a health machine (``kv_connector_extra_config['health']``), a child it hold
 asked (as if it answered 0; counted ``skipped``), a half-open one's answers are probes, and an
 answer slower than ``slow_lookup_seconds`` is taken and counted its failure
 (:class:`~multiconnector.vllm.SlowLookupError`).
+
+A request whose ``kv_transfer_params`` name the children that may load it
+(:data:`~multiconnector.vllm.choice.LOAD_CHILDREN_KEY`, read at its first lookup) is looked up,
+loaded and split across those only; the others count ``excluded`` (as if they answered 0).
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ from numbers import Integral
 from typing import Any, Final
 
 from .._validate import shown
-from ..errors import InvalidArgumentError, InvalidValueError
+from ..errors import InvalidArgumentError, InvalidValueError, MultiConnectorError
 from ..healthbook import HealthBook
 from ..lookup import Lookup, choose
 from ..registry import Role
 from ..rule import slow_lookup
 from .children import Children
+from .choice import Refusals, load_children
 from .config import PATIENCE_KEY, Settings
 from .errors import LookupPatienceError, SlowLookupError
 from .hits import Hits
@@ -57,10 +62,13 @@ class Lookups:
         "_hits",
         "_kids",
         "_load_async",
+        "_loader_names",
+        "_only",
         "_patience",
         "_policy",
         "_ranged",
         "_waits",
+        "refusals",
     )
 
     def __init__(self, children: Children, settings: Settings, hits: Hits) -> None:
@@ -74,6 +82,12 @@ class Lookups:
         self._failed_by: dict[str, set[str]] = {}
         #: Per request, per child, its ``None`` answers in a row (:data:`GAVE_UP` past them).
         self._waits: dict[str, dict[str, int]] = {}
+        #: Per request whose params restrict its loaders, the children that may load it
+        #: (empty: none, its key was refused).
+        self._only: dict[str, frozenset[str]] = {}
+        self._loader_names = frozenset(name for name, _ in children.loaders)
+        #: The requests whose key naming their loaders was refused.
+        self.refusals = Refusals()
         #: The children a load may be split across (``split_loads``), in configuration order:
         #: those that may load and load token ranges (:data:`RANGE_HOOK`).
         self._ranged: tuple[str, ...] = (
@@ -142,6 +156,7 @@ class Lookups:
         waits = self._waits.get(request_id, {}) if self._waits else {}
         health = self._kids.health
         bypassed = health.bypassed if health is not None else _NONE
+        only = self.only(request)
         left = [
             name
             for name in ranged
@@ -150,6 +165,7 @@ class Lookups:
             and name not in failed_here
             and waits.get(name) != GAVE_UP
             and name not in bypassed
+            and (only is None or name in only)
         ]
         parts: list[tuple[str, int, int]] = []
         failures: list[tuple[str, Exception]] = []
@@ -196,10 +212,46 @@ class Lookups:
             self._failed_by.pop(request_id, None)
         if self._waits:
             self._waits.pop(request_id, None)
+        if self._only:
+            self._only.pop(request_id, None)
 
     def held(self) -> int:
         """How many requests something of their lookups is kept for."""
-        return len(self._load_async | self._failed_by.keys() | self._waits.keys())
+        return len(
+            self._load_async | self._failed_by.keys() | self._waits.keys() | self._only.keys()
+        )
+
+    def only(self, request: Any) -> frozenset[str] | None:
+        """The children ``request``'s params let load it (``None``: every one): its
+        :data:`~multiconnector.vllm.choice.LOAD_CHILDREN_KEY`, read once per request. A bad
+        value is that request's: refused (counted ``refused`` per loader, logged), and no
+        child loads it."""
+        request_id = request.request_id
+        found = self._only.get(request_id) if self._only else None
+        if found is not None:
+            return found
+        try:
+            only = load_children(request, self._loader_names)
+        except MultiConnectorError as exc:
+            self.refusals.refuse(exc)
+            for name in self._loader_names:
+                self._hits.add(name, "refused")
+            only = _NONE
+        if only is not None:
+            self._only[request_id] = only
+        return only
+
+    def askable(self, request: Any) -> tuple[tuple[str, Any], ...]:
+        """The ``(name, child)`` pairs that may load ``request`` and are asked about it now
+        (``may_load_async``): not open (health), and named by its params when they name any."""
+        pairs = self._kids.loaders
+        health = self._kids.health
+        if health is not None and health.bypassed:  # open: not asked to look up, nor this
+            pairs = tuple(pair for pair in pairs if pair[0] not in health.bypassed)
+        only = self.only(request)
+        if only is not None:
+            pairs = tuple(pair for pair in pairs if pair[0] in only)
+        return pairs
 
     def _answers(
         self,
@@ -217,10 +269,15 @@ class Lookups:
         waits = self._waits.get(request_id) if self._waits else None
         health = self._kids.health
         bypassed = health.bypassed if health is not None else _NONE
+        only = self.only(request)
         for name, child in self._kids.items:
             if self._kids.roles[name] is _SAVE:
                 continue  # never looked up
             if name in failed_here or (waits is not None and waits.get(name) == GAVE_UP):
+                yield name, 0
+                continue
+            if only is not None and name not in only:  # the request's params leave it out
+                self._hits.add(name, "excluded")
                 yield name, 0
                 continue
             if name in bypassed:  # its health machine is open: as if it answered 0

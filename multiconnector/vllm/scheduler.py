@@ -605,7 +605,7 @@ class SchedulerPart:
             self.lookups.failed(name, request_id)
         self.hits.add(name, "loads_failed")
         if self.health is not None:
-            self.health.failed(self.child_of(name))
+            self.health.failed(self.child_of(name), hook="finished_recving")
 
     def _parts_failed(self, load_failed: Mapping[str, Mapping[str, int]]) -> None:
         """The workers reported these children's parts of split loads failed (their blocks

@@ -689,7 +689,7 @@ class NamedPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
             name="vllm:multiconnector_child_lookups",
             documentation="Lookups of a child connector of multiconnector's MultiConnector, by "
             "child name and count: asked, hits, tokens_offered, chosen, tokens_chosen, "
-            "loads_completed, loads_failed, skipped",
+            "loads_completed, loads_failed, skipped, excluded, refused",
             labelnames=[*labelnames, "child", "count"],
         )
         self.child_health = self._gauge_cls(

@@ -210,6 +210,14 @@ def test_no_health_key_is_no_health_machine(model: Path) -> None:
         ({"window_seconds": 0}, InvalidValueError, "['health']['window_seconds']=0"),
         ({"cooldown_seconds": float("inf")}, InvalidValueError, "['health']['cooldown_seconds']"),
         ({"slow_lookup_seconds": -1}, InvalidValueError, "['health']['slow_lookup_seconds']=-1"),
+        ({"count": "lookup"}, InvalidArgumentError, "['health']['count']='lookup'"),
+        (
+            {"count": [1]},
+            InvalidArgumentError,
+            "['health']['count']=[1] (type list) must be a list",
+        ),
+        ({"count": ["lookups"]}, InvalidValueError, "unknown: ['lookups']"),
+        ({"count": []}, InvalidValueError, "['health']['count']=[] (type list) must name one"),
         (
             {"cooldown_seconds": 50, "max_cooldown_seconds": 20},
             InvalidValueError,
@@ -308,15 +316,35 @@ def test_a_load_report_overdue_is_a_failure_and_still_awaited(model: Path) -> No
     assert e.connector.child_hits()["c0"]["loads_completed"] == 1
 
 
-@pytest.mark.parametrize("hook", ["build_connector_meta", "request_finished", "on_new_request"])
-def test_a_child_failing_only_one_scheduler_hook_opens_and_is_still_called_there(
-    model: Path, hook: str
+HOOKS = [("build_connector_meta", "step"), ("request_finished", "save"), ("on_new_request", "step")]
+
+
+@pytest.mark.parametrize(("hook", "kind"), HOOKS)
+def test_a_child_failing_only_one_scheduler_hook_is_not_bypassed_by_default(
+    model: Path, hook: str, kind: str
 ) -> None:
-    """Every failure the adapter absorbs on the scheduler counts (docs/vllm.md, "When a child
-    fails"): a child failing only ``hook`` opens after the threshold, is then not looked up,
-    and is still called in ``hook`` (vLLM's contract), every request served."""
+    """By default the breaker counts what it gates, lookups and loads (``health.count``):
+    a child failing only ``hook`` (counted and logged as its failure there) stays closed and
+    is asked to look up and chosen to load as before."""
     broken = script(tokens=16, raise_in={hook: RuntimeError(f"{hook} broke")})
     e, _ = engine(model, broken, script(tokens=16))
+    run(e, *(rid(i) for i in range(6)))
+    assert e.connector.child_health()["c0"] is Health.closed
+    assert e.connector.child_failures()["c0"][hook] >= BOUNDS["threshold"]
+    hits = e.connector.child_hits()["c0"]
+    assert asked(broken) == 6 and "skipped" not in hits and hits["chosen"] == 6
+    assert sorted(e.outputs) == sorted(rid(i) for i in range(6))
+
+
+@pytest.mark.parametrize(("hook", "kind"), HOOKS)
+def test_a_child_failing_only_one_scheduler_hook_opens_when_its_kind_counts(
+    model: Path, hook: str, kind: str
+) -> None:
+    """With ``health.count`` naming ``hook``'s kind, a child failing only there opens after
+    the threshold, is then not looked up, and is still called in ``hook`` (vLLM's contract),
+    every request served."""
+    broken = script(tokens=16, raise_in={hook: RuntimeError(f"{hook} broke")})
+    e, _ = engine(model, broken, script(tokens=16), bounds={**BOUNDS, "count": ["lookup", kind]})
     run(e, *(rid(i) for i in range(6)))
     assert e.connector.child_health()["c0"] is Health.open
     assert e.connector.child_failures()["c0"][hook] >= BOUNDS["threshold"]
@@ -325,6 +353,16 @@ def test_a_child_failing_only_one_scheduler_hook_opens_and_is_still_called_there
     run(e, rid(6), steps=2)
     assert len(broken.names(hook)) > called  # still called there
     assert sorted(e.outputs) == sorted(rid(i) for i in range(7))
+
+
+def test_a_child_failing_only_lookups_stays_closed_when_lookups_do_not_count(
+    model: Path,
+) -> None:
+    dead = script(tokens=16, raise_in={LOOKUP: RuntimeError("store down")})
+    e, _ = engine(model, dead, script(tokens=16), bounds={**BOUNDS, "count": ("load", "step")})
+    run(e, *(rid(i) for i in range(6)))
+    assert e.connector.child_health()["c0"] is Health.closed
+    assert asked(dead) == 6 and e.connector.child_failures()["c0"] == {LOOKUP: 6}
 
 
 def test_prometheus_shows_each_childs_state_and_transitions(model: Path) -> None:
