@@ -780,7 +780,6 @@ CATALOG: tuple[Broken, ...] = (
         why="begin, request_finished asks (a saves), request_finished_by(r1, []) applies: "
         "finished while a saves (its promise, applied next, is refused as a duplicate)",
         factory=ToldUnclaimed,
-        events=ALPHABET + TOLD_EVENTS,
         also={
             "right outcome": "the told call returns applied, not duplicate (a call asks)",
             "no exception": "the asking call's answers meet a record that is no longer pending "

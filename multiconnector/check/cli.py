@@ -216,6 +216,13 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
         "reduction): the same verdicts, more time",
     )
     parser.add_argument(
+        "--no-forget",
+        action="store_true",
+        help="keep every name of a settled record (finished or cancelled) in the state: by "
+        "default the names nothing reads again (expected, abandoned) are left out; the same "
+        "verdicts, more states",
+    )
+    parser.add_argument(
         "--per-request",
         action="store_true",
         help="check each request's view (the registry and its own record) once instead of "
@@ -278,6 +285,7 @@ def run_cli(argv: Sequence[str]) -> int:
             reduction=not args.no_reduction,
             params=args.params,
             per_request=args.per_request,
+            forget=not args.no_forget,
             progress=not args.no_progress,
         )
     except MultiConnectorError as exc:

@@ -8,7 +8,7 @@ from typing import Any, Final
 
 from ..machine import TERMINAL
 from .canonical import AS_SET, IN_ORDER, Raw, _names_key
-from .scenario import _NOTHING, _TAKEN, _Request, _World
+from .scenario import _FINISHED, _NOTHING, _TAKEN, _Request, _World
 
 #: Every field of a request :func:`_part` reads, but ``asking`` (which reads the registry too)
 #: and ``answers`` (the params dicts answered, while asking):
@@ -29,7 +29,7 @@ _raw: Final = operator.attrgetter(
 )
 
 
-def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
+def _part(r: _Request, entry: Callable[[str], Any], *, forget: bool = False) -> tuple[Any, ...]:
     """One request's part of the state: exactly what its future and the properties read.
 
     Soundness (two states with equal parts have the same futures and the same verdicts):
@@ -67,11 +67,27 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
     * Counters, outcomes and callbacks are not part of the state: each is judged on the
       transition that made it (``counters`` compares the counts with a tally of what the
       events returned, kept outside the state), and nothing the aggregator does reads them.
+    * With ``forget`` (``check_aggregator(forget=True)``, the default): a *settled* record (one
+      finished or cancelled, with no call between its halves) keeps of its names only
+      ``awaiting``, and a finished one forgets whether the caller cancelled it. Nothing reads
+      the rest again: the rule decides every later report on a terminal record from
+      ``awaiting`` alone (``drained`` or ``terminal``; ``unregistered``, ``duplicate`` and
+      ``phantom`` come after ``terminal`` in its order), and every later finishing call, told
+      or asked, and every cancel from its state alone (refused, asking nobody: a terminal
+      record is never claimed, so it never has a call between its halves again); an
+      unregistering drains it from ``awaiting``; a load report on it reads the loader and
+      whether its load is owed (kept above), and a counted connector's report the names it
+      awaits or owes a load. ``no early free`` reads ``cancelled`` only of a record handed back
+      as cancelled, which a finished one is not without leaving ``finished``. ``terminal
+      absorbing`` and ``roles kept`` read ``expected`` and ``abandoned``, but of the world
+      before and after each event, never of the state: a change to a settled record's names
+      fails on the event that makes it, whichever of the merged worlds it is made in.
 
     Every field read here but ``asking``, ``answers`` and the match's is in :data:`_raw`, the
     key parts are cached under.
     """
     view = r.view
+    cancelled = r.cancelled
     load: tuple[Any, ...] | None = None
     if view is not None:
         loader, loaded, gone = r.load_view
@@ -87,7 +103,11 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
             load = ("live", loader, loaded, gone, r.loader, r.loaded, r.loader_gone, r.load_owed)
             if part is not None or r.part is not None:  # a split load's part, and its ledger
                 load = (*load, part, part_owed, r.part, r.part_owed)
-        view = (view[0], _names_key(view[1]), _names_key(view[2]), _names_key(view[3]))
+        if forget and view[0] in TERMINAL and not (r.asking or r.matching):
+            view = (view[0], _names_key(view[1]), (), ())  # settled: see forget above
+            cancelled = cancelled and view[0] is not _FINISHED
+        else:
+            view = (view[0], _names_key(view[1]), _names_key(view[2]), _names_key(view[3]))
     # A call between its halves: the savers it asked, and whether each is still the
     # connector registered under its name (what its answers' application reads), as a set:
     # the order asked only orders the names it will write to the sets above.
@@ -100,7 +120,7 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
     matching = _matching(r, entry) if r.matching else None
     if r.phase == _TAKEN:
         return ("request", r.phase, view, _NOTHING, r.cancelled, None, asking, early, matching)
-    parts = (r.phase, view, r.owed, r.cancelled, load, asking, early, matching)
+    parts = (r.phase, view, r.owed, cancelled, load, asking, early, matching)
     if r.answers:  # params checked: what each call asking will merge (its savers' choices)
         choices = tuple(tuple(sorted(choice)) for choice, _ in r.answers)
         return ("request", *parts, choices)
@@ -158,14 +178,15 @@ def _numbered(world: _World) -> Raw:
     part_ids = []
     entry = world.mc.registry.entry
     known_parts = numbers.parts
+    forget = scenario.forget
     for r in requests:
         if r.asking or r.answers or r.matching:  # reads the registry: numbered from the part
-            part_ids.append(numbers.number(_part(r, entry)))
+            part_ids.append(numbers.number(_part(r, entry, forget=forget)))
             continue
         raw_part = _raw(r)
         number = known_parts.get(raw_part)
         if number is None:
-            number = known_parts[raw_part] = numbers.number(_part(r, entry))
+            number = known_parts[raw_part] = numbers.number(_part(r, entry, forget=forget))
         part_ids.append(number)
     # Which requests are held and queued for take() matters, not in what order: no property
     # reads the order (take()'s list is judged record by record), and requests are assumed
