@@ -78,7 +78,9 @@ def _part(r: _Request, entry: Callable[[str], Any], *, forget: bool = False) -> 
       unregistering drains it from ``awaiting``; a load report on it reads the loader and
       whether its load is owed (kept above), and a counted connector's report the names it
       awaits or owes a load. ``no early free`` reads ``cancelled`` only of a record handed back
-      as cancelled, which a finished one is not without leaving ``finished``. ``terminal
+      as cancelled, which a finished one is not without leaving ``finished``; a request handed
+      back forgets it too (nothing reads it any more: see the bullet above), else a finished
+      record's, forgotten, would show again once ``take()`` hands it back. ``terminal
       absorbing`` and ``roles kept`` read ``expected`` and ``abandoned``, but of the world
       before and after each event, never of the state: a change to a settled record's names
       fails on the event that makes it, whichever of the merged worlds it is made in.
@@ -118,8 +120,9 @@ def _part(r: _Request, entry: Callable[[str], Any], *, forget: bool = False) -> 
     # answers alone, so their order orders nothing but its on_finished calls (judged on it).
     early = _names_key(r.early)
     matching = _matching(r, entry) if r.matching else None
-    if r.phase == _TAKEN:
-        return ("request", r.phase, view, _NOTHING, r.cancelled, None, asking, early, matching)
+    if r.phase == _TAKEN:  # with forget, not whether it was cancelled: judged when handed back
+        cancelled = r.cancelled and not forget
+        return ("request", r.phase, view, _NOTHING, cancelled, None, asking, early, matching)
     parts = (r.phase, view, r.owed, cancelled, load, asking, early, matching)
     if r.answers:  # params checked: what each call asking will merge (its savers' choices)
         choices = tuple(tuple(sorted(choice)) for choice, _ in r.answers)
@@ -191,11 +194,18 @@ def _numbered(world: _World) -> Raw:
     # Which requests are held and queued for take() matters, not in what order: no property
     # reads the order (take()'s list is judged record by record), and requests are assumed
     # not to interact except through the registry and take() (docs/check.md, "Reductions").
-    # Queued as a set: a request queued twice fails "no early free" on the event that queued
-    # it again (take() would hand it back twice), and beyond that the copies differ in no
-    # verdict. Without this a bug that re-queues a record on every event (a drain applied
-    # again) has no end of states.
-    order, queue = tuple(sorted(world.order)), tuple(sorted(set(world.queue)))
+    # Queued as a set, but for a request queued twice or more, listed twice: it fails "no
+    # early free" on the event that queued it again (take() would hand it back twice), and
+    # take() may then raise on the second copy ("no exception"): a state queued twice is not
+    # one queued once, whatever else they share (``forget`` merges a settled record's names,
+    # which told the two apart). Beyond two the copies differ in no verdict; counted, a bug
+    # that re-queues a record on every event (a drain applied again) has no end of states.
+    queue = world.queue
+    if len(set(queue)) == len(queue):
+        queue = tuple(sorted(queue))
+    else:
+        queue = tuple(sorted((*set(queue), *{i for i in queue if queue.count(i) > 1})))
+    order = tuple(sorted(world.order))
     raw = world.raw = (reg_id, tuple(part_ids), order, queue)
     return raw
 
