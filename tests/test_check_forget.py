@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from multiconnector import MultiConnector
-from multiconnector.errors import InvalidArgumentError
 from multiconnector.check import (
     ALPHABET,
     LOAD_EVENTS,
@@ -27,6 +26,7 @@ from multiconnector.check import (
     run_cli,
 )
 from multiconnector.check import apply as apply_module
+from multiconnector.errors import InvalidArgumentError
 from tests.broken_aggregators import CATALOG, Broken, Planted
 from tests.checked import BOUND, checked_bug, is_load
 from tests.test_check_counted import _always_first, _load_settles_a_save
