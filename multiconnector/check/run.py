@@ -140,14 +140,9 @@ def check_aggregator(
     of :data:`EARLY_REPORTS`, chooses the reports explored while a ``request_finished`` still
     asks (:attr:`~multiconnector.Outcome.early`): ``"savers"`` (the default: of the save each
     saver asked promises), ``"all"`` (from every ready connector the request does not await) or
-    ``"off"`` (docs/check.md, "Early reports"). ``forget`` (default on) leaves out of a state
-    what a settled record (finished or cancelled, no call between its halves) keeps that
-    nothing reads again: its ``expected`` and ``abandoned`` names, and whether a finished one
-    was cancelled (the argument: :func:`.snapshot._part`); ``forget=False`` keeps them: the
-    same verdicts, more states.
+    ``"off"`` (docs/check.md, "Early reports"). ``forget=False``: docs/check.md, "Settled records".
 
-    Returns a :class:`CheckReport`: one result per name in :data:`PROPERTIES` (with
-    :data:`LOAD_ONCE` and :data:`PARAMS_MERGED` as said above).
+    Returns a :class:`CheckReport`: a result per name in :data:`PROPERTIES` (and as said above).
 
     .. versionadded:: 0.1.0
     """

@@ -29,6 +29,26 @@ _raw: Final = operator.attrgetter(
 )
 
 
+# Why ``forget`` is sound (docs/check.md, "Settled records").
+# With ``forget`` (``check_aggregator(forget=True)``, the default) a *settled* record (one
+# finished or cancelled, with no call between its halves) keeps of its names only
+# ``awaiting``, and a finished one forgets whether the caller cancelled it. Nothing reads
+# the rest again: the rule decides every later report on a terminal record from
+# ``awaiting`` alone (``drained`` or ``terminal``; ``unregistered``, ``duplicate`` and
+# ``phantom`` come after ``terminal`` in its order), and every later finishing call, told
+# or asked, and every cancel from its state alone (refused, asking nobody: a terminal
+# record is never claimed, so it never has a call between its halves again); an
+# unregistering drains it from ``awaiting``; a load report on it reads the loader and
+# whether its load is owed (kept), and a counted connector's report the names it
+# awaits or owes a load. ``no early free`` reads ``cancelled`` only of a record handed back
+# as cancelled, which a finished one is not without leaving ``finished``; a request handed
+# back forgets it too (nothing reads it after that), else a finished
+# record's, forgotten, would show again once ``take()`` hands it back. ``terminal
+# absorbing`` and ``roles kept`` read ``expected`` and ``abandoned``, but of the world
+# before and after each event, never of the state: a change to a settled record's names
+# fails on the event that makes it, whichever of the merged worlds it is made in.
+
+
 def _part(r: _Request, entry: Callable[[str], Any], *, forget: bool = False) -> tuple[Any, ...]:
     """One request's part of the state: exactly what its future and the properties read.
 
@@ -67,23 +87,6 @@ def _part(r: _Request, entry: Callable[[str], Any], *, forget: bool = False) -> 
     * Counters, outcomes and callbacks are not part of the state: each is judged on the
       transition that made it (``counters`` compares the counts with a tally of what the
       events returned, kept outside the state), and nothing the aggregator does reads them.
-    * With ``forget`` (``check_aggregator(forget=True)``, the default): a *settled* record (one
-      finished or cancelled, with no call between its halves) keeps of its names only
-      ``awaiting``, and a finished one forgets whether the caller cancelled it. Nothing reads
-      the rest again: the rule decides every later report on a terminal record from
-      ``awaiting`` alone (``drained`` or ``terminal``; ``unregistered``, ``duplicate`` and
-      ``phantom`` come after ``terminal`` in its order), and every later finishing call, told
-      or asked, and every cancel from its state alone (refused, asking nobody: a terminal
-      record is never claimed, so it never has a call between its halves again); an
-      unregistering drains it from ``awaiting``; a load report on it reads the loader and
-      whether its load is owed (kept above), and a counted connector's report the names it
-      awaits or owes a load. ``no early free`` reads ``cancelled`` only of a record handed back
-      as cancelled, which a finished one is not without leaving ``finished``; a request handed
-      back forgets it too (nothing reads it any more: see the bullet above), else a finished
-      record's, forgotten, would show again once ``take()`` hands it back. ``terminal
-      absorbing`` and ``roles kept`` read ``expected`` and ``abandoned``, but of the world
-      before and after each event, never of the state: a change to a settled record's names
-      fails on the event that makes it, whichever of the merged worlds it is made in.
 
     Every field read here but ``asking``, ``answers`` and the match's is in :data:`_raw`, the
     key parts are cached under.
@@ -105,14 +108,12 @@ def _part(r: _Request, entry: Callable[[str], Any], *, forget: bool = False) -> 
             load = ("live", loader, loaded, gone, r.loader, r.loaded, r.loader_gone, r.load_owed)
             if part is not None or r.part is not None:  # a split load's part, and its ledger
                 load = (*load, part, part_owed, r.part, r.part_owed)
-        if forget and view[0] in TERMINAL and not (r.asking or r.matching):
-            view = (view[0], _names_key(view[1]), (), ())  # settled: see forget above
-            cancelled = cancelled and view[0] is not _FINISHED
-        else:
-            view = (view[0], _names_key(view[1]), _names_key(view[2]), _names_key(view[3]))
-    # A call between its halves: the savers it asked, and whether each is still the
-    # connector registered under its name (what its answers' application reads), as a set:
-    # the order asked only orders the names it will write to the sets above.
+        names = (_names_key(view[2]), _names_key(view[3]))
+        if forget and view[0] in TERMINAL and not (r.asking or r.matching):  # see above
+            names, cancelled = ((), ()), cancelled and view[0] is not _FINISHED
+        view = (view[0], _names_key(view[1]), *names)
+    # A call between its halves: the savers it asked, and whether each is still the one registered
+    # (what its answers' application reads), as a set: the order asked orders nothing kept.
     asking = tuple(
         tuple(sorted((e.name, entry(e.name) is e) for e in asked[3])) for asked in r.asking
     )
@@ -120,9 +121,9 @@ def _part(r: _Request, entry: Callable[[str], Any], *, forget: bool = False) -> 
     # answers alone, so their order orders nothing but its on_finished calls (judged on it).
     early = _names_key(r.early)
     matching = _matching(r, entry) if r.matching else None
-    if r.phase == _TAKEN:  # with forget, not whether it was cancelled: judged when handed back
-        cancelled = r.cancelled and not forget
-        return ("request", r.phase, view, _NOTHING, cancelled, None, asking, early, matching)
+    if r.phase == _TAKEN:  # with forget, not whether it was cancelled (see above)
+        told = not forget and r.cancelled
+        return ("request", r.phase, view, _NOTHING, told, None, asking, early, matching)
     parts = (r.phase, view, r.owed, cancelled, load, asking, early, matching)
     if r.answers:  # params checked: what each call asking will merge (its savers' choices)
         choices = tuple(tuple(sorted(choice)) for choice, _ in r.answers)
@@ -240,7 +241,7 @@ def _views_of(world: _World, raw: Raw) -> list[tuple[int, Hashable, Hashable, bo
     views: list[tuple[int, Hashable, Hashable, bool]] = []
     for i, number in enumerate(part_ids):
         mine = i in order
-        one = (reg_id, (number,), (0,) if mine else (), (0,) if i in queue else ())
+        one = (reg_id, (number,), (0,) if mine else (), (0,) * queue.count(i))  # twice: (0, 0)
         view = numbers.things[number][2]  # the record's state and names, None when not held
         done = mine and view is not None and view[0] in TERMINAL
         goal = not mine or view is None or done
