@@ -151,7 +151,8 @@ def _add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="KINDS",
         help=f"choose the alphabet among: {', '.join(ALPHABET + LOAD_EVENTS + SPLIT_EVENTS)} "
-        "(default: all but the load events)",
+        "(default: all but the load and split events; request_finished_by, the told path the "
+        "vLLM adapter uses, included: leave it out to check the asking path alone)",
     )
     parser.add_argument(
         "--load",
