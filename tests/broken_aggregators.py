@@ -23,7 +23,7 @@ from multiconnector import InvalidAnswerError, MultiConnector, Outcome, State
 from multiconnector import machine as machine_module
 from multiconnector._table import decision as decision_of
 from multiconnector.aggregator import saving as saving_module
-from multiconnector.check import ALPHABET, LOAD_EVENTS, SPLIT_EVENTS, TOLD_EVENTS
+from multiconnector.check import ALPHABET, LOAD_EVENTS, SPLIT_EVENTS
 from multiconnector.machine import Compiled, RequestTransferState
 from multiconnector.params import merge_transfer_params
 
@@ -552,15 +552,15 @@ CATALOG: tuple[Broken, ...] = (
     Broken(
         name="count-based draining",
         prop="no early free",
-        shortest=5,
-        why="begin, request_finished saving a and b, transfer_finished a twice: b is drained",
+        shortest=4,
+        why="begin, request_finished_by(r1, [a, b]), transfer_finished a twice: b is drained",
         factory=CountBasedDraining,
     ),
     Broken(
         name="late completion after cancel accepted",
         prop="terminal absorbing",
-        shortest=5,
-        why="begin, request_finished saving a (asks, applies), cancel, transfer_finished a",
+        shortest=4,
+        why="begin, request_finished_by(r1, [a]), cancel, transfer_finished a",
         factory=LateCompletionAfterCancel,
     ),
     Broken(
@@ -574,8 +574,8 @@ CATALOG: tuple[Broken, ...] = (
     Broken(
         name="draining cancelled request handed back",
         prop="no early free",
-        shortest=4,
-        why="begin, request_finished saving a (asks, applies), cancel: queued while a saves",
+        shortest=3,
+        why="begin, request_finished_by(r1, [a]), cancel: queued while a saves",
         factory=DrainingCancelHandedBack,
     ),
     Broken(
@@ -603,22 +603,22 @@ CATALOG: tuple[Broken, ...] = (
     Broken(
         name="terminal state left again",
         prop="terminal absorbing",
-        shortest=4,
-        why="begin, request_finished saving nothing (finished), cancel: finished -> cancelled",
+        shortest=3,
+        why="begin, request_finished_by(r1, []) (finished), cancel: finished -> cancelled",
         table={(State.finished, "cancel"): ((None, True, State.cancelled),)},
     ),
     Broken(
         name="phantom report accepted",
         prop="no early free",
-        shortest=4,
-        why="begin, request_finished saving a, transfer_finished b (never promised)",
+        shortest=3,
+        why="begin, request_finished_by(r1, [a]), transfer_finished b (never promised)",
         factory=PhantomAccepted,
     ),
     Broken(
         name="last report does not finish",
         prop="no trap",
-        shortest=4,
-        why="begin, request_finished saving a, transfer_finished a: finishing, awaiting nothing",
+        shortest=3,
+        why="begin, request_finished_by(r1, [a]), transfer_finished a: finishing, awaiting nothing",
         table={
             (State.finishing, "transfer_finished"): (
                 (RequestTransferState.is_last, True, State.finishing),
@@ -716,9 +716,9 @@ CATALOG: tuple[Broken, ...] = (
     Broken(
         name="ignored report's outcome misclassified",
         prop="right outcome",
-        shortest=5,
-        why="begin, request_finished saving a and b (asks, applies), unregister a, "
-        "transfer_finished a: duplicate, not unregistered",
+        shortest=3,
+        why="begin, request_finished_by(r1, [a, b], every name that cannot report), "
+        "transfer_finished none: duplicate, not unregistered (none was abandoned)",
         factory=OutcomeRulesOutOfOrder,
         also={
             "counters": "an early report of a, kept while request_finished asks, then a "
@@ -729,8 +729,8 @@ CATALOG: tuple[Broken, ...] = (
     Broken(
         name="drained report counted as applied",
         prop="counters",
-        shortest=5,
-        why="begin, request_finished saving a (asks, applies), cancel, transfer_finished a",
+        shortest=4,
+        why="begin, request_finished_by(r1, [a]), cancel, transfer_finished a",
         factory=DrainCountedAsApplied,
     ),
     Broken(
@@ -743,9 +743,9 @@ CATALOG: tuple[Broken, ...] = (
     Broken(
         name="batch applies a duplicate twice",
         prop="right outcome",
-        shortest=4,
-        why="begin, request_finished saving a and b (asks, applies), transfer_finished_many(a, "
-        "[r1, r1]): applied twice",
+        shortest=3,
+        why="begin, request_finished_by(r1, [a, b]), transfer_finished_many(a, [r1, r1]): "
+        "applied twice",
         factory=BatchDecidesFromStaleRecords,
     ),
     Broken(
@@ -791,7 +791,6 @@ CATALOG: tuple[Broken, ...] = (
         why="begin, request_finished asks (a saves), request_finished_by(r1, []) applies: "
         "finished while a saves (its promise, applied next, is refused as a duplicate)",
         factory=ToldUnclaimed,
-        events=ALPHABET + TOLD_EVENTS,
         also={
             "right outcome": "the told call returns applied, not duplicate (a call asks)",
             "no exception": "the asking call's answers meet a record that is no longer pending "

@@ -93,7 +93,7 @@ def test_one_request_every_kind_of_connector_passes() -> None:
     )
     assert_all_pass(report)
     # Figures are exact: the search is deterministic.
-    assert (report.distinct_states, report.max_depth) == (644, 11)
+    assert (report.distinct_states, report.max_depth) == (428, 11)
     assert report.states_generated > report.edges > report.distinct_states
 
 
@@ -104,7 +104,7 @@ def test_two_requests_bound_in_make_test_passes() -> None:
     """
     report = check_aggregator(SMALL, requests=2, events=set(ALPHABET) - {"register"})
     assert_all_pass(report)
-    assert (report.distinct_states, report.max_depth) == (4766, 14)
+    assert (report.distinct_states, report.max_depth) == (1928, 13)
 
 
 # -- the load side (opt-in: it more than doubles the default bound) -----------------------------
@@ -120,7 +120,7 @@ def test_load_side_bound_in_make_test_passes() -> None:
     # The same search as test_check_broken's: run once (tests/checked.py).
     report = checked(connectors=SMALL, requests=1, events=ALPHABET + LOAD_EVENTS)
     assert_all_pass(report, LOAD_PROPERTIES)
-    assert (report.distinct_states, report.max_depth) == (26461, 21)
+    assert (report.distinct_states, report.max_depth) == (25038, 21)
     assert report.bounds["events"] == [*ALPHABET, *LOAD_EVENTS]
 
 
@@ -153,7 +153,7 @@ def test_params_bound_in_make_check_passes() -> None:
         PARAMS_MERGED,
         *PROPERTIES[-3:],
     ]
-    assert (report.distinct_states, report.max_depth) == (1410, 9)
+    assert (report.distinct_states, report.max_depth) == (1342, 9)
     assert report.bounds["params"] == "every saver answers one of: None, own, equal, differ"
 
 
@@ -419,7 +419,7 @@ def test_json_report_round_trips(tmp_path: Path) -> None:
     assert run_cli(["--connectors", "a,b,none=none", "--requests", "1", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["ok"] is True and data["finished"] is True
-    assert data["distinct_states"] == 322
+    assert data["distinct_states"] == 204
     assert [p["name"] for p in data["properties"]] == list(PROPERTIES)
     assert {p["result"] for p in data["properties"]} == {"PASS"}
     assert {(c["source"], c["event"], c["dest"]) for c in data["coverage"]} == declared()

@@ -19,7 +19,13 @@ import pytest
 from multiconnector import MultiConnector, State
 from multiconnector import check as check_module
 from multiconnector import machine as machine_module
-from multiconnector.check import ALPHABET, LOAD_EVENTS, check_aggregator, declared_transitions
+from multiconnector.check import (
+    ALPHABET,
+    LOAD_EVENTS,
+    TOLD_EVENTS,
+    check_aggregator,
+    declared_transitions,
+)
 from multiconnector.check import run as run_module
 from multiconnector.diagram import find_path
 from multiconnector.diagram import run_cli as diagram_cli
@@ -33,22 +39,23 @@ pytestmark = pytest.mark.timeout(120)  # model-check bounds: longer than the def
 DECLARED = {(e, src, dst) for src, e, dst in declared_transitions(build_machine())[1]}
 
 #: The property each planted bug breaks, and the length of its known shortest counterexample.
-#: A request_finished is two events: it asks, then applies its answers.
+#: A request_finished is two events: it asks, then applies its answers; a request_finished_by
+#: (told, in the default alphabet) is one: where it exposes the bug, the trace is one shorter.
 KNOWN: dict[str, tuple[str, int]] = {
-    "count-based draining": ("no early free", 5),  # begin, finish saving a+b, a reports twice
-    "late completion after cancel accepted": ("terminal absorbing", 5),  # ..., cancel, a reports
+    "count-based draining": ("no early free", 4),  # begin, told a+b save, a reports twice
+    "late completion after cancel accepted": ("terminal absorbing", 4),  # told a, cancel, a
     # begin, request_finished asks (a saves), cancel, request_finished applies: a is dropped
     "savers answering after a concurrent cancel dropped": ("no early free", 4),
-    # begin, finish saving a, cancel: queued for take while a saves
-    "draining cancelled request handed back": ("no early free", 4),
+    # begin, told a saves, cancel: queued for take while a saves
+    "draining cancelled request handed back": ("no early free", 3),
     # begin, request_finished asks (g answers a bare True) and applies: finished while g saves
     # (checked with connectors a and g only)
     "bare True treated as no promise": ("no early free", 3),
     "None slot dereferenced": ("no exception", 2),  # begin, a report from the None slot
     "finished request never dropped": ("no leak", 3),  # begin, cancel, take
-    "terminal state left again": ("terminal absorbing", 4),  # begin, finish, cancel
-    "phantom report accepted": ("no early free", 4),  # begin, finish saving a, b reports
-    "last report does not finish": ("no trap", 4),  # begin, finish saving a, a reports
+    "terminal state left again": ("terminal absorbing", 3),  # begin, told nobody, cancel
+    "phantom report accepted": ("no early free", 3),  # begin, told a saves, b reports
+    "last report does not finish": ("no trap", 3),  # begin, told a saves, a reports
     # begin, match_tokens choosing a (asks, records), a reports its load twice
     "duplicate load completion accepted": ("load once", 5),
     # begin, match_tokens choosing a (asks, records), b reports a load
@@ -64,14 +71,14 @@ KNOWN: dict[str, tuple[str, int]] = {
     # begin, request_finished asks (a and b answer the shared key equal), applies it
     "params allow_equal inverted": ("params merged", 3),
     "params duplicate key untested in the inlined merge": ("params merged", 3),
-    # begin, request_finished saving a and b (asks, applies), unregister a, a reports
-    "ignored report's outcome misclassified": ("right outcome", 5),
-    # begin, request_finished saving a (asks, applies), cancel, a reports (drained)
-    "drained report counted as applied": ("counters", 5),
+    # begin, told a and b and every name that cannot report (none abandoned), none reports
+    "ignored report's outcome misclassified": ("right outcome", 3),
+    # begin, told a saves, cancel, a reports (drained)
+    "drained report counted as applied": ("counters", 4),
     # a reports for a request not begun
     "on_finished called for an ignored report": ("callbacks", 1),
-    # begin, request_finished saving a and b (asks, applies), a reports r1 twice in one batch
-    "batch applies a duplicate twice": ("right outcome", 4),
+    # begin, told a and b save, a reports r1 twice in one batch
+    "batch applies a duplicate twice": ("right outcome", 3),
     # begin, request_finished asks (a saves), a reports before the answers are recorded
     "early report dropped as a phantom": ("right outcome", 3),
     # begin, match_tokens asks (a answers 1), a reports its load before the loader is recorded
@@ -206,7 +213,9 @@ def test_the_table_patch_is_undone() -> None:
 
 def test_a_counterexample_carries_each_requests_path_for_the_diagrams() -> None:
     bug = next(b for b in CATALOG if b.name == "count-based draining")
-    report = checked_bug(bug)
+    # The asking path alone (told, the finish is one event): a step the path names is not the
+    # event's number (request_finished is two events).
+    report = checked_bug(bug, events=tuple(e for e in ALPHABET if e not in TOLD_EVENTS))
     data = json.loads(json.dumps(report.to_dict()))
     (prop,) = [p for p in data["properties"] if p["name"] == "no early free"]
     assert prop["result"] == "FAIL"
@@ -358,6 +367,12 @@ ONE_REQUEST_ONLY = frozenset({"batch applies a duplicate twice"})
 #: The params bugs with two requests: every sequence of up to 4 events (each request_finished
 #: event comes in 64 variants with two savers: depth 6 would take minutes).
 PARAMS_TWO_REQUEST_DEPTH = 4
+#: Bugs checked by the asking path alone with two requests, and their trace there: count-based
+#: draining reads the awaited names' order (it drains ``awaiting[0]``), which the alike told
+#: events assume away (they spare a told call's images under a renaming of interchangeable
+#: savers): with ``request_finished_by`` the sleep sets and alike events find 1,716 states of
+#: the 1,726 found without them at depth 6, at fa18b37 as now (the verdicts and traces equal).
+ASKED_ONLY_TWO_REQUESTS = {"count-based draining": 5}
 
 
 def _outcome(report: Any) -> tuple[Any, ...]:
@@ -398,11 +413,14 @@ def test_partial_order_reduction_keeps_verdicts_states_and_trace_lengths(
 ) -> None:
     if bug.params and bound["requests"] == 2:
         bound = {**bound, "max_depth": PARAMS_TWO_REQUEST_DEPTH}
+    expected: int | None = bug.shortest
+    if bound["requests"] == 2 and bug.name in ASKED_ONLY_TWO_REQUESTS:
+        bound = {**bound, "events": tuple(e for e in ALPHABET if e not in TOLD_EVENTS)}
+        expected = ASKED_ONLY_TWO_REQUESTS[bug.name]
     reduced = checked_bug(bug, **bound)
     full = checked_bug(bug, **bound, reduction=False)
     assert _outcome(reduced) == _outcome(full), (reduced.to_text(), full.to_text())
     result = reduced.result(bug.prop)
-    expected: int | None = bug.shortest
     depth = bound.get("max_depth")
     if bound["requests"] == 2 and (
         bug.prop == "no trap" or bug.shortest > (depth or 0) or bug.name in ONE_REQUEST_ONLY

@@ -1,12 +1,13 @@
-"""The model check of the told path: ``request_finished_by`` (``TOLD_EVENTS``).
+"""The model check of the told path: ``request_finished_by`` (``TOLD_EVENTS``, in ``ALPHABET``).
 
 The vLLM adapter asks its children itself and tells the core who saves
 (``request_finished_by``) and who loads (``choose_loader``, a counted child's load the split
-load of its report names). With ``request_finished_by`` in the alphabet the check tells the core
-every subset of the ready savers (a counted connector's report names in its place), and once
-every name that cannot report besides, amid every other event: cancels, unregistering, a
-``request_finished`` asking the same request, take. The real aggregator passes; a bug planted
-in ``request_finished_by`` is caught by the told events alone.
+load of its report names). With ``request_finished_by`` in the alphabet (the default one) the
+check tells the core every subset of the ready savers (a counted connector's report names in its
+place), and once every name that cannot report besides, amid every other event: cancels,
+unregistering, a ``request_finished`` asking the same request, take. The real aggregator passes;
+a bug planted in ``request_finished_by`` is caught by the told events alone, and both told-path
+bugs by ``make check``'s configurations.
 """
 
 from __future__ import annotations
@@ -29,7 +30,15 @@ from tests.checked import BOUND
 
 pytestmark = pytest.mark.timeout(300)
 
-TOLD = ALPHABET + TOLD_EVENTS
+TOLD = ALPHABET
+#: The asking path alone: the default alphabet without the told events.
+ASKED = tuple(e for e in ALPHABET if e not in TOLD_EVENTS)
+
+
+def test_the_default_alphabet_drives_the_told_path() -> None:
+    assert set(TOLD_EVENTS) <= set(ALPHABET)
+    report = check_aggregator({"a": "saver", "b": "saver"}, requests=1)
+    assert "request_finished_by" in report.bounds["events"]
 
 
 @pytest.mark.parametrize(
@@ -46,7 +55,7 @@ def test_the_real_aggregator_passes_with_the_told_path(connectors: dict[str, str
     report = check_aggregator(connectors, requests=1, events=TOLD)
     assert report.ok and report.finished, report.to_text()
     # The told calls add transitions (and states: names abandoned at once) to the asked ones.
-    asked = check_aggregator(connectors, requests=1)
+    asked = check_aggregator(connectors, requests=1, events=ASKED)
     assert report.states_generated > asked.states_generated
 
 
@@ -97,8 +106,8 @@ def test_the_told_events_are_every_subset_and_once_every_name_that_cannot_report
 def test_a_bug_in_request_finished_by_is_found_by_the_told_events_alone() -> None:
     bug = next(b for b in CATALOG if b.name == "told path takes no claim")
     with bug.installed() as factory:
-        asked = check_aggregator(**BOUND, factory=factory)
-        told = check_aggregator(**BOUND, events=TOLD, factory=factory)
+        asked = check_aggregator(**BOUND, events=ASKED, factory=factory)
+        told = check_aggregator(**BOUND, factory=factory)  # the default alphabet
     assert asked.ok  # the asked path never calls request_finished_by
     result = told.result("no early free")
     assert not result.passed and result.counterexample is not None
@@ -113,3 +122,35 @@ def test_the_cli_takes_the_told_events(capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     assert status == 0, out
     assert "request_finished_by" in out
+
+
+#: ``make check``'s configurations that drive the told path's two entries, as check_aggregator's
+#: arguments: ``multiconnector check`` (the default bound) and the Makefile's split-load line
+#: (``--requests 1 --connectors a,c=counted,none=none --load --split``).
+MAKE_CHECK_DEFAULT: dict[str, object] = {}
+MAKE_CHECK_SPLIT: dict[str, object] = {
+    "connectors": {"a": "saver", "c": "counted", "none": None},
+    "requests": 1,
+    "events": ALPHABET + LOAD_EVENTS + SPLIT_EVENTS,
+}
+
+
+@pytest.mark.parametrize(
+    ("bug_name", "bound", "shortest"),
+    [
+        ("told path takes no claim", MAKE_CHECK_DEFAULT, 3),
+        ("split load's part dropped", MAKE_CHECK_SPLIT, 4),
+    ],
+    ids=["request_finished_by", "choose_loader-parts"],
+)
+def test_make_checks_configurations_find_each_told_path_bug(
+    bug_name: str, bound: dict[str, object], shortest: int
+) -> None:
+    bug = next(b for b in CATALOG if b.name == bug_name)
+    # Breadth first, two events deeper than the trace: the whole search finds the same
+    # shortest trace at the same depth (with a planted bug it may not end: states pile up).
+    with bug.installed() as factory:
+        report = check_aggregator(**bound, factory=factory, max_depth=shortest + 2)  # type: ignore[arg-type]
+    result = report.result(bug.prop)
+    assert not result.passed and result.counterexample is not None, report.to_text()
+    assert len(result.counterexample) == shortest

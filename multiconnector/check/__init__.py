@@ -15,9 +15,9 @@ rather than a second model that could drift from it. The scenario:
   duplicates, phantoms, ``None`` slots and unknown names; ``cancel``; ``unregister`` and
   ``register`` of every name; ``take``; ``transfer_finished_many``, a batch of two reports
   under a name every request of the batch awaits;
-* opt-in, the told path (:data:`TOLD_EVENTS`): ``request_finished_by`` for every request with
-  every subset of the ready savers (a counted connector's report names, as the vLLM adapter
-  tells them), and with every name that cannot report besides;
+* the told path (:data:`TOLD_EVENTS`, in :data:`ALPHABET`): ``request_finished_by`` for every
+  request with every subset of the ready savers (a counted connector's report names, as the
+  vLLM adapter tells them), and with every name that cannot report besides;
 * opt-in, the load side (:data:`LOAD_EVENTS`): ``match_tokens`` for every held request with
   every combination of the ready savers' token answers (0, 1 or ``None``), and
   ``load_finished`` for every (request, name).
@@ -31,8 +31,10 @@ yet reported or been unregistered, whether the caller cancelled it, and (load si
 loader the token answers it scripted chose and whether that loader's completion was delivered
 while the request was live. Request ids are
 interchangeable, and so are connector names of one kind, so snapshots are put in a canonical
-form under their renamings (symmetry reduction; ``symmetry=False`` turns it off). States,
-events and the declared transitions come from :mod:`multiconnector.machine`.
+form under their renamings (symmetry reduction; ``symmetry=False`` turns it off). A settled
+record (finished or cancelled, no call between its halves) keeps only the names it awaits: the
+rest is read by no later event (``forget=False`` keeps it; docs/check.md, "Settled records").
+States, events and the declared transitions come from :mod:`multiconnector.machine`.
 
 The modules: :mod:`.scenario` (the connectors, the world, the events), :mod:`.snapshot` (the
 state of a world), :mod:`.canonical` (its canonical form under symmetry), :mod:`.events` (the

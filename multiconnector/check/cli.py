@@ -151,7 +151,8 @@ def _add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="KINDS",
         help=f"choose the alphabet among: {', '.join(ALPHABET + LOAD_EVENTS + SPLIT_EVENTS)} "
-        "(default: all but the load events)",
+        "(default: all but the load and split events; request_finished_by, the told path the "
+        "vLLM adapter uses, included: leave it out to check the asking path alone)",
     )
     parser.add_argument(
         "--load",
@@ -216,6 +217,13 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
         "reduction): the same verdicts, more time",
     )
     parser.add_argument(
+        "--no-forget",
+        action="store_true",
+        help="keep every name of a settled record (finished or cancelled) in the state: by "
+        "default the names nothing reads again (expected, abandoned) are left out; the same "
+        "verdicts, more states",
+    )
+    parser.add_argument(
         "--per-request",
         action="store_true",
         help="check each request's view (the registry and its own record) once instead of "
@@ -278,6 +286,7 @@ def run_cli(argv: Sequence[str]) -> int:
             reduction=not args.no_reduction,
             params=args.params,
             per_request=args.per_request,
+            forget=not args.no_forget,
             progress=not args.no_progress,
         )
     except MultiConnectorError as exc:

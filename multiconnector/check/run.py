@@ -103,6 +103,7 @@ def check_aggregator(
     per_request: bool = False,
     early_reports: str = "savers",
     config: SearchConfig | None = None,
+    forget: bool = True,
 ) -> CheckReport:
     """Model-check the real aggregator on a bounded scenario: every reachable state, every event.
 
@@ -139,10 +140,9 @@ def check_aggregator(
     of :data:`EARLY_REPORTS`, chooses the reports explored while a ``request_finished`` still
     asks (:attr:`~multiconnector.Outcome.early`): ``"savers"`` (the default: of the save each
     saver asked promises), ``"all"`` (from every ready connector the request does not await) or
-    ``"off"`` (docs/check.md, "Early reports").
+    ``"off"`` (docs/check.md, "Early reports"). ``forget=False``: docs/check.md, "Settled records".
 
-    Returns a :class:`CheckReport`: one result per name in :data:`PROPERTIES` (with
-    :data:`LOAD_ONCE` and :data:`PARAMS_MERGED` as said above).
+    Returns a :class:`CheckReport`: a result per name in :data:`PROPERTIES` (and as said above).
 
     .. versionadded:: 0.1.0
     """
@@ -150,14 +150,14 @@ def check_aggregator(
     search = _search_config(config, max_states, max_depth, max_seconds, progress)
     kinds = _kinds(connectors, unknown)
     alphabet = _alphabet(events)
-    switches = (symmetry, strict_coverage, reduction, params, per_request)
+    switches = (symmetry, strict_coverage, reduction, params, per_request, forget)
     _check_switches(requests, factory, *switches, early_reports=early_reports)
     scenario, probe = _scenario(
         kinds, unknown, requests, alphabet, factory, symmetry=symmetry, params=params
     )
     left = remaining_seconds(search.max_seconds, started)
     return _explore_scenario(
-        attrs.evolve(scenario, early=early_reports),
+        attrs.evolve(scenario, early=early_reports, forget=forget),
         probe,
         search=attrs.evolve(search, max_seconds=left),
         strict_coverage=strict_coverage,
@@ -198,7 +198,7 @@ def _check_switches(
         )
     if not callable(factory):
         raise InvalidArgumentError(f"factory={shown(factory)} must be callable")
-    names = ("symmetry", "strict_coverage", "reduction", "params", "per_request")
+    names = ("symmetry", "strict_coverage", "reduction", "params", "per_request", "forget")
     for name, switch in zip(names, switches, strict=True):
         check_bool(switch, name)
     check_choice(early_reports, "early_reports", EARLY_REPORTS)
@@ -406,6 +406,9 @@ def _bounds(
         "max states": max_states,  # None: unbounded
         "max depth": max_depth,
         "reduction": "sleep sets (events of different requests commute)" if reduction else "off",
+        "settled records": "keep only what is read again (awaited names)"
+        if scenario.forget
+        else "keep every name",
     }
     if per_request:
         bounds["reduction"] = "each request's view once (requests interact only through the " + (

@@ -36,6 +36,7 @@ ALPHABET: Final[tuple[str, ...]] = (
     "register",
     "take",
     "transfer_finished_many",
+    "request_finished_by",
 )
 #: The load side, opt-in (``events=ALPHABET + LOAD_EVENTS``, or ``--load``): ``match_tokens`` with
 #: every answer (0, 1 or ``None``) from each ready saver, and ``load_finished`` for every
@@ -46,12 +47,13 @@ LOAD_EVENTS: Final[tuple[str, ...]] = ("match_tokens", "load_finished")
 #: connectors that may load, ``choose_loader(request_id, a, parts=[b])``: two loaders for one
 #: request, each owing its report.
 SPLIT_EVENTS: Final[tuple[str, ...]] = ("split_load",)
-#: The told path, opt-in (``events=ALPHABET + TOLD_EVENTS``): ``request_finished_by`` for every
-#: request with every subset of the ready savers (a counted connector's report names, as the
-#: vLLM adapter tells them), and once with every ready saver and every name that cannot report
-#: (a ``None`` slot, a name unregistered or never registered: ``allow_unregistered=True``), each
-#: abandoned at once. The core is told the savers, as the vLLM adapter tells it; nobody is
-#: asked, so no report comes early.
+#: The told path, in :data:`ALPHABET` (the finish entry the vLLM adapter uses):
+#: ``request_finished_by`` for every request with every subset of the ready savers (a counted
+#: connector's report names, as the vLLM adapter tells them), and once with every ready saver
+#: and every name that cannot report (a ``None`` slot, a name unregistered or never registered:
+#: ``allow_unregistered=True``), each abandoned at once. The core is told the savers, as the
+#: vLLM adapter tells it; nobody is asked, so no report comes early. An alphabet without it
+#: (``events=`` naming the others) checks the asking path alone.
 TOLD_EVENTS: Final[tuple[str, ...]] = ("request_finished_by",)
 #: Connector kinds: a scripted saver, one whose calls raise, or ``None`` (a not-ready slot).
 SAVER: Final = "saver"
@@ -432,6 +434,10 @@ class _Scenario:
     #: Whether the aggregator under check lets equal values of a key through (its
     #: ``allow_equal_params``), which the reference merge follows.
     allow_equal: bool = False
+    #: Whether a settled record's part of the state leaves out what nothing reads any more
+    #: (:func:`~multiconnector.check.snapshot._part`, ``forget``): ``check_aggregator``'s
+    #: ``forget``, on by default.
+    forget: bool = False
 
     def fresh(self) -> _World:
         names = [rank for n in self.names for rank in self.ranks.get(n, (n,))]
@@ -585,7 +591,7 @@ _PER_REQUEST: Final = frozenset(
     }
 )
 _LOADING: Final = frozenset({*LOAD_EVENTS, *SPLIT_EVENTS, _MATCH_ANSWER})
-_KINDS: Final = ALPHABET + TOLD_EVENTS + LOAD_EVENTS + SPLIT_EVENTS
+_KINDS: Final = tuple(dict.fromkeys(ALPHABET + TOLD_EVENTS + LOAD_EVENTS + SPLIT_EVENTS))
 
 
 def _view(record: RequestTransferState) -> View:

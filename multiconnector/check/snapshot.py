@@ -9,7 +9,7 @@ from typing import Any, Final
 from ..machine import TERMINAL
 from . import halves
 from .canonical import AS_SET, IN_ORDER, Raw, _names_key
-from .scenario import _NOTHING, _TAKEN, _Request, _World
+from .scenario import _FINISHED, _NOTHING, _TAKEN, _Request, _World
 
 #: Every field of a request :func:`_part` reads, but ``asking`` (which reads the registry too)
 #: and ``answers`` (the params dicts answered, while asking):
@@ -30,7 +30,27 @@ _raw: Final = operator.attrgetter(
 )
 
 
-def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
+# Why ``forget`` is sound (docs/check.md, "Settled records").
+# With ``forget`` (``check_aggregator(forget=True)``, the default) a *settled* record (one
+# finished or cancelled, with no call between its halves) keeps of its names only
+# ``awaiting``, and a finished one forgets whether the caller cancelled it. Nothing reads
+# the rest again: the rule decides every later report on a terminal record from
+# ``awaiting`` alone (``drained`` or ``terminal``; ``unregistered``, ``duplicate`` and
+# ``phantom`` come after ``terminal`` in its order), and every later finishing call, told
+# or asked, and every cancel from its state alone (refused, asking nobody: a terminal
+# record is never claimed, so it never has a call between its halves again); an
+# unregistering drains it from ``awaiting``; a load report on it reads the loader and
+# whether its load is owed (kept), and a counted connector's report the names it
+# awaits or owes a load. ``no early free`` reads ``cancelled`` only of a record handed back
+# as cancelled, which a finished one is not without leaving ``finished``; a request handed
+# back forgets it too (nothing reads it after that), else a finished
+# record's, forgotten, would show again once ``take()`` hands it back. ``terminal
+# absorbing`` and ``roles kept`` read ``expected`` and ``abandoned``, but of the world
+# before and after each event, never of the state: a change to a settled record's names
+# fails on the event that makes it, whichever of the merged worlds it is made in.
+
+
+def _part(r: _Request, entry: Callable[[str], Any], *, forget: bool = False) -> tuple[Any, ...]:
     """One request's part of the state: exactly what its future and the properties read.
 
     Soundness (two states with equal parts have the same futures and the same verdicts):
@@ -73,6 +93,7 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
     key parts are cached under.
     """
     view = r.view
+    cancelled = r.cancelled
     load: tuple[Any, ...] | None = None
     if view is not None:
         loader, loaded, gone = r.load_view
@@ -88,10 +109,12 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
             load = ("live", loader, loaded, gone, r.loader, r.loaded, r.loader_gone, r.load_owed)
             if part is not None or r.part is not None:  # a split load's part, and its ledger
                 load = (*load, part, part_owed, r.part, r.part_owed)
-        view = (view[0], _names_key(view[1]), _names_key(view[2]), _names_key(view[3]))
-    # A call between its halves: the savers it asked, and whether each is still the
-    # connector registered under its name (what its answers' application reads), as a set:
-    # the order asked only orders the names it will write to the sets above.
+        names = (_names_key(view[2]), _names_key(view[3]))
+        if forget and view[0] in TERMINAL and not (r.asking or r.matching):  # see above
+            names, cancelled = ((), ()), cancelled and view[0] is not _FINISHED
+        view = (view[0], _names_key(view[1]), *names)
+    # A call between its halves: the savers it asked, and whether each is still the one registered
+    # (what its answers' application reads), as a set: the order asked orders nothing kept.
     asking = tuple(
         tuple(sorted((e.name, entry(e.name) is e) for e in halves.savers_asked(asked)))
         for asked in r.asking
@@ -100,9 +123,10 @@ def _part(r: _Request, entry: Callable[[str], Any]) -> tuple[Any, ...]:
     # answers alone, so their order orders nothing but its on_finished calls (judged on it).
     early = _names_key(r.early)
     matching = _matching(r, entry) if r.matching else None
-    if r.phase == _TAKEN:
-        return ("request", r.phase, view, _NOTHING, r.cancelled, None, asking, early, matching)
-    parts = (r.phase, view, r.owed, r.cancelled, load, asking, early, matching)
+    if r.phase == _TAKEN:  # with forget, not whether it was cancelled (see above)
+        told = not forget and r.cancelled
+        return ("request", r.phase, view, _NOTHING, told, None, asking, early, matching)
+    parts = (r.phase, view, r.owed, cancelled, load, asking, early, matching)
     if r.answers:  # params checked: what each call asking will merge (its savers' choices)
         choices = tuple(tuple(sorted(choice)) for choice, _ in r.answers)
         return ("request", *parts, choices)
@@ -160,23 +184,31 @@ def _numbered(world: _World) -> Raw:
     part_ids = []
     entry = world.mc.registry.entry
     known_parts = numbers.parts
+    forget = scenario.forget
     for r in requests:
         if r.asking or r.answers or r.matching:  # reads the registry: numbered from the part
-            part_ids.append(numbers.number(_part(r, entry)))
+            part_ids.append(numbers.number(_part(r, entry, forget=forget)))
             continue
         raw_part = _raw(r)
         number = known_parts.get(raw_part)
         if number is None:
-            number = known_parts[raw_part] = numbers.number(_part(r, entry))
+            number = known_parts[raw_part] = numbers.number(_part(r, entry, forget=forget))
         part_ids.append(number)
     # Which requests are held and queued for take() matters, not in what order: no property
     # reads the order (take()'s list is judged record by record), and requests are assumed
     # not to interact except through the registry and take() (docs/check.md, "Reductions").
-    # Queued as a set: a request queued twice fails "no early free" on the event that queued
-    # it again (take() would hand it back twice), and beyond that the copies differ in no
-    # verdict. Without this a bug that re-queues a record on every event (a drain applied
-    # again) has no end of states.
-    order, queue = tuple(sorted(world.order)), tuple(sorted(set(world.queue)))
+    # Queued as a set, but for a request queued twice or more, listed twice: it fails "no
+    # early free" on the event that queued it again (take() would hand it back twice), and
+    # take() may then raise on the second copy ("no exception"): a state queued twice is not
+    # one queued once, whatever else they share (``forget`` merges a settled record's names,
+    # which told the two apart). Beyond two the copies differ in no verdict; counted, a bug
+    # that re-queues a record on every event (a drain applied again) has no end of states.
+    queue = world.queue
+    if len(set(queue)) == len(queue):
+        queue = tuple(sorted(queue))
+    else:
+        queue = tuple(sorted((*set(queue), *{i for i in queue if queue.count(i) > 1})))
+    order = tuple(sorted(world.order))
     raw = world.raw = (reg_id, tuple(part_ids), order, queue)
     return raw
 
@@ -211,7 +243,7 @@ def _views_of(world: _World, raw: Raw) -> list[tuple[int, Hashable, Hashable, bo
     views: list[tuple[int, Hashable, Hashable, bool]] = []
     for i, number in enumerate(part_ids):
         mine = i in order
-        one = (reg_id, (number,), (0,) if mine else (), (0,) if i in queue else ())
+        one = (reg_id, (number,), (0,) if mine else (), (0,) * queue.count(i))  # twice: (0, 0)
         view = numbers.things[number][2]  # the record's state and names, None when not held
         done = mine and view is not None and view[0] in TERMINAL
         goal = not mine or view is None or done
