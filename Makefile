@@ -227,11 +227,10 @@ mutate: setup $(MUTATE)
 
 ## check: the model check at its default bound; with the savers answering params and with the
 #         load side (one request each); the realistic configuration of docs/check.md (four
-#         connectors, two of them ranks of one, a None slot; two requests, with no early
-#         report: early reports would multiply its time by 2.6, and a request keeps its own
-#         early reports, so they are searched next, with one request and from every ready
-#         connector, --early-reports all; docs/check.md, "Early reports"); one 8-GPU node (a
-#         cache and eight ranks, one request): each complete, every combination of states.
+#         connectors, two of them ranks of one, a None slot; two requests, early reports from
+#         the savers), and the same connectors with one request and early reports from every
+#         ready connector (--early-reports all; docs/check.md, "Early reports"); one 8-GPU node
+#         (a cache and eight ranks, one request): each complete, every combination of states.
 #         Then the deployment shapes with two requests by views (--per-request: each request's
 #         part once, next to no other request held and next to one; docs/check.md, "Requests
 #         apart"), each complete: the eight ranks, params, the load side. Then the vLLM
@@ -245,7 +244,7 @@ check: setup $(VLLM)
 	$(VENV)/bin/multiconnector check
 	$(VENV)/bin/multiconnector check --params --requests 1
 	$(VENV)/bin/multiconnector check --load --requests 1
-	$(VENV)/bin/multiconnector check --connectors lmcache,p2p@0,p2p@1,mooncake=none --requests 2 --early-reports off
+	$(VENV)/bin/multiconnector check --connectors lmcache,p2p@0,p2p@1,mooncake=none --requests 2
 	$(VENV)/bin/multiconnector check --connectors lmcache,p2p@0,p2p@1,mooncake=none --requests 1 --early-reports all
 	$(VENV)/bin/multiconnector check --connectors $(EIGHT_RANKS) --requests 1
 	$(VENV)/bin/multiconnector check --connectors $(EIGHT_RANKS) --requests 2 --per-request
