@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from multiconnector.machine import (
     RequestTransferState,
     State,
     build_machine,
+    in_flight_of,
     step,
 )
 from tests.strategies import GUARD_SCENARIOS
@@ -143,6 +145,7 @@ def test_tables_built_again_agree_with_transitions_machine(
             assert decision is not None  # the declaration needs no walk anywhere
             assert decide(decision, record, arg) == expected, (state, event, awaiting, arg)
             assert machine_module.DECISIONS[event][state] == decision
+    assert machine_module._decisions() == machine_module.DECISIONS
 
 
 def yes(record: RequestTransferState, arg: Any) -> bool:
@@ -200,8 +203,37 @@ def test_a_guard_holds_exactly_when_the_transition_may_fire(
     ("conds", "unless"), [(["is_last", "is_last"], []), (["is_last"], ["has_savers"])]
 )
 def test_a_transition_with_several_guards_is_refused(conds: list[str], unless: list[str]) -> None:
-    with pytest.raises(InvalidMachineError, match="several guards"):
+    # The message names the guards, so the declaration's author finds the transition.
+    names = re.escape(f"several guards ({', '.join(conds + unless)})")
+    with pytest.raises(InvalidMachineError, match=names):
         machine_module._guard(conds, unless)
+
+
+@pytest.mark.parametrize(
+    ("fields", "owed", "owes"),
+    [
+        ({}, False, {}),
+        ({"awaiting": ("s",)}, True, {"s": False}),
+        ({"parts_owed": ("p",)}, True, {"p": True, "l": False}),
+        ({"loader": "l"}, True, {"l": True, "p": False}),
+        ({"loader": "l", "loaded": True}, False, {"l": False}),
+        ({"loader": "l", "loader_gone": True}, False, {"l": False}),
+        ({"loader": "l", "loaded": True, "parts_owed": ("p",)}, True, {"l": False, "p": True}),
+    ],
+)
+def test_a_request_is_in_flight_while_a_save_a_part_or_its_load_is_owed(
+    fields: dict[str, Any], owed: bool, owes: dict[str, bool]
+) -> None:
+    record = RequestTransferState("r", state=State.finishing, **fields)
+    assert record.in_flight is owed
+    assert (
+        in_flight_of(
+            record.awaiting, record.parts_owed, record.loader, record.loaded, record.loader_gone
+        )
+        is owed
+    )
+    for name, expected in owes.items():
+        assert record.owes_load(name) is expected, name
 
 
 def _load_machine_with(old: str, new: str) -> None:
