@@ -212,8 +212,9 @@ test-deep: setup $(VLLM)
 
 ## mutate: mutation testing of the core (slow: not part of `make test`; see docs/mutation.md).
 #          Writes build/mutation.json and build/mutation.txt; exits 1 on an unexplained survivor.
-#          MODULE=params (or a comma-separated list) for some of machine, params, registry,
-#          aggregator; MUTATE_WORKERS=1 by default, niced (the machine is shared).
+#          MODULE=params (or a comma-separated list) for some of machine, _table, health, rule,
+#          params, registry, aggregator; MUTATE_WORKERS=1 by default, niced (the machine is
+#          shared).
 MODULE         ?=
 MUTATE_WORKERS ?= 1
 comma := ,

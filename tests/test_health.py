@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transitions import Machine
 
+from multiconnector import health as health_module
 from multiconnector._table import compile_table
 from multiconnector.diagram import HEALTH_MACHINE, run_cli
 from multiconnector.errors import InvalidMachineError
@@ -103,6 +104,28 @@ def test_the_transitions_machine_is_the_declaration() -> None:
         for tr in trs
     }
     assert {(e, s, s if d == "=" else d) for e, s, d in declared} == built
+
+
+def test_the_table_built_again_is_the_table_and_undeclared_events_lead_nowhere() -> None:
+    # HEALTH_TABLE is built at import; built again inside a test, a mutation of the build shows.
+    assert health_module._compile() == HEALTH_TABLE
+    for state in HEALTH_STATES:
+        assert health_step(ChildHealth(name="c", state=state), "unknown", 0.0) is None
+
+
+def test_build_health_machine_takes_a_machine_class_a_model_and_its_arguments() -> None:
+    class Recording(Machine):
+        pass
+
+    class Model:
+        pass
+
+    model: Any = Model()
+    built = build_health_machine(machine_cls=Recording, model=model, name="health")
+    assert type(built) is Recording and built.name == "health: "
+    assert built.models == [model] and model.state == "closed"
+    with pytest.raises(AttributeError, match="Do not know event"):  # invalid, not ignored
+        model.trigger("unknown")
 
 
 #: One machine for every record, no model attached (fired on any object with a ``state``).

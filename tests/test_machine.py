@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from multiconnector import MultiConnector
 from multiconnector import machine as machine_module
 from multiconnector._table import as_list, compile_table, events_of, guard_of
 from multiconnector._table import decision as decision_of
+from multiconnector._table import decisions as decisions_of
 from multiconnector.errors import InvalidMachineError
 from multiconnector.machine import (
     CALL_EVENTS,
@@ -24,6 +26,7 @@ from multiconnector.machine import (
     RequestTransferState,
     State,
     build_machine,
+    in_flight_of,
     step,
 )
 from tests.strategies import GUARD_SCENARIOS
@@ -145,6 +148,9 @@ def test_tables_built_again_agree_with_transitions_machine(
             assert decision is not None  # the declaration needs no walk anywhere
             assert decide(decision, record, arg) == expected, (state, event, awaiting, arg)
             assert machine_module.DECISIONS[event][state] == decision
+    # Rebuilt inside a test (the module's tables are built at import, before a mutant is on).
+    rebuilt = compile_table(machine_module.TRANSITIONS, State, RequestTransferState)
+    assert decisions_of(rebuilt, EVENTS, STATES) == machine_module.DECISIONS
 
 
 def yes(record: RequestTransferState, arg: Any) -> bool:
@@ -202,8 +208,37 @@ def test_a_guard_holds_exactly_when_the_transition_may_fire(
     ("conds", "unless"), [(["is_last", "is_last"], []), (["is_last"], ["has_savers"])]
 )
 def test_a_transition_with_several_guards_is_refused(conds: list[str], unless: list[str]) -> None:
-    with pytest.raises(InvalidMachineError, match="several guards"):
+    # The message names the guards, so the declaration's author finds the transition.
+    names = re.escape(f"several guards ({', '.join(conds + unless)})")
+    with pytest.raises(InvalidMachineError, match=names):
         guard_of(RequestTransferState, conds, unless)
+
+
+@pytest.mark.parametrize(
+    ("fields", "owed", "owes"),
+    [
+        ({}, False, {}),
+        ({"awaiting": ("s",)}, True, {"s": False}),
+        ({"parts_owed": ("p",)}, True, {"p": True, "l": False}),
+        ({"loader": "l"}, True, {"l": True, "p": False}),
+        ({"loader": "l", "loaded": True}, False, {"l": False}),
+        ({"loader": "l", "loader_gone": True}, False, {"l": False}),
+        ({"loader": "l", "loaded": True, "parts_owed": ("p",)}, True, {"l": False, "p": True}),
+    ],
+)
+def test_a_request_is_in_flight_while_a_save_a_part_or_its_load_is_owed(
+    fields: dict[str, Any], owed: bool, owes: dict[str, bool]
+) -> None:
+    record = RequestTransferState("r", state=State.finishing, **fields)
+    assert record.in_flight is owed
+    assert (
+        in_flight_of(
+            record.awaiting, record.parts_owed, record.loader, record.loaded, record.loader_gone
+        )
+        is owed
+    )
+    for name, expected in owes.items():
+        assert record.owes_load(name) is expected, name
 
 
 def _load_machine_with(old: str, new: str) -> None:

@@ -49,7 +49,7 @@ def test_a_subpackage_is_every_file_of_it_a_module_its_own_file(tmp_path: Path) 
 
 def test_the_equivalent_mutants_table_is_read_row_by_row() -> None:
     found = tool().equivalents(ROOT / "docs" / "mutation.md")
-    assert "multiconnector.machine.x__events__mutmut_4" in found
+    assert "multiconnector._table.x_events_of__mutmut_4" in found
     saving = "multiconnector.aggregator.saving.xǁSavingǁ_finish_by__mutmut_11"
     assert found[saving] == "`_NO_NAME` is `None`: the mutant writes the same key."
     assert all(reason for reason in found.values())

@@ -8,7 +8,8 @@ is killed only by a failing test: one whose tests ended in a collection or inter
 pytest is an error, not a kill. Exits 1 when a survivor is unexplained or a mutant is an error, 2
 on a bad argument.
 
-    python tools/mutate.py                  # machine, rule, params, registry, aggregator
+    python tools/mutate.py                  # machine, _table, health, rule, params, registry,
+                                            # aggregator
     python tools/mutate.py --module params  # one module
     python tools/mutate.py --module aggregator  # the whole subpackage multiconnector/aggregator/
     python tools/mutate.py --report-only    # the report again, after re-testing some mutants
@@ -35,7 +36,7 @@ except ImportError:  # pragma: no cover - said in main()
     MUTMUT_VERSION = None
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = ("machine", "rule", "params", "registry", "aggregator")
+MODULES = ("machine", "_table", "health", "rule", "params", "registry", "aggregator")
 #: A row of the equivalent-mutants table in docs/mutation.md: | `mutant name` | reason |
 EQUIVALENT_ROW = re.compile(r"^\|\s*`(multiconnector\.[^`]+__mutmut_\d+)`\s*\|(.+)\|\s*$")
 #: The status of a mutant whose tests ended without a verdict (see NOT_A_VERDICT).
