@@ -25,13 +25,13 @@ from multiconnector import (
     State,
     merge_transfer_params,
 )
+from multiconnector._table import decision as _decision
 from multiconnector.machine import (
     DECISIONS,
     EVENTS,
     STATES,
     TABLE,
     RequestTransferState,
-    _decision,
     step,
 )
 from tests.strategies import GUARD_SCENARIOS
