@@ -119,9 +119,7 @@ def _part(r: _Request, entry: Callable[[str], Any], *, forget: bool = False) -> 
         tuple(sorted((e.name, entry(e.name) is e) for e in halves.savers_asked(asked)))
         for asked in r.asking
     )
-    # The early reports kept while asking, as a set: the second half decides each on the
-    # answers alone, so their order orders nothing but its on_finished calls (judged on it).
-    early = _names_key(r.early)
+    early = _names_key(r.early)  # the early reports kept while asking, as a set (see above)
     matching = _matching(r, entry) if r.matching else None
     if r.phase == _TAKEN:  # with forget, not whether it was cancelled (see above)
         told = not forget and r.cancelled
