@@ -21,11 +21,13 @@ from ..errors import InvalidArgumentError, InvalidValueError
 from ..machine import build_machine
 from .alike import _alike
 from .apply import _apply
+from .breaker import HEALTH_EVENTS, SETTINGS, BookFactory, quiet, real_book
 from .canonical import Signatures, _Interner
 from .counted import _Rank
 from .events import _events, _events_of
 from .fork import _fork
 from .properties import (
+    BREAKER_KEPT,
     CALLBACKS,
     COUNTERS,
     LOAD_ONCE,
@@ -35,6 +37,7 @@ from .properties import (
     RIGHT_OUTCOME,
     ROLES_KEPT,
     TERMINAL_ABSORBING,
+    _breaker_kept,
     _callbacks,
     _counters,
     _fired,
@@ -104,6 +107,8 @@ def check_aggregator(
     early_reports: str = "savers",
     config: SearchConfig | None = None,
     forget: bool = True,
+    health: bool = False,
+    health_book: BookFactory = real_book,
 ) -> CheckReport:
     """Model-check the real aggregator on a bounded scenario: every reachable state, every event.
 
@@ -142,6 +147,14 @@ def check_aggregator(
     saver asked promises), ``"all"`` (from every ready connector the request does not await) or
     ``"off"`` (docs/check.md, "Early reports"). ``forget=False``: docs/check.md, "Settled records".
 
+    ``health=True`` explores each child's health machine too (:mod:`.breaker`): a real
+    :class:`~multiconnector.healthbook.HealthBook` over the connector names, with a frozen clock
+    the check moves; ``failure(name)`` and ``cooled`` events interleaved with the others, lookups
+    gated by the book (an open child not asked, half-open answers its probes), and
+    :data:`BREAKER_KEPT` after the others; symmetry is off (each child's health is its own).
+    ``health_book(names, settings, clock=..., aggregator=...)`` builds the book (the real one by
+    default; the tests plant broken ones, given the aggregator as a wrong glue would use it).
+
     Returns a :class:`CheckReport`: a result per name in :data:`PROPERTIES` (and as said above).
 
     .. versionadded:: 0.1.0
@@ -150,21 +163,33 @@ def check_aggregator(
     search = _search_config(config, max_states, max_depth, max_seconds, progress)
     kinds = _kinds(connectors, unknown)
     alphabet = _alphabet(events)
-    switches = (symmetry, strict_coverage, reduction, params, per_request, forget)
+    switches = (symmetry, strict_coverage, reduction, params, per_request, forget, health)
     _check_switches(requests, factory, *switches, early_reports=early_reports)
+    if not callable(health_book):
+        raise InvalidArgumentError(f"health_book={shown(health_book)} must be callable")
+    if health:
+        alphabet |= frozenset(HEALTH_EVENTS)
     scenario, probe = _scenario(
-        kinds, unknown, requests, alphabet, factory, symmetry=symmetry, params=params
+        kinds,
+        unknown,
+        requests,
+        alphabet,
+        factory,
+        symmetry=symmetry and not health,
+        params=params,
+        health_book=health_book if health else None,
     )
     left = remaining_seconds(search.max_seconds, started)
-    return _explore_scenario(
-        attrs.evolve(scenario, early=early_reports, forget=forget),
-        probe,
-        search=attrs.evolve(search, max_seconds=left),
-        strict_coverage=strict_coverage,
-        reduction=reduction,
-        per_request=per_request,
-        max_seconds=search.max_seconds,
-    )
+    with quiet(health):
+        return _explore_scenario(
+            attrs.evolve(scenario, early=early_reports, forget=forget),
+            probe,
+            search=attrs.evolve(search, max_seconds=left),
+            strict_coverage=strict_coverage,
+            reduction=reduction,
+            per_request=per_request,
+            max_seconds=search.max_seconds,
+        )
 
 
 def _search_config(
@@ -198,7 +223,15 @@ def _check_switches(
         )
     if not callable(factory):
         raise InvalidArgumentError(f"factory={shown(factory)} must be callable")
-    names = ("symmetry", "strict_coverage", "reduction", "params", "per_request", "forget")
+    names = (
+        "symmetry",
+        "strict_coverage",
+        "reduction",
+        "params",
+        "per_request",
+        "forget",
+        "health",
+    )
     for name, switch in zip(names, switches, strict=True):
         check_bool(switch, name)
     check_choice(early_reports, "early_reports", EARLY_REPORTS)
@@ -245,7 +278,12 @@ def _explore_scenario(
         _events,
         _apply,
         _snapshot,
-        _invariants(alphabet, params, roles=any(k in ROLES for k in kinds.values())),
+        _invariants(
+            alphabet,
+            params,
+            roles=any(k in ROLES for k in kinds.values()),
+            health=scenario.health_book is not None,
+        ),
         goal=_no_live_request,
         ways_out=_not_cancel,
         machine=build_machine(),
@@ -268,6 +306,7 @@ def _scenario(
     *,
     symmetry: bool,
     params: bool,
+    health_book: BookFactory | None = None,
 ) -> tuple[_Scenario, _World]:
     """The scenario of checked arguments, and its first world (a probe of what ``factory``
     builds: a subclass with its own ``request_finished`` is driven whole, ``atomic``)."""
@@ -290,6 +329,7 @@ def _scenario(
         params=params,
         batchers=tuple(n for n, k in kinds.items() if k in SAVING or k == GARBAGE),
         ranks={n: rank_names(n) for n, k in kinds.items() if k == COUNTED},
+        health_book=health_book,
     )
     probe = scenario.fresh()
     allow_equal = getattr(probe.mc, "_allow_equal", False) is True
@@ -399,7 +439,7 @@ def _bounds(
         "connectors": [f"{n} ({counted.get(n) or shown_kinds[k]})" for n, k in kinds.items()],
         "unknown names": list(unknown),
         "requests": requests,
-        "events": [e for e in _KINDS if e in alphabet],
+        "events": [e for e in (*_KINDS, *HEALTH_EVENTS) if e in alphabet],
         "symmetry": f"{scenario.symmetry.size:,} renamings of request ids and same-kind names"
         if scenario.symmetry.size > 1
         else "off",
@@ -422,13 +462,18 @@ def _bounds(
         }[scenario.early]
     if scenario.params:
         bounds["params"] = "every saver answers one of: " + ", ".join(str(c) for c in PARAM_CHOICES)
+    if scenario.health_book is not None:
+        bounds["health"] = (
+            f"each child's: threshold {SETTINGS.threshold}, probes {SETTINGS.probes}, "
+            f"cooldown {SETTINGS.cooldown_seconds:g} s then {SETTINGS.max_cooldown_seconds:g} s"
+        )
     if max_seconds is not None:
         bounds["max seconds"] = max_seconds
     return bounds
 
 
 def _invariants(
-    alphabet: frozenset[str], params: bool, *, roles: bool = False
+    alphabet: frozenset[str], params: bool, *, roles: bool = False, health: bool = False
 ) -> dict[str, Callable[[_World], object]]:
     """The properties judged on every state, in the report's order: :data:`LOAD_ONCE` with a
     load event in ``alphabet``, :data:`PARAMS_MERGED` with ``params``, :data:`ROLES_KEPT` with
@@ -447,6 +492,8 @@ def _invariants(
         invariants[PARAMS_MERGED] = _params_merged
     if roles:
         invariants[ROLES_KEPT] = _roles_kept
+    if health:
+        invariants[BREAKER_KEPT] = _breaker_kept
     return invariants
 
 
