@@ -41,7 +41,8 @@ state of a world), :mod:`.canonical` (its canonical form under symmetry), :mod:`
 events enabled in a state), :mod:`.counted` (the counted connectors), :mod:`.alike` (events that
 would do what one applied did), :mod:`.fork` (a world copied), :mod:`.halves` (the checker's
 seam: a call's two halves, the books read), :mod:`.properties` (what is
-judged), :mod:`.breaker` (each child's health, ``health=True``), :mod:`.trace` (how it is shown), :mod:`.run` (:func:`check_aggregator`) and :mod:`.cli`
+judged), :mod:`.breaker` (each child's health, ``health=True``), :mod:`.trace` (how it is
+shown), :mod:`.run` (:func:`check_aggregator`) and :mod:`.cli`
 (the command).
 
 Properties (each PASS or FAIL, with a shortest counterexample):
