@@ -146,14 +146,7 @@ def check_aggregator(
     asks (:attr:`~multiconnector.Outcome.early`): ``"savers"`` (the default: of the save each
     saver asked promises), ``"all"`` (from every ready connector the request does not await) or
     ``"off"`` (docs/check.md, "Early reports"). ``forget=False``: docs/check.md, "Settled records".
-
-    ``health=True`` explores each child's health machine too (:mod:`.breaker`): a real
-    :class:`~multiconnector.healthbook.HealthBook` over the connector names, with a frozen clock
-    the check moves; ``failure(name)`` and ``cooled`` events interleaved with the others, lookups
-    gated by the book (an open child not asked, half-open answers its probes), and
-    :data:`BREAKER_KEPT` after the others; symmetry is off (each child's health is its own).
-    ``health_book(names, settings, clock=..., aggregator=...)`` builds the book (the real one by
-    default; the tests plant broken ones, given the aggregator as a wrong glue would use it).
+    ``health=True``: each child's health machine too, and :data:`BREAKER_KEPT` (:mod:`.breaker`).
 
     Returns a :class:`CheckReport`: a result per name in :data:`PROPERTIES` (and as said above).
 
@@ -161,35 +154,19 @@ def check_aggregator(
     """
     started = time.perf_counter()  # max_seconds counts the set-up too
     search = _search_config(config, max_states, max_depth, max_seconds, progress)
-    kinds = _kinds(connectors, unknown)
-    alphabet = _alphabet(events)
+    kinds, alphabet = _kinds(connectors, unknown), _alphabet(events)
     switches = (symmetry, strict_coverage, reduction, params, per_request, forget, health)
-    _check_switches(requests, factory, *switches, early_reports=early_reports)
-    if not callable(health_book):
-        raise InvalidArgumentError(f"health_book={shown(health_book)} must be callable")
-    if health:
-        alphabet |= frozenset(HEALTH_EVENTS)
-    scenario, probe = _scenario(
-        kinds,
-        unknown,
-        requests,
-        alphabet,
-        factory,
-        symmetry=symmetry and not health,
-        params=params,
-        health_book=health_book if health else None,
+    book = _check_switches(requests, factory, health_book, *switches, early_reports=early_reports)
+    scenario, probe = _scenario(kinds, unknown, requests, alphabet, factory, symmetry, params, book)
+    return _explore_scenario(
+        attrs.evolve(scenario, early=early_reports, forget=forget),
+        probe,
+        search=attrs.evolve(search, max_seconds=remaining_seconds(search.max_seconds, started)),
+        strict_coverage=strict_coverage,
+        reduction=reduction,
+        per_request=per_request,
+        max_seconds=search.max_seconds,
     )
-    left = remaining_seconds(search.max_seconds, started)
-    with quiet(health):
-        return _explore_scenario(
-            attrs.evolve(scenario, early=early_reports, forget=forget),
-            probe,
-            search=attrs.evolve(search, max_seconds=left),
-            strict_coverage=strict_coverage,
-            reduction=reduction,
-            per_request=per_request,
-            max_seconds=search.max_seconds,
-        )
 
 
 def _search_config(
@@ -214,15 +191,19 @@ def _search_config(
 
 
 def _check_switches(
-    requests: object, factory: object, *switches: object, early_reports: object
-) -> None:
-    """check_aggregator's count, factory and switches checked (in its signature's order)."""
+    requests: object, factory: object, book: Any, *switches: object, early_reports: object
+) -> BookFactory | None:
+    """check_aggregator's count, factory and switches checked (in its signature's order), and
+    ``book`` (its ``health_book``); returns the book factory when ``health`` (the last switch)
+    is on, else ``None``."""
     if type(requests) is not int or not 1 <= requests <= MAX_REQUESTS:
         raise bad_argument(type(requests) is int)(
             f"requests={shown(requests)} must be an int from 1 to {MAX_REQUESTS}"
         )
     if not callable(factory):
         raise InvalidArgumentError(f"factory={shown(factory)} must be callable")
+    if not callable(book):
+        raise InvalidArgumentError(f"health_book={shown(book)} must be callable")
     names = (
         "symmetry",
         "strict_coverage",
@@ -235,6 +216,8 @@ def _check_switches(
     for name, switch in zip(names, switches, strict=True):
         check_bool(switch, name)
     check_choice(early_reports, "early_reports", EARLY_REPORTS)
+    health_on: BookFactory | None = book if switches[-1] else None
+    return health_on
 
 
 def _explore_scenario(
@@ -273,43 +256,52 @@ def _explore_scenario(
         bounds=bounds,
         title=f"multiconnector check: the transfer machine, on the real {factory_name}",
     )
-    return explore(
-        scenario.fresh,
-        _events,
-        _apply,
-        _snapshot,
-        _invariants(
-            alphabet,
-            params,
-            roles=any(k in ROLES for k in kinds.values()),
-            health=scenario.health_book is not None,
-        ),
-        goal=_no_live_request,
-        ways_out=_not_cancel,
-        machine=build_machine(),
-        fired=_fired,
-        describe=_describe,
-        label=_label(probe),
-        data=_data(scenario.ids),
-        annotate=_annotate,
-        expected=None if strict_coverage else reachable_in(kinds, alphabet),
-        config=search,
-    )
+    with quiet(scenario.health_book is not None):
+        return explore(
+            scenario.fresh,
+            _events,
+            _apply,
+            _snapshot,
+            _invariants(
+                alphabet,
+                params,
+                roles=any(k in ROLES for k in kinds.values()),
+                health=scenario.health_book is not None,
+            ),
+            goal=_no_live_request,
+            ways_out=_not_cancel,
+            machine=build_machine(),
+            fired=_fired,
+            describe=_describe,
+            label=_label(probe),
+            data=_data(scenario.ids),
+            annotate=_annotate,
+            expected=None if strict_coverage else reachable_in(kinds, alphabet),
+            config=search,
+        )
 
 
-def _scenario(
+def _scenario(  # noqa: PLR0917 (check_aggregator calls it on one line: under 80 lines)
     kinds: dict[str, str | None],
     unknown: Sequence[str],
     requests: int,
     alphabet: frozenset[str],
     factory: Callable[..., MultiConnector],
-    *,
     symmetry: bool,
     params: bool,
-    health_book: BookFactory | None = None,
+    book: BookFactory | None = None,
 ) -> tuple[_Scenario, _World]:
     """The scenario of checked arguments, and its first world (a probe of what ``factory``
-    builds: a subclass with its own ``request_finished`` is driven whole, ``atomic``)."""
+    builds: a subclass with its own ``request_finished`` is driven whole, ``atomic``).
+
+    Under health (``book``: what builds each world's
+    :class:`~multiconnector.healthbook.HealthBook`, ``health_book(names, settings, clock=...,
+    aggregator=...)``; the tests plant broken ones,
+    given the aggregator as a wrong glue would use it), the health events join the alphabet
+    and symmetry is off: each child's health is its own (:mod:`.breaker`)."""
+    if book is not None:
+        alphabet |= frozenset(HEALTH_EVENTS)
+        symmetry = False
     pad = _Pad()
     scenario = _Scenario(
         names=tuple(kinds),
@@ -329,7 +321,8 @@ def _scenario(
         params=params,
         batchers=tuple(n for n, k in kinds.items() if k in SAVING or k == GARBAGE),
         ranks={n: rank_names(n) for n, k in kinds.items() if k == COUNTED},
-        health_book=health_book,
+        health_book=book,
+        health_settings=SETTINGS,
     )
     probe = scenario.fresh()
     allow_equal = getattr(probe.mc, "_allow_equal", False) is True

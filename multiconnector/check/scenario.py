@@ -24,7 +24,6 @@ from ..machine import RequestTransferState, State
 from ..outcome import Outcome
 from ..registry import ConnectorRegistry, Role
 from . import halves
-from .breaker import SETTINGS
 
 if TYPE_CHECKING:
     from .canonical import Fixed, Raw, _Interner, _Symmetry
@@ -455,6 +454,8 @@ class _Scenario:
     forget: bool = False
     #: Under health (``health=True``): what builds each world's book (:mod:`.breaker`).
     health_book: Callable[..., Any] | None = None
+    #: The bounds of each child's health machine under health (:data:`.breaker.SETTINGS`).
+    health_settings: Any = None
 
     def fresh(self) -> _World:
         names = [rank for n in self.names for rank in self.ranks.get(n, (n,))]
@@ -470,7 +471,10 @@ class _Scenario:
         world = _World(self, mc)
         if self.health_book is not None:
             world.health = self.health_book(
-                names, SETTINGS, clock=functools.partial(getattr, world, "now"), aggregator=mc
+                names,
+                self.health_settings,
+                clock=functools.partial(getattr, world, "now"),
+                aggregator=mc,
             )
         return world
 
