@@ -12,6 +12,7 @@ import pytest
 
 from multiconnector import InvalidArgumentError
 from multiconnector.check import ALPHABET, BREAKER_KEPT, LOAD_EVENTS, check_aggregator, run_cli
+from multiconnector.check import run as run_module
 from multiconnector.check.breaker import DECLARED, HEALTH_EVENTS
 from multiconnector.health import HEALTH_TRANSITIONS, Health
 from tests.broken_books import OpeningAbandonsSaves, failed_probe_closes
@@ -97,3 +98,16 @@ def test_bad_cli_use_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> N
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     assert "--health" in err
+
+
+def test_copied_worlds_with_a_book_explore_exactly_what_replayed_ones_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under health the search copies a world's book too (check/fork.py): the same states,
+    edges and verdicts as replaying every path."""
+    copied = check_aggregator(**LOAD_BOUND)
+    monkeypatch.setattr(run_module, "_fork", lambda world: None)
+    replayed = check_aggregator(**LOAD_BOUND)
+    figures = [(r.distinct_states, r.edges, r.max_depth, r.verdict) for r in (copied, replayed)]
+    assert figures[0] == figures[1] == (1_710, figures[0][1], figures[0][2], "PASS")
+    assert [p.passed for p in copied.properties] == [p.passed for p in replayed.properties]
