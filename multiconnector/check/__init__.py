@@ -41,7 +41,8 @@ state of a world), :mod:`.canonical` (its canonical form under symmetry), :mod:`
 events enabled in a state), :mod:`.counted` (the counted connectors), :mod:`.alike` (events that
 would do what one applied did), :mod:`.fork` (a world copied), :mod:`.halves` (the checker's
 seam: a call's two halves, the books read), :mod:`.properties` (what is
-judged), :mod:`.trace` (how it is shown), :mod:`.run` (:func:`check_aggregator`) and :mod:`.cli`
+judged), :mod:`.breaker` (each child's health, ``health=True``), :mod:`.trace` (how it is
+shown), :mod:`.run` (:func:`check_aggregator`) and :mod:`.cli`
 (the command).
 
 Properties (each PASS or FAIL, with a shortest counterexample):
@@ -80,6 +81,12 @@ Properties (each PASS or FAIL, with a shortest counterexample):
     A save-only connector (``Role.save``) is never asked for matched tokens nor chosen to
     load; a load-only one (``Role.load``) is never awaited nor expected as a saver, whatever it
     answers.
+``breaker kept`` (only with ``health=True``, ``--health``: :mod:`.breaker`)
+    An open child is never asked to look up nor chosen to load (who was asked and chosen, as
+    the checker saw it, against the book's records before the event), each child's health
+    moves only by a declared (source, event, dest) of :data:`~multiconnector.health.HEALTH_TABLE`
+    and only on its own event; ``no early free`` and ``no leak`` are judged with the health
+    events interleaved as they are without.
 ``no trap``
     From every reachable state, events other than ``cancel`` can bring every live request to a
     terminal state (``cancel`` would rescue any trap, so it does not count).
@@ -105,6 +112,7 @@ from .._explore import (
 from ..usermachine import validate
 from .cli import run_cli
 from .properties import (
+    BREAKER_KEPT,
     CALLBACKS,
     COUNTERS,
     LOAD_ONCE,
@@ -128,6 +136,7 @@ from .scenario import (
 
 __all__ = [
     "ALPHABET",
+    "BREAKER_KEPT",
     "CALLBACKS",
     "COUNTERS",
     "DEFAULT_CONNECTORS",

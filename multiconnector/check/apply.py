@@ -22,6 +22,7 @@ from ..machine import TERMINAL, RequestTransferState, State
 from ..outcome import Outcome
 from ..rule import counted_name
 from . import halves
+from .breaker import HEALTH_EVENTS, apply_health, gate, probed, states
 from .events import cannot_report
 from .reference import counted_rank, settle_loads, settled_early
 from .scenario import (
@@ -78,6 +79,7 @@ def _apply(world: _World, event: Event) -> None:
             registry=world.registry,
             claimed=request is not None and bool(request.asking),
             early=tuple(r.early if r.asking else None for r in requests),
+            health=states(world),
         )
         if kind == _APPLY_ANSWERS and request is not None:
             entry = world.mc.registry.entry
@@ -94,6 +96,9 @@ def _apply(world: _World, event: Event) -> None:
     pad.asked = []
     if pad.finished:
         pad.finished = []
+    if kind in HEALTH_EVENTS:
+        apply_health(world, event)
+        return
     if kind in _LOADING or kind == COUNTED_LOAD:
         assert request is not None
         _apply_load(world, request, event)
@@ -355,6 +360,8 @@ def _apply_load(world: _World, request: _Request, event: Event) -> None:
         world.mc.choose_loader(request.request_id, event[2], parts=[event[3]])
         if state is _PENDING:  # (else the record keeps what it had)
             _chosen(request, event[2], True)
+            if world.last is not None:
+                world.last.chose = (event[2], event[3])
             request.part, request.part_owed = event[3], True
         return
     name, routed = _counted_load(world, request, before, event)
@@ -446,6 +453,7 @@ def _match(world: _World, request: _Request, event: Event, state: State | None) 
     pad.matched = []
     pad.loads = []
     whole = scenario.atomic or type(mc).match_tokens is not MultiConnector.match_tokens
+    gate(world)
     try:
         if whole:
             _documented_match(scenario, lambda: mc.match_tokens(request.request_id), state)
@@ -455,6 +463,7 @@ def _match(world: _World, request: _Request, event: Event, state: State | None) 
                 request.matching = asked
     finally:
         pad.tokens = {}
+        probed(world, pad.matched)
     answers = pad.matched
     if world.last is not None:
         world.last.matched = tuple(n for n, _ in answers)
@@ -466,6 +475,8 @@ def _match(world: _World, request: _Request, event: Event, state: State | None) 
         request.match_seen = seen
     elif state is _PENDING and decisive:
         _chosen(request, chose, True)
+        if world.last is not None and chose is not None:
+            world.last.chose = (chose,)
 
 
 def _chosen(request: _Request, chose: str | None, current: bool) -> None:
@@ -492,6 +503,8 @@ def _match_answer(world: _World, request: _Request, state: State | None) -> None
     if state is _PENDING and decisive:
         current = chose is not None and mc.registry.entry(chose) is dict(entries)[chose]
         _chosen(request, chose, current)
+        if world.last is not None and chose is not None:
+            world.last.chose = (chose,)
     last = world.last
     assert last is not None or not request.load_early  # made with the state read (see _apply)
     settled = last.settled_loads if last is not None else ()

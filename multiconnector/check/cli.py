@@ -167,6 +167,14 @@ def _add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
         "each owing its report): check that the request is freed once, after both",
     )
     parser.add_argument(
+        "--health",
+        action="store_true",
+        help="explore each child's health machine too (a real HealthBook, threshold 2, one "
+        "probe): failure and cooled events interleaved with the others, lookups gated by it; "
+        "check that an open child is never asked to look up nor chosen to load, that health "
+        "moves only as declared, and that nothing owed is dropped",
+    )
+    parser.add_argument(
         "--params",
         action="store_true",
         help="scripted savers also answer transfer params (nothing, a key of their own, or "
@@ -287,6 +295,7 @@ def run_cli(argv: Sequence[str]) -> int:
             params=args.params,
             per_request=args.per_request,
             forget=not args.no_forget,
+            health=args.health,
             progress=not args.no_progress,
         )
     except MultiConnectorError as exc:

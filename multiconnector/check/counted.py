@@ -46,6 +46,8 @@ class _Rank:
         return saves, None
 
     def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int:
+        if self.name in self.pad.bypassed:  # its health is open: not asked
+            return 0
         self.pad.matched.append((self.name, 0))
         return 0
 

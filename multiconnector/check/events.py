@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 from . import halves
+from .breaker import health_events, may_load
 from .counted import counted_events, counted_savers
 from .scenario import (
     _APPLY_ANSWERS,
@@ -110,6 +111,7 @@ def _events_of(world: _World, ids: Iterable[int], *, alike: bool = True) -> list
         out += [("register", n) for n in own if n not in registered]
     if "take" in alphabet:
         out.append(("take",))
+    out += health_events(world)
     if any(world.requests[i].matching for i in ids):
         return [e for e in out if not _outside_match_window(world, e)]
     return out
@@ -119,7 +121,11 @@ def _splits(world: _World, ids: Iterable[int]) -> list[Event]:
     """``split_load`` for each pending request no call asks about, and each ordered pair of
     ready connectors that may load: the first loads the first range, the second the next."""
     scenario = world.scenario
-    loaders = [n for n, ready in world.registry if ready and scenario.kinds.get(n) in LOADING]
+    loaders = [
+        n
+        for n, ready in world.registry
+        if ready and scenario.kinds.get(n) in LOADING and may_load(world, n)
+    ]
     pending = [
         i
         for i in ids

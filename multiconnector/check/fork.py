@@ -28,6 +28,7 @@ from typing import Any
 import attrs
 
 from ..aggregator import MultiConnector
+from ..healthbook import HealthBook
 from ..machine import RequestTransferState
 from ..registry import ConnectorRegistry
 from . import halves
@@ -58,8 +59,9 @@ def _copier(cls: type[Any]) -> Callable[[Any], Any]:
 def _fork(world: _World) -> _World | None:
     """A copy of ``world`` that behaves as its replayed model would, or ``None`` (replay it)."""
     mc = world.mc
-    if not forkable(mc):
-        return None
+    book = world.health
+    if not forkable(mc) or (book is not None and type(book) is not HealthBook):
+        return None  # (a book of another class may keep state of its own: replayed)
     world.sync()
     records: dict[int, RequestTransferState] = {}
     shallow = _copier(RequestTransferState)
@@ -88,10 +90,28 @@ def _fork(world: _World) -> _World | None:
         value = getattr(world, name)
         setattr(twin, name, value.copy() if isinstance(value, list | dict | set) else value)
     twin.mc = new
+    if book is not None:
+        twin.health = _copy_book(book, twin)
     twin.last = None  # what the latest event did: the copy's next event sets it
     twin.dirty = False  # read: the copy shows what world shows
     twin.requests = [_copy_request(r, records, record) for r in world.requests]
     return twin
+
+
+def _copy_book(book: HealthBook, twin: _World) -> HealthBook:
+    """A copy of the real book: each child's record copied (its lists and dicts too), the
+    clock the copy's world's, the gates (frozensets) shared."""
+    new = copy.copy(book)
+    records = halves.health_records(book)
+    halves.set_health_records(
+        new,
+        {
+            n: attrs.evolve(r, failures=list(r.failures), moves=dict(r.moves))
+            for n, r in records.items()
+        },
+    )
+    new.clock = functools.partial(getattr, twin, "now")
+    return new
 
 
 def _copy_request(r: _Request, records: dict[int, RequestTransferState], record: Any) -> _Request:

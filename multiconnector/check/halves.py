@@ -24,6 +24,8 @@ from typing import Any
 
 from ..aggregator import MultiConnector
 from ..aggregator.saving import Asked
+from ..health import ChildHealth
+from ..healthbook import HealthBook
 from ..machine import RequestTransferState
 from ..outcome import Outcome
 from ..registry import Entry
@@ -108,3 +110,14 @@ def counted(mc: MultiConnector) -> dict[tuple[Outcome, str | None], int]:
             key = (_APPLIED, None)
             total[key] = total.get(key, 0) + mc._finishes[index]
     return total
+
+
+def health_records(book: HealthBook) -> dict[str, ChildHealth]:
+    """A health book's records, by name (read, never written: :mod:`.fork` copies them)."""
+    return book._records
+
+
+def set_health_records(book: HealthBook, records: dict[str, ChildHealth]) -> None:
+    """Give a copied book its own records (:mod:`.fork`)."""
+    book._records = records
+    book._unreported = {}

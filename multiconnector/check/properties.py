@@ -11,9 +11,11 @@ from .._explore import (
     STATES_REACHED,
     TRANSITIONS_FIRED,
 )
+from ..health import Health
 from ..machine import CALL_EVENTS, TERMINAL, State
 from ..outcome import Outcome
 from . import halves
+from .breaker import DECLARED, health_names, states
 from .reference import expected_outcomes, reference_merge
 from .scenario import (
     _APPLIED,
@@ -54,6 +56,8 @@ CALLBACKS: Final = "callbacks"
 PARAMS_MERGED: Final = "params merged"
 #: Reported only when a connector has a role (a ``store`` or a ``loader``), after the others.
 ROLES_KEPT: Final = "roles kept"
+#: Reported only under health (``health=True``), after the others.
+BREAKER_KEPT: Final = "breaker kept"
 #: Every property the aggregator check reports, in report order.
 PROPERTIES: Final[tuple[str, ...]] = (
     NO_EXCEPTION,
@@ -508,6 +512,44 @@ def _roles_kept(world: _World) -> str | None:
                 "connector is never chosen to load"
             )
     return None
+
+
+def _breaker_kept(world: _World) -> str | None:
+    """an open child is never asked to look up nor chosen to load; health moves as declared"""
+    last = world.last
+    if last is None or last.health is None:
+        return None
+    names = health_names(world)
+    before = dict(zip(names, last.health, strict=True))
+    text = _event_text(world, last.event)
+    asked = [n for n in last.matched if before.get(n) is Health.open]
+    if asked:
+        return f"{text} asked {_names(asked)} for matched tokens, open: an open child is not asked"
+    chosen = [n for n in last.chose if before.get(n) is Health.open]
+    if chosen:
+        return f"{text} chose {_names(chosen)} to load, open: an open child is never chosen"
+    after = states(world)
+    assert after is not None
+    kind = last.event[0]
+    trigger, moved = _HEALTH_TRIGGER.get(kind), set(names)
+    if kind == "failure":
+        moved = {last.event[1]}
+    elif trigger == "probe_ok":
+        moved = set(last.matched)
+    for name, source, dest in zip(names, last.health, after, strict=True):
+        if trigger is not None and name in moved:
+            if (source, trigger, dest) not in DECLARED:
+                return (
+                    f"{text}: {name} moved {source.value} -> {dest.value} on {trigger}, "
+                    "a transition the health machine does not declare"
+                )
+        elif source is not dest:
+            return f"{text}: {name} moved {source.value} -> {dest.value}, by no event of its own"
+    return None
+
+
+#: The health machine's event each event of the check is to a child it concerns.
+_HEALTH_TRIGGER: Final = {"failure": "failure", "cooled": "cooled", "match_tokens": "probe_ok"}
 
 
 def _answers(answered: Collection[tuple[str, Any]]) -> str:

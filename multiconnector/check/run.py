@@ -21,11 +21,13 @@ from ..errors import InvalidArgumentError, InvalidValueError
 from ..machine import build_machine
 from .alike import _alike
 from .apply import _apply
+from .breaker import HEALTH_EVENTS, SETTINGS, BookFactory, quiet, real_book
 from .canonical import Signatures, _Interner
 from .counted import _Rank
 from .events import _events, _events_of
 from .fork import _fork
 from .properties import (
+    BREAKER_KEPT,
     CALLBACKS,
     COUNTERS,
     LOAD_ONCE,
@@ -35,6 +37,7 @@ from .properties import (
     RIGHT_OUTCOME,
     ROLES_KEPT,
     TERMINAL_ABSORBING,
+    _breaker_kept,
     _callbacks,
     _counters,
     _fired,
@@ -104,6 +107,8 @@ def check_aggregator(
     early_reports: str = "savers",
     config: SearchConfig | None = None,
     forget: bool = True,
+    health: bool = False,
+    health_book: BookFactory = real_book,
 ) -> CheckReport:
     """Model-check the real aggregator on a bounded scenario: every reachable state, every event.
 
@@ -141,6 +146,7 @@ def check_aggregator(
     asks (:attr:`~multiconnector.Outcome.early`): ``"savers"`` (the default: of the save each
     saver asked promises), ``"all"`` (from every ready connector the request does not await) or
     ``"off"`` (docs/check.md, "Early reports"). ``forget=False``: docs/check.md, "Settled records".
+    ``health=True``: each child's health machine too, and :data:`BREAKER_KEPT` (:mod:`.breaker`).
 
     Returns a :class:`CheckReport`: a result per name in :data:`PROPERTIES` (and as said above).
 
@@ -148,18 +154,14 @@ def check_aggregator(
     """
     started = time.perf_counter()  # max_seconds counts the set-up too
     search = _search_config(config, max_states, max_depth, max_seconds, progress)
-    kinds = _kinds(connectors, unknown)
-    alphabet = _alphabet(events)
-    switches = (symmetry, strict_coverage, reduction, params, per_request, forget)
-    _check_switches(requests, factory, *switches, early_reports=early_reports)
-    scenario, probe = _scenario(
-        kinds, unknown, requests, alphabet, factory, symmetry=symmetry, params=params
-    )
-    left = remaining_seconds(search.max_seconds, started)
+    kinds, alphabet = _kinds(connectors, unknown), _alphabet(events)
+    switches = (symmetry, strict_coverage, reduction, params, per_request, forget, health)
+    book = _check_switches(requests, factory, health_book, *switches, early_reports=early_reports)
+    scenario, probe = _scenario(kinds, unknown, requests, alphabet, factory, symmetry, params, book)
     return _explore_scenario(
         attrs.evolve(scenario, early=early_reports, forget=forget),
         probe,
-        search=attrs.evolve(search, max_seconds=left),
+        search=attrs.evolve(search, max_seconds=remaining_seconds(search.max_seconds, started)),
         strict_coverage=strict_coverage,
         reduction=reduction,
         per_request=per_request,
@@ -189,19 +191,33 @@ def _search_config(
 
 
 def _check_switches(
-    requests: object, factory: object, *switches: object, early_reports: object
-) -> None:
-    """check_aggregator's count, factory and switches checked (in its signature's order)."""
+    requests: object, factory: object, book: Any, *switches: object, early_reports: object
+) -> BookFactory | None:
+    """check_aggregator's count, factory and switches checked (in its signature's order), and
+    ``book`` (its ``health_book``); returns the book factory when ``health`` (the last switch)
+    is on, else ``None``."""
     if type(requests) is not int or not 1 <= requests <= MAX_REQUESTS:
         raise bad_argument(type(requests) is int)(
             f"requests={shown(requests)} must be an int from 1 to {MAX_REQUESTS}"
         )
     if not callable(factory):
         raise InvalidArgumentError(f"factory={shown(factory)} must be callable")
-    names = ("symmetry", "strict_coverage", "reduction", "params", "per_request", "forget")
+    if not callable(book):
+        raise InvalidArgumentError(f"health_book={shown(book)} must be callable")
+    names = (
+        "symmetry",
+        "strict_coverage",
+        "reduction",
+        "params",
+        "per_request",
+        "forget",
+        "health",
+    )
     for name, switch in zip(names, switches, strict=True):
         check_bool(switch, name)
     check_choice(early_reports, "early_reports", EARLY_REPORTS)
+    health_on: BookFactory | None = book if switches[-1] else None
+    return health_on
 
 
 def _explore_scenario(
@@ -240,37 +256,52 @@ def _explore_scenario(
         bounds=bounds,
         title=f"multiconnector check: the transfer machine, on the real {factory_name}",
     )
-    return explore(
-        scenario.fresh,
-        _events,
-        _apply,
-        _snapshot,
-        _invariants(alphabet, params, roles=any(k in ROLES for k in kinds.values())),
-        goal=_no_live_request,
-        ways_out=_not_cancel,
-        machine=build_machine(),
-        fired=_fired,
-        describe=_describe,
-        label=_label(probe),
-        data=_data(scenario.ids),
-        annotate=_annotate,
-        expected=None if strict_coverage else reachable_in(kinds, alphabet),
-        config=search,
-    )
+    with quiet(scenario.health_book is not None):
+        return explore(
+            scenario.fresh,
+            _events,
+            _apply,
+            _snapshot,
+            _invariants(
+                alphabet,
+                params,
+                roles=any(k in ROLES for k in kinds.values()),
+                health=scenario.health_book is not None,
+            ),
+            goal=_no_live_request,
+            ways_out=_not_cancel,
+            machine=build_machine(),
+            fired=_fired,
+            describe=_describe,
+            label=_label(probe),
+            data=_data(scenario.ids),
+            annotate=_annotate,
+            expected=None if strict_coverage else reachable_in(kinds, alphabet),
+            config=search,
+        )
 
 
-def _scenario(
+def _scenario(  # noqa: PLR0917 (check_aggregator calls it on one line: under 80 lines)
     kinds: dict[str, str | None],
     unknown: Sequence[str],
     requests: int,
     alphabet: frozenset[str],
     factory: Callable[..., MultiConnector],
-    *,
     symmetry: bool,
     params: bool,
+    book: BookFactory | None = None,
 ) -> tuple[_Scenario, _World]:
     """The scenario of checked arguments, and its first world (a probe of what ``factory``
-    builds: a subclass with its own ``request_finished`` is driven whole, ``atomic``)."""
+    builds: a subclass with its own ``request_finished`` is driven whole, ``atomic``).
+
+    Under health (``book``: what builds each world's
+    :class:`~multiconnector.healthbook.HealthBook`, ``health_book(names, settings, clock=...,
+    aggregator=...)``; the tests plant broken ones,
+    given the aggregator as a wrong glue would use it), the health events join the alphabet
+    and symmetry is off: each child's health is its own (:mod:`.breaker`)."""
+    if book is not None:
+        alphabet |= frozenset(HEALTH_EVENTS)
+        symmetry = False
     pad = _Pad()
     scenario = _Scenario(
         names=tuple(kinds),
@@ -290,6 +321,8 @@ def _scenario(
         params=params,
         batchers=tuple(n for n, k in kinds.items() if k in SAVING or k == GARBAGE),
         ranks={n: rank_names(n) for n, k in kinds.items() if k == COUNTED},
+        health_book=book,
+        health_settings=SETTINGS,
     )
     probe = scenario.fresh()
     allow_equal = getattr(probe.mc, "_allow_equal", False) is True
@@ -399,7 +432,7 @@ def _bounds(
         "connectors": [f"{n} ({counted.get(n) or shown_kinds[k]})" for n, k in kinds.items()],
         "unknown names": list(unknown),
         "requests": requests,
-        "events": [e for e in _KINDS if e in alphabet],
+        "events": [e for e in (*_KINDS, *HEALTH_EVENTS) if e in alphabet],
         "symmetry": f"{scenario.symmetry.size:,} renamings of request ids and same-kind names"
         if scenario.symmetry.size > 1
         else "off",
@@ -422,13 +455,18 @@ def _bounds(
         }[scenario.early]
     if scenario.params:
         bounds["params"] = "every saver answers one of: " + ", ".join(str(c) for c in PARAM_CHOICES)
+    if scenario.health_book is not None:
+        bounds["health"] = (
+            f"each child's: threshold {SETTINGS.threshold}, probes {SETTINGS.probes}, "
+            f"cooldown {SETTINGS.cooldown_seconds:g} s then {SETTINGS.max_cooldown_seconds:g} s"
+        )
     if max_seconds is not None:
         bounds["max seconds"] = max_seconds
     return bounds
 
 
 def _invariants(
-    alphabet: frozenset[str], params: bool, *, roles: bool = False
+    alphabet: frozenset[str], params: bool, *, roles: bool = False, health: bool = False
 ) -> dict[str, Callable[[_World], object]]:
     """The properties judged on every state, in the report's order: :data:`LOAD_ONCE` with a
     load event in ``alphabet``, :data:`PARAMS_MERGED` with ``params``, :data:`ROLES_KEPT` with
@@ -447,6 +485,8 @@ def _invariants(
         invariants[PARAMS_MERGED] = _params_merged
     if roles:
         invariants[ROLES_KEPT] = _roles_kept
+    if health:
+        invariants[BREAKER_KEPT] = _breaker_kept
     return invariants
 
 

@@ -8,6 +8,7 @@ the alphabet (:func:`_events`) to it. The other modules read a world: :mod:`.sna
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -18,6 +19,7 @@ from ..aggregator import MultiConnector
 from ..errors import (
     InvalidArgumentError,
 )
+from ..healthbook import HealthBook
 from ..machine import RequestTransferState, State
 from ..outcome import Outcome
 from ..registry import ConnectorRegistry, Role
@@ -172,6 +174,9 @@ class _Pad:
     answered: list[tuple[str, dict[str, Any] | None]] = attrs.field(factory=list)
     #: ``on_finished`` calls, (name, request id), in order (an applied report's callback).
     finished: list[tuple[str, str]] = attrs.field(factory=list)
+    #: Under health, while a lookup asks: the children the book does not let look up (each
+    #: as if it answered 0, not asked: :mod:`.breaker`).
+    bypassed: frozenset[str] = frozenset()
 
 
 class _Scripted:
@@ -196,6 +201,8 @@ class _Scripted:
         self.pad.finished.append((self.name, request_id))
 
     def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
+        if self.name in self.pad.bypassed:  # its health is open: not asked (the adapter's gate)
+            return 0
         tokens = self.pad.tokens.get(self.name, 0)
         self.pad.matched.append((self.name, tokens))
         return tokens
@@ -257,6 +264,8 @@ class _Raising:
         raise ConnectorCrash(f"connector {self.name!r} failed")
 
     def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> int | None:
+        if self.name in self.pad.bypassed:  # its health is open: not asked
+            return 0
         self.pad.matched.append((self.name, 0))  # a connector that raises counts as 0
         raise ConnectorCrash(f"connector {self.name!r} failed")
 
@@ -374,6 +383,11 @@ class _Last:
     #: For a counted connector's report: the report name the checker's ledger says it settles
     #: (:func:`.reference.counted_rank`), which the reference's outcome is of.
     routed: str | None = None
+    #: Under health: each child's health before the event (the book's records, in order).
+    health: tuple[Any, ...] | None = None
+    #: The loaders the event chose for its request, as the checker saw the answers (a
+    #: decisive match's, a split load's): what ``breaker kept`` reads.
+    chose: tuple[str, ...] = ()
 
 
 @attrs.frozen(slots=True)
@@ -438,6 +452,10 @@ class _Scenario:
     #: (:func:`~multiconnector.check.snapshot._part`, ``forget``): ``check_aggregator``'s
     #: ``forget``, on by default.
     forget: bool = False
+    #: Under health (``health=True``): what builds each world's book (:mod:`.breaker`).
+    health_book: Callable[..., Any] | None = None
+    #: The bounds of each child's health machine under health (:data:`.breaker.SETTINGS`).
+    health_settings: Any = None
 
     def fresh(self) -> _World:
         names = [rank for n in self.names for rank in self.ranks.get(n, (n,))]
@@ -450,7 +468,15 @@ class _Scenario:
             raise InvalidArgumentError(
                 f"factory returned {shown(mc)}; it must return a MultiConnector"
             )
-        return _World(self, mc)
+        world = _World(self, mc)
+        if self.health_book is not None:
+            world.health = self.health_book(
+                names,
+                self.health_settings,
+                clock=functools.partial(getattr, world, "now"),
+                aggregator=mc,
+            )
+        return world
 
 
 class _World:
@@ -465,10 +491,12 @@ class _World:
         "dirty",
         "entries",
         "fixed",
+        "health",
         "index",
         "last",
         "log",
         "mc",
+        "now",
         "order",
         "queue",
         "raw",
@@ -508,6 +536,9 @@ class _World:
         #: the start. Never part of the state: ``counters`` compares it with the aggregator's
         #: counts after every transition.
         self.tally: dict[tuple[Outcome, str | None], int] = {}
+        #: Under health: each child's book, and the frozen clock ``cooled`` moves (:mod:`.breaker`).
+        self.health: HealthBook | None = None
+        self.now = 0.0
 
     def sync(self) -> None:
         """Read what the aggregator shows, if an event ran since the last read."""

@@ -8,6 +8,7 @@ from typing import Any, Final
 
 from ..machine import TERMINAL
 from . import halves
+from .breaker import health_key
 from .canonical import AS_SET, IN_ORDER, Raw, _names_key
 from .scenario import _FINISHED, _NOTHING, _TAKEN, _Request, _World
 
@@ -178,7 +179,9 @@ def _numbered(world: _World) -> Raw:
         registry = (IN_ORDER, world.registry)
     else:
         registry = (AS_SET, tuple(sorted(world.registry)))
-    reg_id = numbers.number(registry)
+    health = health_key(world)
+    # Each child's health, beside the registry (symmetry is off under health).
+    reg_id = numbers.number(registry if health is None else (*registry, health))
     part_ids = []
     entry = world.mc.registry.entry
     known_parts = numbers.parts

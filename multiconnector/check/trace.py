@@ -80,6 +80,8 @@ def _label(world: _World) -> Callable[[Event], str]:
             return f"{kind}({ids[event[1]]})"
         if kind == "take":
             return "take()"
+        if kind == "cooled":
+            return "cooled: the clock passes every cooldown; tick()"
         return f"{kind}({event[1]})"
 
     return label
