@@ -12,6 +12,8 @@ bugs by ``make check``'s configurations.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from multiconnector import MultiConnector, Outcome, State
@@ -22,9 +24,11 @@ from multiconnector.check import (
     TOLD_EVENTS,
     check_aggregator,
 )
-from multiconnector.check.cli import run_cli
+from multiconnector.check.alike import _alike, _chosen_alike, _permuted
+from multiconnector.check.cli import _parse_connectors, run_cli
 from multiconnector.check.events import _events
 from multiconnector.check.run import _alphabet, _scenario
+from multiconnector.check.snapshot import _snapshot
 from tests.broken_aggregators import CATALOG
 from tests.checked import BOUND
 
@@ -154,3 +158,54 @@ def test_make_checks_configurations_find_each_told_path_bug(
     result = report.result(bug.prop)
     assert not result.passed and result.counterexample is not None, report.to_text()
     assert len(result.counterexample) == shortest
+
+
+#: ``make check``'s eight-rank lines: a cache and eight interchangeable ranks.
+EIGHT_RANKS = "lmcache,p2p@0,p2p@1,p2p@2,p2p@3,p2p@4,p2p@5,p2p@6,p2p@7"
+
+
+def test_the_told_events_alike_under_symmetry_are_chosen_not_arranged() -> None:
+    """After a told event, every told event naming as many of a class's interchangeable ranks
+    is spared (a renaming of it leads to a renamed state), and nothing else: the choices
+    ``_chosen_alike`` makes are exactly the arrangements ``_permuted`` makes, made cheaply."""
+    _, world = _scenario(
+        _parse_connectors(EIGHT_RANKS),
+        ("ghost",),
+        1,
+        _alphabet(TOLD),
+        MultiConnector,
+        symmetry=True,
+        params=False,
+    )
+    _snapshot(world)  # the renamings that map the state onto itself (world.fixed)
+    automorphisms, classes = world.fixed
+    (nine,) = classes  # before any event, the cache and the ranks are interchangeable
+    assert set(nine) == set(EIGHT_RANKS.split(","))
+    position = {name: i for i, (name, _) in enumerate(world.registry)}
+    for k in range(10):
+        for event in (
+            ("request_finished_by", 0, nine[:k]),
+            ("request_finished_by", 0, nine[9 - k :], True),
+            ("request_finished", 0, nine[:k]),
+        ):
+            chosen = _chosen_alike(event, classes, position)
+            assert chosen is not None and chosen[0] == event
+            assert sorted(chosen) == sorted(_permuted(event, classes, position))
+            assert len(set(chosen)) == len(chosen) == len(list(itertools.combinations(nine, k)))
+    told = ("request_finished_by", 0, nine[:4], True)
+    spared = {e for e in _alike(world, told) if e[0] == "request_finished_by"}
+    assert automorphisms and spared == {
+        ("request_finished_by", 0, four, True) for four in itertools.combinations(nine, 4)
+    }
+
+
+def test_the_alike_told_events_keep_states_and_verdicts_without_the_reduction() -> None:
+    """A cache and four interchangeable ranks: the alike told events are spared (not applied),
+    and the search finds the states and verdicts it finds without any reduction."""
+    bound = {"connectors": _parse_connectors(EIGHT_RANKS.rsplit(",", 4)[0]), "requests": 1}
+    reduced = check_aggregator(**bound)  # type: ignore[arg-type]
+    full = check_aggregator(**bound, reduction=False)  # type: ignore[arg-type]
+    assert reduced.verdict == full.verdict == "PASS"
+    assert reduced.distinct_states == full.distinct_states
+    assert reduced.alike > 0
+    assert reduced.states_generated + reduced.pruned + reduced.alike == full.states_generated

@@ -36,12 +36,48 @@ def _alike(world: _World, event: Event) -> tuple[Event, ...]:
         position = {name: i for i, (name, _) in enumerate(world.registry)}
         # A counted connector saves at its first name's place (events._finishing).
         position.update((n, position.get(r[0], -1)) for n, r in scenario.ranks.items())
-        for alike in _permuted(event, classes, position):
+        chosen = _chosen_alike(event, classes, position) if not scenario.params else None
+        for alike in _permuted(event, classes, position) if chosen is None else chosen:
             for perm, rename in automorphisms:
+                if chosen is not None and not rename and _unmoved(perm):
+                    same.append(alike)  # made as _events lists it: its own image
+                    continue
                 image = _image(alike, perm, rename, position)
                 if image is not None:
                     same.append(image)
     return tuple(same)
+
+
+def _unmoved(perm: tuple[int, ...]) -> bool:
+    """Whether ``perm`` renumbers no request."""
+    return all(i == p for i, p in enumerate(perm))
+
+
+def _chosen_alike(
+    event: Event, classes: Sequence[Sequence[str]], position: Mapping[str, int]
+) -> list[Event] | None:
+    """A finishing event without params (``request_finished``'s savers saving, or
+    ``request_finished_by``'s savers told) and every event that chooses as many of each class's
+    names, the others alike (``event`` first), in the form :func:`~.events._events` lists them:
+    :func:`_permuted`'s events for these kinds, made by choosing names instead of arranging
+    labels (the told events of eight interchangeable ranks made that the search's largest
+    cost). ``None`` for another kind of event."""
+    kind = event[0]
+    if kind not in ("request_finished", "request_finished_by") or (
+        kind == "request_finished" and len(event) > 3
+    ):
+        return None
+    chosen = set(event[2])
+    fixed = [n for n in event[2] if not any(n in c for c in classes)]
+    ways = [itertools.combinations(c, sum(n in chosen for n in c)) for c in classes]
+    out = [event]
+    for choice in itertools.product(*ways):
+        names = [*fixed, *(n for part in choice for n in part)]
+        names.sort(key=lambda n: position.get(n, -1))
+        alike = (kind, event[1], tuple(names), *event[3:])
+        if alike != event:
+            out.append(alike)
+    return out
 
 
 def _permuted(
