@@ -86,6 +86,7 @@ from ..ledger import SaveLedger
 from .choice import LOAD_CHILDREN_KEY
 from .config import (
     CHILDREN_KEY,
+    FALLBACK_KEY,
     HEALTH_KEY,
     HIT_METRICS_KEY,
     LOOKUP_KEY,
@@ -125,6 +126,7 @@ from .wire import (
 
 __all__ = [
     "CHILDREN_KEY",
+    "FALLBACK_KEY",
     "HEALTH_KEY",
     "HIT_METRICS_KEY",
     "LOAD_CHILDREN_KEY",

@@ -36,6 +36,8 @@ from .errors import ChildClassError
 
 __all__ = [
     "CHILDREN_KEY",
+    "FALLBACKS",
+    "FALLBACK_KEY",
     "HEALTH_KEY",
     "HIT_METRICS_KEY",
     "LOOKUP_KEY",
@@ -50,6 +52,7 @@ __all__ = [
     "Settings",
     "child_specs",
     "default_name",
+    "fails_over",
     "health_settings",
     "hit_metrics",
     "lookup_policy",
@@ -97,6 +100,12 @@ HIT_METRICS_KEY: Final = "child_hit_metrics"
 PATIENCE_KEY: Final = "lookup_patience_steps"
 #: Its default: vLLM asks again each scheduler step.
 PATIENCE_STEPS: Final = 64
+#: The key of what becomes of a load whose loader raises in ``update_state_after_alloc``:
+#: ``"recompute"`` (the default: reported failed, vLLM recomputes) or ``"failover"`` (the next
+#: child that offers the tokens loads them; reported failed only when none does).
+FALLBACK_KEY: Final = "load_fallback"
+#: Its values.
+FALLBACKS: Final = ("recompute", "failover")
 
 
 #: The key of each child's health machine (:mod:`multiconnector.health`): a mapping of its
@@ -337,6 +346,18 @@ def split_loads(extra_config: Mapping[str, Any]) -> bool:
     return value
 
 
+def fails_over(extra_config: Mapping[str, Any]) -> bool:
+    """Whether ``kv_connector_extra_config[FALLBACK_KEY]``, checked, is ``"failover"``
+    (absent: ``"recompute"``)."""
+    value = extra_config.get(FALLBACK_KEY, FALLBACKS[0])
+    where = f"kv_connector_extra_config[{FALLBACK_KEY!r}]"
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{where}={shown(value)} must be a str: one of {FALLBACKS}")
+    if value not in FALLBACKS:
+        raise InvalidValueError(f"{where}={value!r} must be one of {FALLBACKS}")
+    return value == "failover"
+
+
 def patience_steps(extra_config: Mapping[str, Any]) -> int:
     """``kv_connector_extra_config[PATIENCE_KEY]``, checked (an int >= 1), or
     :data:`PATIENCE_STEPS`."""
@@ -417,6 +438,9 @@ class Settings:
     split: bool = False
     #: Each child's health machine's bounds (``None``: no health machine).
     health: HealthSettings | None = None
+    #: Whether a loader that raises at allocation hands its load to the next child that
+    #: offers the tokens (``load_fallback: failover``).
+    failover: bool = False
 
 
 def settings_of(extra_config: Mapping[str, Any]) -> Settings:
@@ -428,6 +452,7 @@ def settings_of(extra_config: Mapping[str, Any]) -> Settings:
         hit_metrics=hit_metrics(extra_config),
         split=split_loads(extra_config),
         health=health_settings(extra_config),
+        failover=fails_over(extra_config),
     )
 
 

@@ -59,6 +59,7 @@ class Lookups:
 
     __slots__ = (
         "_failed_by",
+        "_failover",
         "_hits",
         "_kids",
         "_load_async",
@@ -76,6 +77,8 @@ class Lookups:
         self._policy = settings.lookup
         self._patience = settings.patience
         self._hits = hits
+        #: ``load_fallback: failover``: a request whose load failed may load from another child.
+        self._failover = settings.failover
         #: The requests whose chosen loader loads asynchronously.
         self._load_async: set[str] = set()
         #: Per request, the children whose load of it failed.
@@ -109,7 +112,9 @@ class Lookups:
         token the request has left but its last (which vLLM computes to sample the next token
         from: its prefix cache's hits stop there too). A child that raises or answers what
         cannot be true (a negative count, more tokens than the request has left, ...) counts
-        as no hit; the others' answers stand.
+        as no hit; the others' answers stand. A request whose load failed loads from no child
+        again (vLLM recomputes it), unless the composition fails over (``load_fallback``):
+        then every child but those whose load of it failed is asked.
         """
         total = getattr(request, "num_tokens", None)  # an int on vLLM's Request
         remaining = (
@@ -117,6 +122,9 @@ class Lookups:
             if total.__class__ is int and 0 <= num_computed_tokens < total
             else None
         )
+        if not self._failover and self._failed_by and request.request_id in self._failed_by:
+            self._load_async.discard(request.request_id)  # its load failed: recomputed
+            return None, 0, False
         flags: dict[str, bool] = {}
         failures: list[tuple[str, Exception]] = []
         loader, tokens, held = choose(
@@ -195,6 +203,44 @@ class Lookups:
         if failures:
             self._kids.absorb("get_num_new_matched_tokens", failures, "counted as no hit")
         return tuple(parts)
+
+    def stand_in(self, request: Any, start: int, tokens: int, tried: set[str]) -> str | None:
+        """The child that loads ``request``'s ``tokens`` from ``start`` in place of a loader
+        that raised at allocation (``load_fallback: failover``): the first, in configuration
+        order, that may load it now (not tried, not failed for it, not open, not left out by
+        its params) and answers at least ``tokens``, loading as the loader would (both
+        asynchronously, or both not: vLLM already decided the request's wait). ``None``: no
+        child does. Each is asked ``get_num_new_matched_tokens`` as at a lookup (counted
+        ``asked``; a failure is its own, counted as no hit); a child that answers more than
+        ``tokens`` loads ``tokens``, as when vLLM trims a hit to whole blocks."""
+        request_id = request.request_id
+        load_async = request_id in self._load_async
+        failed_here = self._failed_by.get(request_id, ()) if self._failed_by else ()
+        waits = self._waits.get(request_id, {}) if self._waits else {}
+        health = self._kids.health
+        failures: list[tuple[str, Exception]] = []
+        found = None
+        for name, child in self.askable(request):
+            if name in tried or name in failed_here or waits.get(name) == GAVE_UP:
+                continue
+            self._hits.add(name, "asked")
+            try:
+                answer, flag = (
+                    self._asked(name, child, request, start, waits=False)
+                    if health is None
+                    else self._probed(health, name, child, request, start, waits=False)
+                )
+            except Exception as exc:
+                failures.append((name, exc))
+                continue
+            if answer:
+                self._hits.answered(name, answer)
+            if answer is not None and answer >= tokens and flag is load_async:
+                found = name
+                break
+        if failures:
+            self._kids.absorb("get_num_new_matched_tokens", failures, "counted as no hit")
+        return found
 
     def loads_async(self, request_id: str) -> bool:
         """Whether the loader last chosen for ``request_id`` loads asynchronously."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from functools import partial
 from typing import Any, Final
 
 from .._validate import shown
@@ -31,6 +32,7 @@ from ..outcome import Outcome
 from ..params import merge_transfer_params
 from ..registry import Role
 from ..rule import HOLD, PASS, finish_answer, one_completion
+from .allocation import external_blocks, tell_allocation
 from .children import Children, Failures, Slot, failed
 from .config import Settings, without_hma
 from .counted import WORKERS, Counted, not_taken
@@ -235,8 +237,10 @@ class SchedulerPart:
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         """The loader gets ``num_external_tokens``; every other child gets 0 and the blocks.
 
-        A child that raises is that child's failure; when it is the loader, its load is
-        reported failed (through the workers, in vLLM's own terms), so vLLM recomputes.
+        A child that raises is that child's failure. When it is the loader, the next child
+        that offers the tokens loads them (``load_fallback: failover``); else, or when none
+        does, its load is reported failed (through the workers, in vLLM's own terms), so vLLM
+        recomputes.
         """
         request_id = request.request_id
         if self._parts and request_id in self._parts:
@@ -244,32 +248,35 @@ class SchedulerPart:
             return
         # No tokens to load (the most common allocation): every child gets 0, whoever loads.
         loader = self.loader(request_id) if num_external_tokens else None
-        failures: Failures = None
-        for name, child in self._kids.items:  # once per scheduled request: no helper
-            try:
-                child.update_state_after_alloc(
-                    request, blocks, num_external_tokens if name == loader else 0
-                )
-            except Exception as exc:
-                failures = failed(failures, name, exc)
         matched_at = self._matched_at.pop(request_id, 0) if self._matched_at else 0
+        stand_in = None
+        if loader is not None and self._settings.failover:
+            stand_in = partial(self.lookups.stand_in, request, matched_at, num_external_tokens)
+        loads, failures = tell_allocation(
+            self._kids, request, blocks, loader, num_external_tokens, stand_in=stand_in
+        )
         if num_external_tokens <= 0 or loader is None:
             if failures is not None:
                 self._kids.absorb("update_state_after_alloc", failures)
             return
-        loader_failed = failures is not None and any(name == loader for name, _ in failures)
         if failures is not None:
             self._kids.absorb(
                 "update_state_after_alloc",
                 failures,
-                "its load reported failed, recomputed by vLLM",
+                "its load reported failed, recomputed by vLLM"
+                if loads is None
+                else f"its load (if any) handed to {loads!r}",
             )
+        if loads is not None and loads != loader:  # failed over: the books learn who loads
+            self.lookups.failed(loader, request_id)
+            self.tracker.choose_loader(request_id, loads)
+            loader = loads
         self.hits.chosen(loader, num_external_tokens)
         if self.lookups.loads_async(request_id):
-            self._load_started(request_id, loader, loader_failed)
+            self._load_started(request_id, loader, loads is None)
             return
-        external = self._external_blocks(blocks, matched_at, num_external_tokens)
-        if loader_failed:
+        external = external_blocks(blocks, self._block_size, matched_at, num_external_tokens)
+        if loads is None:
             self._load_errors.extend(external)
             self.lookups.failed(loader, request_id)
         else:
@@ -309,7 +316,7 @@ class SchedulerPart:
         shares: list[tuple[str, tuple[int, ...]]] = []
         for name, start, tokens in parts:
             self.hits.chosen(name, tokens)
-            external = self._external_blocks(blocks, start, tokens)
+            external = external_blocks(blocks, self._block_size, start, tokens)
             if name in bad:
                 self._load_errors.extend(external)
                 self.lookups.failed(name, request_id)
@@ -341,19 +348,6 @@ class SchedulerPart:
         self._new_loads[request_id] = loader
         if loader in self._kids.counted():
             self.counted.load_started(request_id, loader)
-
-    def _external_blocks(self, blocks: Any, matched_at: int, tokens: int) -> tuple[int, ...]:
-        """The ids of the blocks that hold a request's ``tokens`` external tokens, after the
-        ``matched_at`` it had computed (one KV cache group; none for more: vLLM recomputes
-        load errors by block only with one group)."""
-        try:
-            groups = blocks.get_block_ids()
-        except Exception:  # not vLLM's KVCacheBlocks: nothing to name
-            return ()
-        if len(groups) != 1:
-            return ()
-        size = self._block_size
-        return tuple(groups[0][matched_at // size : -(-(matched_at + tokens) // size)])
 
     # -- each step's metadata ------------------------------------------------------------------
 

@@ -81,7 +81,7 @@ from vllm_harness import (
 
 from bench.scheduler_parts import make_request as bench_request
 from multiconnector import ConnectorFailures
-from multiconnector.vllm import HEALTH_KEY, SPLIT_KEY
+from multiconnector.vllm import FALLBACK_KEY, HEALTH_KEY, SPLIT_KEY
 
 NAMES = ("a", "b", "c")
 EVENT_CLASSES = {"a": EventsA, "b": EventsB, "c": EventsA}
@@ -155,18 +155,23 @@ def config_for(
     ours: bool,
     workers: int,
     counts: tuple[int | None, ...],
+    *,
     split: bool = False,
     health: bool = False,
+    failover: bool = False,
 ) -> VllmConfig:
     """One VllmConfig per configuration, reused by every example (building one is slow);
     ``split``: ``split_loads`` on, every child a :class:`~fuzz_children.RangeFuzzChild`;
-    ``health``: each child's health machine on (:data:`HEALTH_BOUNDS`)."""
-    key = (ours, workers, counts, split, health)
+    ``health``: each child's health machine on (:data:`HEALTH_BOUNDS`); ``failover``:
+    ``load_fallback: failover`` (a request whose load failed loads from the next child)."""
+    key = (ours, workers, counts, split, health, failover)
     if key not in _CONFIGS:
         children = [fuzz_child(name, f"fuzz-{name}", ranged=split) for name in NAMES]
         extra: dict[str, Any] = {SPLIT_KEY: True} if split else {}
         if health:
             extra[HEALTH_KEY] = HEALTH_BOUNDS
+        if failover:
+            extra[FALLBACK_KEY] = "failover"
         config = make_config(model_folder(), children, ours=ours, extra=extra or None)
         assert config.kv_transfer_config is not None
         config.kv_transfer_config.kv_load_failure_policy = "recompute"
@@ -193,6 +198,7 @@ class World:
         counts: tuple[int | None, ...] = (None, None, None),
         split: bool = False,
         health: bool = False,
+        failover: bool = False,
     ) -> None:
         self.ours = ours
         self.boards: dict[str, Board] = {
@@ -204,7 +210,7 @@ class World:
             )
             for name, count in zip(NAMES, counts, strict=True)
         }
-        config = config_for(ours, workers, counts, split, health)
+        config = config_for(ours, workers, counts, split=split, health=health, failover=failover)
         self.num_blocks = num_blocks
         self.scheduler = make_scheduler(config, num_blocks)
         self.connector = self.scheduler.connector
@@ -630,6 +636,8 @@ class AdapterMachine(RuleBasedStateMachine):
     SPLIT: ClassVar[bool] = False
     #: Each child's health machine on (:data:`HEALTH_BOUNDS`; its rules: test_vllm_health_fuzz).
     HEALTH: ClassVar[bool] = False
+    #: ``load_fallback: failover``: a request whose load failed is looked up again.
+    FAILOVER: ClassVar[bool] = False
     EVENTS: ClassVar[bool] = True
     #: The children that may have an external prefix hit (may be chosen to load).
     LOADERS: ClassVar[tuple[str, ...]] = NAMES
@@ -649,6 +657,7 @@ class AdapterMachine(RuleBasedStateMachine):
             counts=self.COUNTS,
             split=self.SPLIT,
             health=self.HEALTH,
+            failover=self.FAILOVER,
         )
         self.serial = 0
         self.requests: list[str] = []  # every request id ever added
@@ -899,9 +908,12 @@ _CHAIN = st.builds(_chain, st.permutations(NAMES), st.lists(_LINK, min_size=3, m
 class SplitMachine(AdapterMachine):
     """``split_loads`` on, every child loading token ranges (:class:`RangeFuzzChild`): a
     request's prefix may be loaded in two or three parts, whose reports, failures and aborts
-    come in any order, with the rules of :class:`AdapterMachine` and these."""
+    come in any order, with the rules of :class:`AdapterMachine` and these. With
+    ``load_fallback: failover``: a request whose load (or part) failed is looked up again and
+    loaded by the others (the plain machine explores the default, ``recompute``)."""
 
     SPLIT = True
+    FAILOVER = True
 
     def parts_owed(self) -> list[tuple[str, int, str]]:
         """Every part of a split load still owed: (child, rank, request id), sorted."""

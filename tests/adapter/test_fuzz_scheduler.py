@@ -365,10 +365,11 @@ def test_a_counted_loaders_load_is_not_split() -> None:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_load_a_child_failed_to_start_is_loaded_again_by_the_next_loader(workers: int) -> None:
     """a raises in start_load_kv and never reports: its load is failed, vLLM recomputes, and
-    its next lookup chooses b. The worker's books held a's load, cancelled, until a reported,
-    and ignored b's: the request waited for remote KVs forever (and with two workers, once a
-    did report, the one that cancelled did not know b's load)."""
-    world = World(ours=True, workers=workers)
+    its next lookup chooses b (``load_fallback: failover``). The worker's books held a's
+    load, cancelled, until a reported, and ignored b's: the request waited for remote KVs
+    forever (and with two workers, once a did report, the one that cancelled did not know
+    b's load)."""
+    world = World(ours=True, workers=workers, failover=True)
     add(world, "r", hit=("a", "b"), max_tokens=2)
     for rank in range(workers):
         world.boards["a"].workers[rank].raise_in.add("start_load_kv")

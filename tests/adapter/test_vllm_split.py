@@ -34,7 +34,7 @@ from vllm_harness import (  # noqa: E402
 )
 
 from multiconnector import InvalidArgumentError, Outcome  # noqa: E402
-from multiconnector.vllm import LOOKUP_KEY, SPLIT_KEY  # noqa: E402
+from multiconnector.vllm import FALLBACK_KEY, LOOKUP_KEY, SPLIT_KEY  # noqa: E402
 from multiconnector.vllm.wire import NamedMultiConnectorMetadata  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
@@ -121,9 +121,11 @@ def test_under_longest_the_longest_hit_loads_first_and_nothing_is_left_to_split(
     assert ranges(slow, "r") == [] and ranges(fast, "r") == []
 
 
-def async_split(model: Path, max_tokens: int = 2) -> tuple[Engine, Script, Script, Any]:
+def async_split(
+    model: Path, max_tokens: int = 2, **extra: Any
+) -> tuple[Engine, Script, Script, Any]:
     fast, slow = script(holds=16, load_async=True), script(holds=32, load_async=True)
-    e = engine(model, fast, slow)
+    e = engine(model, fast, slow, **extra)
     request = e.add(make_request("r", num_tokens=PROMPT, max_tokens=max_tokens))
     e.step()
     assert request.status is RequestStatus.WAITING_FOR_REMOTE_KVS
@@ -167,8 +169,9 @@ def test_a_failed_part_is_recomputed_from_its_first_block_only(model: Path) -> N
 
 def test_a_failed_first_part_is_recomputed_from_its_first_block(model: Path) -> None:
     """fast's part starts at token 0: nothing loaded stands. vLLM then looks the request up
-    again, and fast, whose load of it failed, is not asked: slow loads it alone."""
-    e, fast, slow, request = async_split(model)
+    again, and (``load_fallback: failover``) fast, whose load of it failed, is not asked:
+    slow loads it alone."""
+    e, fast, slow, request = async_split(model, **{FALLBACK_KEY: "failover"})
     fast.recving.add("r")
     fast.failed.add("r")
     slow.recving.add("r")
