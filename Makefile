@@ -292,6 +292,7 @@ bench: setup $(ENGINE)
 	$(ENGINE_PY) -m bench.engine_row --faults --repeats 8 --pairs 2 --json $(BUILD)/bench.json
 	$(ENGINE_PY) -m bench.engine_row --hooks --repeats 8 --pairs 4 --json $(BUILD)/bench.json
 	$(ENGINE_PY) -m bench.engine_row --hooks --layers 32 --repeats 4 --pairs 2 --json $(BUILD)/bench.json
+	$(ENGINE_PY) -m bench.tiered_row --json $(BUILD)/bench.json
 	$(ENGINE_PY) -m bench.serve_row --json $(BUILD)/bench.json
 
 lint: setup
