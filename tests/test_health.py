@@ -514,9 +514,7 @@ def test_the_rate_rule_opens_a_closed_child_as_a_plain_recount_says(
             calls[name].append((clock.now, what == "failed"))
             window = [failed for t, failed in calls[name] if t > clock.now - 10.0]
             trips = (
-                what == "failed"
-                and len(window) >= min_calls
-                and sum(window) / len(window) >= rate
+                what == "failed" and len(window) >= min_calls and sum(window) / len(window) >= rate
             )
             assert (after[name] is Health.open) is trips, (window, rate, min_calls)
         for child in ("a", "b"):
