@@ -26,7 +26,8 @@ probe's success already counted): a guard decides, the book keeps the books.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, final
 
 import attrs
@@ -84,25 +85,40 @@ HEALTH_TRANSITIONS: Final[tuple[Mapping[str, Any], ...]] = (
 HEALTH_EVENTS: Final[tuple[str, ...]] = events_of(HEALTH_TRANSITIONS)
 
 
+def _times(values: Iterable[float]) -> deque[float]:
+    """A window of times, oldest first (a new deque: pruned from the left in O(1))."""
+    return deque(values)
+
+
 @final
 @attrs.define(slots=True, eq=False, weakref_slot=False, kw_only=True)
 class ChildHealth:
     """One child's health: its state, and what the guards read.
 
     Kept by a :class:`~multiconnector.healthbook.HealthBook` (read its snapshot, don't mutate
-    it). The bounds are the composition's (``threshold``, ``probes``); the rest is this child's.
+    it). The bounds are the composition's (``threshold``, ``failure_rate``, ``min_calls``,
+    ``probes``); the rest is this child's. Its windows are deques of times, oldest first (any
+    iterable given is made one).
 
     .. versionadded:: 0.1.0
     """
 
     name: str
     state: Health = Health.closed
-    #: How many failures in the window open a closed child.
+    #: How many failures in the window open a closed child (when ``failure_rate`` is ``None``).
     threshold: int = 5
+    #: The share of the window's calls failed that opens a closed child (``None``: the count
+    #: rule, ``threshold``, instead).
+    failure_rate: float | None = None
+    #: Under ``failure_rate``, the fewest calls in the window it is judged on.
+    min_calls: int = 10
     #: How many successes in a row close a half-open child.
     probes: int = 3
     #: The times of the failures still in the window (while closed).
-    failures: list[float] = attrs.field(factory=list)
+    failures: deque[float] = attrs.field(factory=deque, converter=_times)
+    #: The times of the lookups answered in time still in the window (while closed, and only
+    #: under ``failure_rate``: the book records none otherwise).
+    answers: deque[float] = attrs.field(factory=deque, converter=_times)
     #: When it last opened.
     opened_at: float = 0.0
     #: How long it stays open this time (doubled, up to a bound, after each failed probe).
@@ -114,8 +130,15 @@ class ChildHealth:
 
     # Guards, read by name from HEALTH_TRANSITIONS by the compiled table and by transitions.
     def tripped(self, now: float) -> bool:
-        """The window's failures reached the threshold."""
-        return len(self.failures) >= self.threshold
+        """The window's failures reached the threshold; under ``failure_rate``, the window
+        holds ``min_calls`` calls or more (failures and lookups answered in time), of which
+        that share or more failed."""
+        failed = len(self.failures)
+        rate = self.failure_rate
+        if rate is None:
+            return failed >= self.threshold
+        calls = failed + len(self.answers)
+        return calls >= self.min_calls and calls > 0 and failed / calls >= rate
 
     def cooldown_over(self, now: float) -> bool:
         """The cooldown since it opened has passed."""

@@ -3,7 +3,9 @@
 The book keeps one :class:`~multiconnector.health.ChildHealth` per child and moves it by the
 one declaration (:data:`~multiconnector.health.HEALTH_TABLE`): :meth:`HealthBook.failed` (a
 failure of the child), :meth:`HealthBook.answered` (it answered a lookup: a probe when it is
-half-open) and :meth:`HealthBook.tick` (the clock moved: cooldowns end). Hot paths read
+half-open, a call in the window when it is closed under ``failure_rate``) and
+:meth:`HealthBook.tick` (the clock moved: cooldowns end). Times must not go backwards (the
+default clock is monotonic): each window is pruned from its oldest end. Hot paths read
 :attr:`HealthBook.bypassed` and :attr:`HealthBook.probing`, frozensets swapped on each
 transition (a membership test, no lock). The clock is injected: the book never sleeps, and
 tests drive it by hand.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Final, final
 
@@ -33,6 +36,7 @@ logger: Final = logging.getLogger("multiconnector")
 
 _OPEN: Final = Health.open
 _HALF_OPEN: Final = Health.half_open
+_CLOSED: Final = Health.closed
 
 
 @final
@@ -44,8 +48,15 @@ class HealthSettings:
     .. versionadded:: 0.1.0
     """
 
-    #: Failures within ``window_seconds`` that open a closed child.
+    #: Failures within ``window_seconds`` that open a closed child (the count rule; read only
+    #: when ``failure_rate`` is ``None``).
     threshold: int = 5
+    #: The share of its calls within ``window_seconds`` (failures and lookups answered in
+    #: time) that, failed, opens a closed child, ``0 < failure_rate <= 1`` (the rate rule;
+    #: ``None``: off, the count rule instead).
+    failure_rate: float | None = None
+    #: Under ``failure_rate``, the fewest calls within the window a child is judged on.
+    min_calls: int = 10
     window_seconds: float = 60.0
     #: How long a child stays open the first time.
     cooldown_seconds: float = 10.0
@@ -67,7 +78,16 @@ class HealthBook:
     .. versionadded:: 0.1.0
     """
 
-    __slots__ = ("_lock", "_records", "_unreported", "bypassed", "clock", "probing", "settings")
+    __slots__ = (
+        "_lock",
+        "_records",
+        "_unreported",
+        "bypassed",
+        "clock",
+        "probing",
+        "rated",
+        "settings",
+    )
 
     def __init__(
         self,
@@ -81,9 +101,18 @@ class HealthBook:
         self.clock = clock
         self._lock = threading.Lock()
         self._records = {
-            name: ChildHealth(name=name, threshold=settings.threshold, probes=settings.probes)
+            name: ChildHealth(
+                name=name,
+                threshold=settings.threshold,
+                failure_rate=settings.failure_rate,
+                min_calls=settings.min_calls,
+                probes=settings.probes,
+            )
             for name in names
         }
+        #: Whether the rate rule is on: a closed child's lookups answered in time are told
+        #: (:meth:`answered`) and kept in its window; otherwise only the half-open ones' are.
+        self.rated: bool = settings.failure_rate is not None
         #: The transitions since :meth:`take_unreported` last ran, per child (for the stats).
         self._unreported: dict[str, dict[str, int]] = {}
         #: The children not asked to look up (:func:`~multiconnector.rule.may_look_up`).
@@ -104,23 +133,31 @@ class HealthBook:
             return record.state
         when = self.clock() if now is None else now
         with self._lock:
-            if record.state is Health.closed:
+            if record.state is _CLOSED:
                 cutoff = when - self.settings.window_seconds
-                record.failures = [t for t in record.failures if t > cutoff]
+                _prune(record.failures, cutoff)
                 record.failures.append(when)
+                if self.rated:
+                    _prune(record.answers, cutoff)
             self._fire(record, "failure", when)
             return record.state
 
     def answered(self, name: str, now: float | None = None) -> Health | None:
-        """Child ``name`` answered a lookup: a probe's success when it is half-open (the only
-        state in which this changes anything); its state afterwards."""
+        """Child ``name`` answered a lookup in time: a probe's success when it is half-open
+        (the only state in which this moves it); under ``failure_rate``, a call in a closed
+        child's window (the adapter tells a closed child's answers only then: :attr:`rated`);
+        its state afterwards."""
         record = self._records.get(name)
         if record is None:
             return None
         when = self.clock() if now is None else now
         with self._lock:
-            if record.state is _HALF_OPEN:
+            state = record.state
+            if state is _HALF_OPEN:
                 record.successes += 1
+            elif state is _CLOSED and self.rated:
+                _prune(record.answers, when - self.settings.window_seconds)
+                record.answers.append(when)
             self._fire(record, "probe_ok", when)
             return record.state
 
@@ -166,6 +203,7 @@ class HealthBook:
         dest = health_step(record, event, now)
         if dest is None or dest is source:
             return
+        why = _why(record, source, self.settings) if dest is _OPEN else ""
         record.state = dest
         key = f"{source.value}_to_{dest.value}"
         record.moves[key] = record.moves.get(key, 0) + 1
@@ -180,11 +218,12 @@ class HealthBook:
                 probe_failed=source is _HALF_OPEN,
             )
             record.opened_at = now
-            record.failures = []
+            record.failures.clear()
+            record.answers.clear()
         elif dest is _HALF_OPEN:
             record.successes = 0
         self._gates()
-        _log(record, source, dest, settings)
+        _log(record, source, dest, why)
 
     def _gates(self) -> None:
         records = self._records.values()
@@ -200,14 +239,30 @@ def health_book(
     return None if settings is None else HealthBook(names, settings, **kwargs)
 
 
-def _log(record: ChildHealth, source: Health, dest: Health, settings: HealthSettings) -> None:
-    """One line per transition, saying what it means for the child."""
+def _prune(times: deque[float], cutoff: float) -> None:
+    """Drop the times at or before ``cutoff`` from the oldest end of a window (amortized
+    O(1): each time is dropped once)."""
+    while times and times[0] <= cutoff:
+        times.popleft()
+
+
+def _why(record: ChildHealth, source: Health, settings: HealthSettings) -> str:
+    """Why ``record`` opens now from ``source``: the rule that tripped, read before its
+    window is cleared."""
+    if source is _HALF_OPEN:
+        return "a probe failed"
+    window = f"within {settings.window_seconds:g} s"
+    if settings.failure_rate is None:
+        return f"{settings.threshold} failure(s) {window}"
+    failed = len(record.failures)
+    calls = failed + len(record.answers)
+    return f"{failed} of {calls} calls failed {window} (failure_rate={settings.failure_rate:g})"
+
+
+def _log(record: ChildHealth, source: Health, dest: Health, why: str) -> None:
+    """One line per transition, saying what it means for the child (``why``: the rule that
+    opened it, when it opens)."""
     if dest is _OPEN:
-        why = (
-            "a probe failed"
-            if source is _HALF_OPEN
-            else f"{settings.threshold} failure(s) within {settings.window_seconds:g} s"
-        )
         logger.warning(
             "child connector %r health %s -> open (%s): not asked to look up nor chosen to "
             "load for %g s; what it owes is still awaited",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +140,17 @@ def _fired(record: ChildHealth, event: str, now: float) -> str:
         pass
 
     model: Any = Model()
-    for field in ("threshold", "probes", "failures", "opened_at", "cooldown", "successes"):
+    for field in (
+        "threshold",
+        "failure_rate",
+        "min_calls",
+        "probes",
+        "failures",
+        "answers",
+        "opened_at",
+        "cooldown",
+        "successes",
+    ):
         setattr(model, field, getattr(record, field))
     for guard in ("tripped", "cooldown_over", "probes_done"):
         setattr(model, guard, getattr(ChildHealth, guard).__get__(model))
@@ -153,8 +164,11 @@ records = st.builds(
     name=st.just("c"),
     state=st.sampled_from(HEALTH_STATES),
     threshold=st.integers(1, 4),
+    failure_rate=st.none() | st.sampled_from([0.25, 0.5, 1.0]),
+    min_calls=st.integers(1, 6),
     probes=st.integers(1, 3),
     failures=st.lists(st.floats(0, 50), max_size=5),
+    answers=st.lists(st.floats(0, 50), max_size=5),
     opened_at=st.floats(0, 50),
     cooldown=st.floats(0, 30),
     successes=st.integers(0, 4),
@@ -245,7 +259,7 @@ def test_only_failures_of_the_counted_kinds_feed_the_machine(hook: str, kind: st
 def test_a_failure_not_counted_neither_fills_the_window_nor_fails_a_probe() -> None:
     health, clock = book(threshold=2)
     assert health.failed("a", hook="request_finished") is Health.closed
-    assert health.record("a").failures == []  # not in the window
+    assert health.record("a").failures == deque()  # not in the window
     health.failed("a", hook="get_num_new_matched_tokens")
     assert health.failed("a", hook="build_connector_meta") is Health.closed
     assert health.failed("a", hook="finished_recving") is Health.open
@@ -295,6 +309,120 @@ def test_a_failed_probe_opens_it_again_for_twice_as_long_up_to_the_bound() -> No
     for _ in range(3):
         health.failed("a")
     assert health.record("a").cooldown == 5.0
+
+
+# -- the rate rule (failure_rate, min_calls) ----------------------------------------------------
+
+#: The rate rule's bounds in these tests (``threshold`` unread under it).
+RATE: dict[str, Any] = {"failure_rate": 0.5, "min_calls": 4}
+
+
+def test_the_rate_rule_trips_at_exactly_the_rate_and_not_below() -> None:
+    health, _ = book(**RATE)
+    for _ in range(3):
+        health.answered("a")
+    health.failed("a")
+    health.failed("a")  # 2 of 5: 0.4
+    assert health.record("a").state is Health.closed
+    assert health.failed("a") is Health.open  # 3 of 6: exactly 0.5
+    assert health.record("a").failures == deque() and health.record("a").answers == deque()
+    # Another child: 2 of 4 is 0.5 as well.
+    health.answered("b")
+    health.answered("b")
+    health.failed("b")
+    assert health.failed("b") is Health.open
+
+
+def test_the_rate_rule_waits_for_min_calls() -> None:
+    """Every call failed, but fewer than ``min_calls`` of them: not yet judged (the count rule's
+    ``threshold`` of 3 is not read)."""
+    health, _ = book(**RATE)
+    for _ in range(3):
+        assert health.failed("a") is Health.closed
+    assert health.failed("a") is Health.open
+
+
+@pytest.mark.parametrize(("rate", "calls"), [(0.5, 10), (0.28, 25), (0.55, 100), (1.0, 10)])
+def test_the_rate_is_compared_exactly(rate: float, calls: int) -> None:
+    """``k`` failures of ``calls`` trip ``k / calls`` exactly, whatever its binary rounding
+    (0.28 times 25 is 7.000000000000001 in floats; 7 / 25 is 0.28)."""
+    k = round(rate * calls)
+    health, _ = book(failure_rate=rate, min_calls=calls)
+    for _ in range(calls - k):
+        health.answered("a")
+    for _ in range(k - 1):
+        health.failed("a")
+    assert health.record("a").state is Health.closed
+    assert health.failed("a") is Health.open
+    # One more answer before the last failure: k of calls + 1, below the rate.
+    health, _ = book(failure_rate=rate, min_calls=calls)
+    for _ in range(calls + 1 - k):
+        health.answered("a")
+    for _ in range(k):
+        health.failed("a")
+    assert health.record("a").state is Health.closed
+
+
+def test_the_rate_rules_window_forgets_old_calls() -> None:
+    health, clock = book(**RATE)  # a window of 10 s
+    for _ in range(6):
+        health.answered("a")
+    clock.now += 5
+    health.failed("a")
+    health.failed("a")
+    health.failed("a")  # 3 of 9
+    assert health.record("a").state is Health.closed
+    clock.now += 5  # the answers leave the window (a call exactly 10 s old is out)
+    assert health.failed("a") is Health.open  # 4 of 4
+    assert health.record("a").cooldown == 5.0
+
+
+def test_old_failures_leave_the_rate_rules_window_too() -> None:
+    health, clock = book(**RATE)
+    for _ in range(3):
+        health.failed("a")
+    clock.now += 10.5
+    assert health.failed("a") is Health.closed  # 1 call in the window, fewer than min_calls
+    assert list(health.record("a").failures) == [clock.now]
+
+
+def test_without_the_rate_rule_answers_are_not_kept() -> None:
+    """The count rule keeps no answers (the adapter does not even tell a closed child's,
+    :attr:`HealthBook.rated`): a child failing one lookup in two opens at ``threshold``."""
+    health, _ = book()
+    assert not health.rated and book(**RATE)[0].rated
+    for _ in range(2):
+        health.answered("a")
+        health.failed("a")
+    assert health.record("a").answers == deque()
+    health.answered("a")
+    assert health.failed("a") is Health.open  # 3 failures, whatever was answered
+
+
+def test_probes_under_the_rate_rule_are_probes_not_calls() -> None:
+    """Half-open, an answer is a probe (``probes`` close it); closed again, its window starts
+    empty."""
+    health, clock = book(**RATE)
+    for _ in range(4):
+        health.failed("a")
+    clock.now += 5
+    health.tick()
+    assert health.answered("a") is Health.half_open
+    assert health.record("a").answers == deque()
+    assert health.answered("a") is Health.closed
+    health.failed("a")
+    health.answered("a")
+    assert len(health.record("a").failures) == 1 and len(health.record("a").answers) == 1
+
+
+def test_the_log_line_says_which_rule_tripped(caplog: pytest.LogCaptureFixture) -> None:
+    health, _ = book(**RATE)
+    with caplog.at_level(logging.WARNING, logger="multiconnector"):
+        for _ in range(3):
+            health.answered("a")
+            health.failed("a")
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "multiconnector"]
+    assert "'a' health closed -> open (2 of 4 calls failed within 10 s (failure_rate=0.5))" in line
 
 
 def test_the_stats_take_transitions_once_and_say_who_is_not_closed_each_time() -> None:
@@ -362,6 +490,37 @@ def test_any_sequence_keeps_to_the_declared_states_and_transitions(
         for child in ("a", "b"):
             cooldown = health.record(child).cooldown
             assert cooldown == 0 or 5.0 <= cooldown <= 20.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(events, st.sampled_from([0.25, 0.5, 0.75, 1.0]), st.integers(1, 5))
+def test_the_rate_rule_opens_a_closed_child_as_a_plain_recount_says(
+    sequence: list[tuple[str, str, float]], rate: float, min_calls: int
+) -> None:
+    """Against a recount of each closed child's calls since it last closed: a failure opens
+    it exactly when the window (10 s) holds ``min_calls`` calls or more and the failed share
+    reaches the rate."""
+    health, clock = book(failure_rate=rate, min_calls=min_calls)
+    calls: dict[str, list[tuple[float, bool]]] = {"a": [], "b": []}
+    for what, name, later in sequence:
+        clock.now += later
+        before = health.snapshot()
+        if what == "tick":
+            health.tick()
+        else:
+            getattr(health, what)(name)
+        after = health.snapshot()
+        if what != "tick" and before[name] is Health.closed:
+            calls[name].append((clock.now, what == "failed"))
+            window = [failed for t, failed in calls[name] if t > clock.now - 10.0]
+            trips = (
+                what == "failed" and len(window) >= min_calls and sum(window) / len(window) >= rate
+            )
+            assert (after[name] is Health.open) is trips, (window, rate, min_calls)
+        for child in ("a", "b"):
+            if after[child] is not Health.closed:
+                calls[child] = []
+                assert not health.record(child).failures and not health.record(child).answers
 
 
 def test_the_book_is_safe_from_several_threads() -> None:

@@ -118,15 +118,20 @@ def gate(world: _World) -> None:
 
 
 def probed(world: _World, answers: Iterable[tuple[str, int | None]]) -> None:
-    """After a lookup asked: each half-open child that answered is a probe's success (as
-    the adapter tells its book); the gate is lifted."""
+    """After a lookup asked: each half-open child that answered is a probe's success, and
+    under ``failure_rate`` each closed one's a call in its window (as the adapter tells its
+    book); the gate is lifted."""
     book = world.health
     world.scenario.pad.bypassed = frozenset()
     if book is None:
         return
     kinds = world.scenario.kinds
     for name, tokens in answers:  # (a raising child answered nothing: it raised)
-        if tokens is not None and name in book.probing and kinds.get(name) != RAISES:
+        if (
+            tokens is not None
+            and (book.rated or name in book.probing)
+            and kinds.get(name) != RAISES
+        ):
             book.answered(name, world.now)
 
 
@@ -159,7 +164,8 @@ def health_key(world: _World) -> tuple[Any, ...] | None:
     for name in health_names(world):
         r = book.record(name)
         if r.state is Health.closed:  # opening from closed reads neither cooldown nor probes
-            key.append((r.state.value, sum(1 for t in r.failures if t > cutoff)))
+            answers = sum(1 for t in r.answers if t > cutoff)  # (none unless failure_rate)
+            key.append((r.state.value, sum(1 for t in r.failures if t > cutoff), answers))
         else:
             over = r.state is Health.open and r.cooldown_over(now)
             key.append((r.state.value, over, r.cooldown, r.successes))

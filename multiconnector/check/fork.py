@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -106,7 +107,9 @@ def _copy_book(book: HealthBook, twin: _World) -> HealthBook:
     halves.set_health_records(
         new,
         {
-            n: attrs.evolve(r, failures=list(r.failures), moves=dict(r.moves))
+            n: attrs.evolve(
+                r, failures=deque(r.failures), answers=deque(r.answers), moves=dict(r.moves)
+            )
             for n, r in records.items()
         },
     )

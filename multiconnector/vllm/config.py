@@ -112,10 +112,12 @@ FALLBACKS: Final = ("recompute", "failover")
 #: bounds (``{}``: every default), or absent (or ``None``): off, as before it existed.
 HEALTH_KEY: Final = "health"
 #: Each key of the health mapping and its kind: a count (>= 1), seconds (> 0), a bound
-#: (seconds > 0, or ``None``: off), or kinds of failure (:data:`~multiconnector.rule.FAILURE_KINDS`
-#: listed).
+#: (seconds > 0, or ``None``: off), a rate (``0 < x <= 1``, or ``None``: off), or kinds of
+#: failure (:data:`~multiconnector.rule.FAILURE_KINDS` listed).
 _HEALTH_FIELDS: Final = {
     "threshold": "count",
+    "failure_rate": "rate",
+    "min_calls": "count",
     "window_seconds": "seconds",
     "cooldown_seconds": "seconds",
     "max_cooldown_seconds": "seconds",
@@ -368,8 +370,9 @@ def patience_steps(extra_config: Mapping[str, Any]) -> int:
 def health_settings(extra_config: Mapping[str, Any]) -> HealthSettings | None:
     """``kv_connector_extra_config[HEALTH_KEY]``, checked (each key named with its full path),
     or ``None`` (off) when absent or ``None``: an unknown key is refused (a misspelt bound
-    would otherwise be its default, silently), and ``max_cooldown_seconds`` may not be below
-    ``cooldown_seconds``."""
+    would otherwise be its default, silently), ``max_cooldown_seconds`` may not be below
+    ``cooldown_seconds``, and one trip rule is given: ``threshold`` (a count) or
+    ``failure_rate`` (a share, with ``min_calls``), not both."""
     value = extra_config.get(HEALTH_KEY)
     if value is None:
         return None
@@ -393,8 +396,11 @@ def health_settings(extra_config: Mapping[str, Any]) -> HealthSettings | None:
             fields[key] = check_int(value[key], at, minimum=1)
         elif kind == "kinds":
             fields[key] = failure_kinds(value[key], at)
+        elif kind == "rate":
+            fields[key] = None if value[key] is None else failure_rate(value[key], at)
         elif kind == "seconds" or value[key] is not None:
             fields[key] = check_seconds(value[key], at, positive=True)
+    one_trip_rule(value, fields.get("failure_rate"), where)
     settings = HealthSettings(**fields)
     if settings.max_cooldown_seconds < settings.cooldown_seconds:
         raise InvalidValueError(
@@ -402,6 +408,36 @@ def health_settings(extra_config: Mapping[str, Any]) -> HealthSettings | None:
             f"{where}['cooldown_seconds']={settings.cooldown_seconds:g}"
         )
     return settings
+
+
+def failure_rate(value: Any, where: str) -> float:
+    """``health.failure_rate``, checked: a number, ``0 < x <= 1`` (the share of a window's
+    calls failed that opens a child); ``where`` names the key in each error."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise InvalidArgumentError(
+            f"{where}={shown(value)} must be a number (the share of calls failed, "
+            "0 < x <= 1), or null for off"
+        )
+    if not 0 < value <= 1:  # (NaN too)
+        raise InvalidValueError(f"{where}={shown(value)} must be > 0 and <= 1")
+    return float(value)
+
+
+def one_trip_rule(value: Mapping[str, Any], rate: float | None, where: str) -> None:
+    """One trip rule per composition: ``threshold`` (a count) or ``failure_rate`` (a share),
+    not both given; ``min_calls`` only with ``failure_rate``. ``value``: the health mapping
+    given; ``rate``: its ``failure_rate`` checked (``None``: not given, or ``null``)."""
+    if rate is not None and "threshold" in value:
+        raise InvalidValueError(
+            f"{where}['threshold']={shown(value['threshold'])} and "
+            f"{where}['failure_rate']={shown(value['failure_rate'])} are two trip rules, a "
+            "count of failures and a share of calls: give one"
+        )
+    if rate is None and "min_calls" in value:
+        raise InvalidValueError(
+            f"{where}['min_calls']={shown(value['min_calls'])} is read only with "
+            f"{where}['failure_rate'] (the rate rule): give failure_rate, or drop min_calls"
+        )
 
 
 def failure_kinds(value: Any, where: str) -> frozenset[str]:

@@ -364,7 +364,9 @@ class Lookups:
         """:meth:`_asked`, watched by the children's health machine: an answer slower than
         ``slow_lookup_seconds`` is taken and is the child's failure
         (:func:`~multiconnector.rule.slow_lookup`, a :class:`SlowLookupError`); a number
-        answered in time by a half-open child is a probe's success."""
+        answered in time by a half-open child is a probe's success, and under
+        ``failure_rate`` (:attr:`~multiconnector.healthbook.HealthBook.rated`) a closed
+        child's is a call in its window (told only then: the hot path pays nothing else)."""
         bound = health.settings.slow_lookup_seconds
         began = health.clock() if bound is not None else 0.0
         tokens, load_async = self._asked(name, child, request, num_computed_tokens, waits=waits)
@@ -377,7 +379,7 @@ class Lookups:
                 )
                 self._kids.absorb("get_num_new_matched_tokens", [(name, slow)], "its answer taken")
                 return tokens, load_async
-        if tokens is not None and name in health.probing:
+        if tokens is not None and (health.rated or name in health.probing):
             health.answered(name)
         return tokens, load_async
 

@@ -11,6 +11,7 @@ from vllm_support import require_vllm
 require_vllm()
 
 import json  # noqa: E402
+from collections import deque  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -223,6 +224,38 @@ def test_no_health_key_is_no_health_machine(model: Path) -> None:
             InvalidValueError,
             "['health']['max_cooldown_seconds']=20 must be >=",
         ),
+        ({"failure_rate": 0}, InvalidValueError, "['health']['failure_rate']=0 (type int) must"),
+        ({"failure_rate": 1.5}, InvalidValueError, "['health']['failure_rate']=1.5"),
+        ({"failure_rate": float("nan")}, InvalidValueError, "['health']['failure_rate']=nan"),
+        ({"failure_rate": "0.5"}, InvalidArgumentError, "['health']['failure_rate']='0.5'"),
+        ({"failure_rate": True}, InvalidArgumentError, "['health']['failure_rate']=True"),
+        (
+            {"failure_rate": 0.5, "min_calls": 0},
+            InvalidValueError,
+            "['health']['min_calls']=0 (type int) must be an int >= 1",
+        ),
+        (
+            {"failure_rate": 0.5, "min_calls": 2.5},
+            InvalidArgumentError,
+            "['health']['min_calls']=2.5",
+        ),
+        (
+            {"threshold": 3, "failure_rate": 0.5},
+            InvalidValueError,
+            "['health']['threshold']=3 (type int) and kv_connector_extra_config['health']"
+            "['failure_rate']=0.5 (type float) are two trip rules",
+        ),
+        (
+            {"min_calls": 4},
+            InvalidValueError,
+            "['health']['min_calls']=4 (type int) is read only with "
+            "kv_connector_extra_config['health']['failure_rate']",
+        ),
+        (
+            {"min_calls": 4, "failure_rate": None},
+            InvalidValueError,
+            "['health']['min_calls']=4 (type int) is read only with",
+        ),
     ],
 )
 def test_bad_health_bounds_are_refused_before_any_child_starts(
@@ -234,6 +267,69 @@ def test_bad_health_bounds_are_refused_before_any_child_starts(
     assert named in str(raised.value)
     assert "kv_connector_extra_config['health']" in str(raised.value)
     assert made.instances == []
+
+
+#: The rate rule's bounds: BOUNDS with ``failure_rate`` (given by each test) for ``threshold``.
+RATE = {"window_seconds": 60, "cooldown_seconds": 5, "probes": 2, "min_calls": 4}
+
+
+def failing_every_second_lookup(made: Script) -> None:
+    """``made``'s first child answers its 1st, 3rd, 5th, ... lookups and raises in the
+    others (a store that drops half its calls)."""
+    instance = made.instances[0]
+    original = type(instance).get_num_new_matched_tokens
+
+    def flaky(self: Any, request: Any, num_computed_tokens: int) -> Any:
+        if asked(made) % 2:  # (this call not yet recorded: the next is an even one)
+            self.script.calls.append((LOOKUP, request.request_id, num_computed_tokens))
+            raise RuntimeError("store dropped the call")
+        return original(self, request, num_computed_tokens)
+
+    instance.get_num_new_matched_tokens = flaky.__get__(instance)
+
+
+@pytest.mark.parametrize(("rate", "opens"), [(0.4, True), (0.5, True), (0.6, False)])
+def test_a_child_failing_half_its_lookups_opens_only_under_a_rate_at_most_a_half(
+    model: Path, caplog: pytest.LogCaptureFixture, rate: float, opens: bool
+) -> None:
+    """``failure_rate``: a child failing every second lookup opens at its 4th call (2 of 4,
+    ``min_calls`` 4) when the rate is 0.4 or 0.5, and is asked for every request at 0.6 (half
+    is below it), every request served."""
+    flaky = script(tokens=16)
+    e, _ = engine(model, flaky, script(tokens=16), bounds={**RATE, "failure_rate": rate})
+    failing_every_second_lookup(flaky)
+    with caplog.at_level("WARNING", logger="multiconnector"):
+        run(e, *(rid(i) for i in range(10)))
+    health = e.connector.child_health()["c0"]
+    failures = e.connector.child_failures()["c0"][LOOKUP]
+    hits = e.connector.child_hits()["c0"]
+    if opens:
+        assert health is Health.open and asked(flaky) == 4 and failures == 2
+        assert hits["skipped"] == 6
+        opened = [r.getMessage() for r in caplog.records if "-> open" in r.getMessage()]
+        assert len(opened) == 1
+        assert f"(2 of 4 calls failed within 60 s (failure_rate={rate:g}))" in opened[0]
+    else:
+        assert health is Health.closed and asked(flaky) == 10 and failures == 5
+        assert "skipped" not in hits and hits["chosen"] == 5  # its answers loaded
+        # Each answer in time is in its window (the window of 60 s holds every call).
+        record = e.connector._scheduler.health.record("c0")
+        assert (len(record.failures), len(record.answers)) == (5, 5)
+    assert sorted(e.outputs) == sorted(rid(i) for i in range(10))
+    assert len(e.connector.tracker) == 0
+
+
+def test_under_the_count_rule_no_closed_childs_answer_is_told(model: Path) -> None:
+    """Without ``failure_rate`` the lookups of a closed child tell its book nothing (the hot
+    path pays for no window of answers): only ``threshold`` failures open it."""
+    flaky = script(tokens=16)
+    e, _ = engine(model, flaky, script(tokens=16))
+    failing_every_second_lookup(flaky)
+    run(e, *(rid(i) for i in range(10)))
+    book = e.connector._scheduler.health
+    assert not book.rated and book.record("c0").answers == deque()
+    assert e.connector.child_health()["c0"] is Health.open
+    assert asked(flaky) == 6  # the 3rd failure is its 6th lookup
 
 
 def test_loads_reported_failed_open_a_child(model: Path) -> None:
