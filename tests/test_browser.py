@@ -60,7 +60,11 @@ def _diagram_pages(site: Path) -> dict[Path, int]:
 def test_every_diagram_of_the_site_renders_offline(site: Path) -> None:
     pages = _diagram_pages(site)
     names = {p.relative_to(site).as_posix() for p in pages}
-    assert {"generated/machine/index.html", "usermachine/index.html"} <= names, names
+    assert {
+        "generated/machine/index.html",
+        "usermachine/index.html",
+        "health/index.html",
+    } <= names, names
     assert (site / "js" / "mermaid.min.js").is_file()
     for page, count in pages.items():
         result = rendered(page)
