@@ -8,6 +8,8 @@ most one guard in ``conditions`` or ``unless``, ``"="`` for "stay"). It is compi
 value it must return, destination)``, where a guard is the record class's method of that name
 (so the compiled table and a ``transitions.Machine`` call the very same code). A
 :func:`decision` is one (state, event) pair's candidates as one guard call, for hot paths.
+:func:`build_machine_of` builds the real ``transitions.Machine`` of a declaration, for the
+model checker, the diagrams and the tests.
 """
 
 from __future__ import annotations
@@ -16,9 +18,19 @@ import enum
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from transitions import Machine
+
 from .errors import InvalidMachineError
 
-__all__ = ["as_list", "compile_table", "decision", "decisions", "events_of", "guard_of"]
+__all__ = [
+    "as_list",
+    "build_machine_of",
+    "compile_table",
+    "decision",
+    "decisions",
+    "events_of",
+    "guard_of",
+]
 
 S = TypeVar("S", bound=enum.Enum)
 
@@ -111,3 +123,27 @@ def decisions(
     if walks:
         raise InvalidMachineError(walks)
     return found
+
+
+def build_machine_of(
+    transitions: Iterable[Mapping[str, Any]],
+    states: Iterable[enum.Enum],
+    initial: enum.Enum,
+    /,
+    *,
+    machine_cls: type[Machine] = Machine,
+    model: Any = None,
+    **kwargs: Any,
+) -> Machine:
+    """A ``machine_cls`` (a ``transitions.Machine`` by default) built from the declaration:
+    ``states`` in order, ``initial``, no ``to_<state>`` events, invalid triggers raised, and
+    ``model`` attached (none by default). Extra keyword arguments go to the machine class."""
+    return machine_cls(
+        model=model,
+        states=[s.value for s in states],
+        initial=initial.value,
+        transitions=[dict(t) for t in transitions],
+        auto_transitions=False,
+        ignore_invalid_triggers=False,
+        **kwargs,
+    )

@@ -33,7 +33,7 @@ from typing import Any, Final, final
 import attrs
 from transitions import Machine
 
-from ._table import Compiled, compile_table, events_of
+from ._table import Compiled, build_machine_of, compile_table, events_of
 
 __all__ = [
     "HEALTH_EVENTS",
@@ -176,14 +176,4 @@ def build_health_machine(**kwargs: Any) -> Machine:
 
     .. versionadded:: 0.1.0
     """
-    machine_cls = kwargs.pop("machine_cls", Machine)
-    model = kwargs.pop("model", None)
-    return machine_cls(  # type: ignore[no-any-return]
-        model=model,
-        states=[s.value for s in HEALTH_STATES],
-        initial=HEALTH_INITIAL.value,
-        transitions=[dict(t) for t in HEALTH_TRANSITIONS],
-        auto_transitions=False,
-        ignore_invalid_triggers=False,
-        **kwargs,
-    )
+    return build_machine_of(HEALTH_TRANSITIONS, HEALTH_STATES, HEALTH_INITIAL, **kwargs)

@@ -34,7 +34,7 @@ from typing import Any, Final, NamedTuple, final
 import attrs
 from transitions import Machine
 
-from ._table import compile_table, decisions, events_of
+from ._table import build_machine_of, compile_table, decisions, events_of
 
 __all__ = [
     "CALL_EVENTS",
@@ -322,14 +322,4 @@ def build_machine(**kwargs: Any) -> Machine:
     model=types.SimpleNamespace())``; a slotted :class:`RequestTransferState` cannot take the
     trigger methods ``transitions`` adds. Or draw with :func:`multiconnector.diagram.render`.
     """
-    machine_cls = kwargs.pop("machine_cls", Machine)
-    model = kwargs.pop("model", None)
-    return machine_cls(  # type: ignore[no-any-return]
-        model=model,
-        states=[s.value for s in STATES],
-        initial=INITIAL.value,
-        transitions=[dict(t) for t in TRANSITIONS],
-        auto_transitions=False,
-        ignore_invalid_triggers=False,
-        **kwargs,
-    )
+    return build_machine_of(TRANSITIONS, STATES, INITIAL, **kwargs)

@@ -163,7 +163,7 @@ class Lookups:
         failed_here = self._failed_by.get(request_id, ()) if self._failed_by else ()
         waits = self._waits.get(request_id, {}) if self._waits else {}
         health = self._kids.health
-        bypassed = health.bypassed if health is not None else _NONE
+        bypassed = self._bypassed()
         only = self.only(request)
         left = [
             name
@@ -291,13 +291,19 @@ class Lookups:
         """The ``(name, child)`` pairs that may load ``request`` and are asked about it now
         (``may_load_async``): not open (health), and named by its params when they name any."""
         pairs = self._kids.loaders
-        health = self._kids.health
-        if health is not None and health.bypassed:  # open: not asked to look up, nor this
-            pairs = tuple(pair for pair in pairs if pair[0] not in health.bypassed)
+        bypassed = self._bypassed()
+        if bypassed:  # open: not asked to look up, nor this
+            pairs = tuple(pair for pair in pairs if pair[0] not in bypassed)
         only = self.only(request)
         if only is not None:
             pairs = tuple(pair for pair in pairs if pair[0] in only)
         return pairs
+
+    def _bypassed(self) -> frozenset[str]:
+        """The children held open by their health machine now (none without one): not asked
+        to look up, nor to load. The one health gate of the lookups; read it once per call."""
+        health = self._kids.health
+        return _NONE if health is None else health.bypassed
 
     def _answers(
         self,
@@ -314,7 +320,7 @@ class Lookups:
         failed_here = self._failed_by.get(request_id, ()) if self._failed_by else ()
         waits = self._waits.get(request_id) if self._waits else None
         health = self._kids.health
-        bypassed = health.bypassed if health is not None else _NONE
+        bypassed = self._bypassed()
         only = self.only(request)
         for name, child in self._kids.items:
             if self._kids.roles[name] is _SAVE:

@@ -52,11 +52,20 @@ class Clock:
 
 
 class _Health:
-    """The health rules, mixed into the fuzz machines."""
+    """The health rules, mixed into the fuzz machines (before the machine: its world is built
+    with each child's health machine on, whose book then reads the run's clock)."""
 
     HEALTH: ClassVar[bool] = True
     seen: ClassVar[Counter[str]] = Counter()
     world: Any
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._install()
+
+    def teardown(self) -> None:
+        super().teardown()  # type: ignore[misc]
+        self._count_health()
 
     def _install(self) -> None:
         self.clock = Clock()
@@ -84,23 +93,11 @@ class _Health:
 
 
 class HealthMachine(_Health, AdapterMachine):
-    def __init__(self) -> None:
-        super().__init__()
-        self._install()
-
-    def teardown(self) -> None:
-        super().teardown()
-        self._count_health()
+    """The fuzz machine with each child's health machine and the health rules."""
 
 
 class HealthSplitMachine(_Health, SplitMachine):
-    def __init__(self) -> None:
-        super().__init__()
-        self._install()
-
-    def teardown(self) -> None:
-        super().teardown()
-        self._count_health()
+    """:class:`HealthMachine` with ``split_loads`` (the split machine's rules too)."""
 
 
 def fuzzed(machine: Any, examples: int) -> dict[str, int]:

@@ -68,3 +68,22 @@ def tiny_model(engine_ready: None, tmp_path_factory: pytest.TempPathFactory) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model: Path, request: pytest.FixtureRequest) -> list[list[int]]:
+    """The reference: the greedy tokens of the test module's ``PROMPTS`` (``OUTPUT_TOKENS``
+    each) from an engine with no connector, in-process."""
+    from bench import engine_harness as h
+
+    prompts, output_tokens = request.module.PROMPTS, request.module.OUTPUT_TOKENS
+    h.engine_environment(in_process=True)
+    llm = h.make_llm(tiny_model, None)
+    try:
+        assert h.engine_core(llm).scheduler.connector is None
+        tokens: list[list[int]] = h.tokens(h.generate(llm, prompts, output_tokens))
+    finally:
+        h.shut(llm)
+    assert all(len(t) == output_tokens for t in tokens)
+    assert len({tuple(t) for t in tokens}) == len(prompts)  # not one constant answer
+    return tokens

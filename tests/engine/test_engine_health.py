@@ -10,9 +10,9 @@ health book runs on a clock the test moves (the engine is in-process); nothing s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
+from block_tiers import BLOCKS, PROMPT_TOKENS, block_child
 
 import bench.engine_harness as h
 
@@ -23,8 +23,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore"),
 ]
 
-PROMPT_TOKENS = 100
-BLOCKS = 3
 PROMPTS = h.prompts(4, PROMPT_TOKENS, seed=48)
 OUTPUT_TOKENS = 12
 HEALTH = {"threshold": 2, "cooldown_seconds": 5, "probes": 1}
@@ -38,32 +36,6 @@ class Clock:
         return self.now
 
 
-def _block_child(storage: Path, label: str) -> dict[str, Any]:
-    return {
-        "kv_connector": "BlockStoreConnector",
-        "kv_connector_module_path": "block_children",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {
-            "shared_storage_path": str(storage),
-            "label": label,
-            "multiconnector_name": label,
-        },
-    }
-
-
-@pytest.fixture(scope="module")
-def plain(tiny_model: Path) -> list[list[int]]:
-    """The greedy tokens of PROMPTS from an engine with no connector: the reference."""
-    h.engine_environment(in_process=True)
-    llm = h.make_llm(tiny_model, None)
-    try:
-        tokens = h.tokens(h.generate(llm, PROMPTS, OUTPUT_TOKENS))
-    finally:
-        h.shut(llm)
-    assert len({tuple(t) for t in tokens}) == len(PROMPTS)  # not one constant answer
-    return tokens
-
-
 def test_a_dead_tier_is_bypassed_then_readmitted(
     tiny_model: Path, tmp_path: Path, plain: list[list[int]]
 ) -> None:
@@ -71,7 +43,7 @@ def test_a_dead_tier_is_bypassed_then_readmitted(
 
     count, size = len(PROMPTS), h.BLOCK_SIZE
     config = h.multi_config(
-        [_block_child(tmp_path / "dead", "dead"), _block_child(tmp_path / "live", "live")]
+        [block_child(tmp_path / "dead", "dead"), block_child(tmp_path / "live", "live")]
     )
     config["kv_connector_extra_config"]["health"] = HEALTH
     h.engine_environment(in_process=True)

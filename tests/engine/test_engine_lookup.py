@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from block_tiers import BLOCKS, PROMPT_TOKENS, block_child
 
 import bench.engine_harness as h
 
@@ -32,28 +33,10 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore"),
 ]
 
-#: 100 prompt tokens: 3 full blocks of 32 can be loaded (the last token is always computed).
-PROMPT_TOKENS = 100
-BLOCKS = 3
 PROMPTS = h.prompts(4, PROMPT_TOKENS, seed=35)
 OUTPUT_TOKENS = 12
 #: The shorter child keeps one block of each prompt; the longer one all three.
 SHORT_BLOCKS = 1
-
-
-def _block_child(storage: Path, label: str, **extra: Any) -> dict[str, Any]:
-    """One BlockStoreConnector child, named (and counted) ``label``."""
-    return {
-        "kv_connector": "BlockStoreConnector",
-        "kv_connector_module_path": "block_children",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {
-            "shared_storage_path": str(storage),
-            "label": label,
-            "multiconnector_name": label,
-            **extra,
-        },
-    }
 
 
 def _hits(llm: Any) -> dict[str, dict[str, int]]:
@@ -75,21 +58,6 @@ def _since(
     return grown
 
 
-@pytest.fixture(scope="module")
-def plain(tiny_model: Path) -> list[list[int]]:
-    """The greedy tokens of PROMPTS from an engine with no connector: the reference."""
-    h.engine_environment(in_process=True)
-    llm = h.make_llm(tiny_model, None)
-    try:
-        assert h.engine_core(llm).scheduler.connector is None
-        tokens = h.tokens(h.generate(llm, PROMPTS, OUTPUT_TOKENS))
-    finally:
-        h.shut(llm)
-    assert all(len(t) == OUTPUT_TOKENS for t in tokens)
-    assert len({tuple(t) for t in tokens}) == len(PROMPTS)  # not one constant answer
-    return tokens
-
-
 def test_longest_loads_the_second_childs_longer_prefix(
     tiny_model: Path, tmp_path: Path, plain: list[list[int]]
 ) -> None:
@@ -103,7 +71,7 @@ def test_longest_loads_the_second_childs_longer_prefix(
     size = h.BLOCK_SIZE
     count = len(PROMPTS)
     short, long = tmp_path / "short", tmp_path / "long"
-    children = [_block_child(short, "short", max_blocks=SHORT_BLOCKS), _block_child(long, "long")]
+    children = [block_child(short, "short", max_blocks=SHORT_BLOCKS), block_child(long, "long")]
 
     h.engine_environment(in_process=True)
     bc.reset()
@@ -182,8 +150,8 @@ def test_save_only_child_saves_never_loads_sees_every_finish(
     count = len(PROMPTS)
     saver, loader = tmp_path / "saver", tmp_path / "loader"
     children = [
-        _block_child(saver, "saver", multiconnector_role="save"),
-        _block_child(loader, "loader"),
+        block_child(saver, "saver", multiconnector_role="save"),
+        block_child(loader, "loader"),
     ]
 
     config = h.multi_config(children)
@@ -261,8 +229,8 @@ def test_a_child_that_never_knows_holds_no_request_past_its_patience(
     count = len(PROMPTS)
     long = tmp_path / "long"
     children = [
-        _block_child(tmp_path / "stuck", "stuck", never_knows=True),
-        _block_child(long, "long"),
+        block_child(tmp_path / "stuck", "stuck", never_knows=True),
+        block_child(long, "long"),
     ]
     config = h.multi_config(children)
     config["kv_connector_extra_config"].update(lookup="longest", lookup_patience_steps=PATIENCE)
@@ -306,8 +274,8 @@ def test_hit_counts_reach_prometheus_on_every_step(tiny_model: Path, tmp_path: P
 
     count = len(PROMPTS)
     children = [
-        _block_child(tmp_path / "short", "short", max_blocks=SHORT_BLOCKS),
-        _block_child(tmp_path / "long", "long"),
+        block_child(tmp_path / "short", "short", max_blocks=SHORT_BLOCKS),
+        block_child(tmp_path / "long", "long"),
     ]
     config = h.multi_config(children)
     config["kv_connector_extra_config"].update(lookup="longest", child_hit_metrics=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from block_tiers import BLOCKS, PROMPT_TOKENS, block_child
 
 import bench.engine_harness as h
 
@@ -31,31 +32,14 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore"),
 ]
 
-#: 100 prompt tokens: 3 full blocks of 32 can be loaded (the last token is always computed).
-PROMPT_TOKENS = 100
-BLOCKS = 3
 PROMPTS = h.prompts(4, PROMPT_TOKENS, seed=53)
 OUTPUT_TOKENS = 12
 
 
-def _child(storage: Path, label: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "kv_connector": "BlockStoreConnector",
-        "kv_connector_module_path": "block_children",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {
-            "shared_storage_path": str(storage),
-            "label": label,
-            "multiconnector_name": label,
-            **extra,
-        },
-    }
-
-
 def _config(tmp_path: Path, *, split: bool, fail_long: bool = False) -> dict[str, Any]:
     children = [
-        _child(tmp_path / "short", "short", max_blocks=1),
-        _child(tmp_path / "long", "long", fail_loads=fail_long),
+        block_child(tmp_path / "short", "short", max_blocks=1),
+        block_child(tmp_path / "long", "long", fail_loads=fail_long),
     ]
     config = h.multi_config(children)
     config["kv_connector_extra_config"]["split_loads"] = split
@@ -80,19 +64,6 @@ def _run(tiny_model: Path, config: dict[str, Any], *, passes: int) -> tuple[list
     finally:
         h.shut(llm)
     return outputs, hits
-
-
-@pytest.fixture(scope="module")
-def plain(tiny_model: Path) -> list[list[int]]:
-    """The greedy tokens of PROMPTS from an engine with no connector: the reference."""
-    h.engine_environment(in_process=True)
-    llm = h.make_llm(tiny_model, None)
-    try:
-        tokens = h.tokens(h.generate(llm, PROMPTS, OUTPUT_TOKENS))
-    finally:
-        h.shut(llm)
-    assert len({tuple(t) for t in tokens}) == len(PROMPTS)  # not one constant answer
-    return tokens
 
 
 def test_a_split_load_reads_each_tier_its_part_and_generates_the_same_tokens(
