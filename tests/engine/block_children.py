@@ -23,7 +23,9 @@ Extra config keys (each child's own ``kv_connector_extra_config``):
   lookups never finish).
 
 A label in :data:`DOWN` raises in every lookup while it is there (a store that is down, then
-back: the health machine's tests).
+back: the health machine's tests); one in :data:`NO_ALLOC` raises in ``update_state_after_alloc``
+when told tokens to load (a store that answers lookups but cannot take a load: the failover
+tests).
 
 It loads token ranges (``update_state_after_alloc_range``), so a load may be split across it
 and another such child (``split_loads``): asked from a ``num_computed_tokens`` past the
@@ -56,6 +58,8 @@ ANSWERS: dict[str, list[tuple[str, int]]] = {}
 
 #: The labels whose lookups raise (a store that is down), until removed.
 DOWN: set[str] = set()
+#: The labels that raise when told tokens to load, until removed.
+NO_ALLOC: set[str] = set()
 
 MARKER = "complete"
 
@@ -66,6 +70,7 @@ def reset() -> None:
     FINISHED.clear()
     ANSWERS.clear()
     DOWN.clear()
+    NO_ALLOC.clear()
 
 
 def block_key(token_ids: list[int], end: int) -> str:
@@ -145,6 +150,8 @@ class BlockStoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._calls["update_state_after_alloc"] += 1
         if num_external_tokens > 0:
             self._calls["update_state_after_alloc.external"] += 1
+            if self._label in NO_ALLOC:
+                raise OSError(f"{self._label}: its store cannot take a load")
             self._need_load[request.request_id] = num_external_tokens
 
     def update_state_after_alloc_range(
