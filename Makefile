@@ -280,7 +280,11 @@ docs: setup
 ## bench: the benchmarks; prints a table and writes build/bench.json; then the engine row
 #         (bench/engine_row.py, in .venv-engine), the same row on a model of 32 layers of the
 #         same width (--layers 32: the adapter's per-layer calls weigh most), the engine under
-#         failing children against the same engine without (--faults), the connectors' hooks
+#         failing children against the same engine without (--faults), the dead-tier row
+#         (bench/dead_tier_row.py: a child whose store is down, then back; ours with each
+#         child's breaker against ours without), the tiered row (bench/tiered_row.py: a
+#         prefix across a small fast tier and a larger one, ours with longest and with split
+#         loads against vLLM's first hit), the connectors' hooks
 #         timed in both rows' engines (--hooks: bench/engine_hooks.py) and the served row
 #         (bench/serve_row.py: `vllm bench serve` against fresh `vllm serve` servers), merged
 #         into it
@@ -290,6 +294,7 @@ bench: setup $(ENGINE)
 	$(ENGINE_PY) -m bench.engine_row --json $(BUILD)/bench.json
 	$(ENGINE_PY) -m bench.engine_row --layers 32 --repeats 8 --pairs 4 --json $(BUILD)/bench.json
 	$(ENGINE_PY) -m bench.engine_row --faults --repeats 8 --pairs 2 --json $(BUILD)/bench.json
+	$(ENGINE_PY) -m bench.dead_tier_row --json $(BUILD)/bench.json
 	$(ENGINE_PY) -m bench.engine_row --hooks --repeats 8 --pairs 4 --json $(BUILD)/bench.json
 	$(ENGINE_PY) -m bench.engine_row --hooks --layers 32 --repeats 4 --pairs 2 --json $(BUILD)/bench.json
 	$(ENGINE_PY) -m bench.tiered_row --json $(BUILD)/bench.json

@@ -14,7 +14,9 @@ Extra config keys they read (each child's own ``kv_connector_extra_config``):
   finished its save is reported finished;
 - ``disk`` (:class:`DelayedSaveConnector`): ``false`` for no file I/O at all (the benchmark);
 - ``never_reports`` (:class:`DelayedSaveConnector`): ``true`` for a child that never reports a
-  save it promised.
+  save it promised;
+- ``fail_seconds`` (:class:`DeadTierConnector`): how long a lookup waits before it raises while
+  the child's store is down (:data:`DOWN`).
 """
 
 # vLLM is imported inside functions: the main environment collects this folder and has no engine.
@@ -24,6 +26,8 @@ from __future__ import annotations
 
 import errno
 import os
+import time
+from collections import Counter
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -143,6 +147,44 @@ class DelayedSaveConnector(RecordingExampleConnector):
     def pending(self) -> dict[str, int]:
         """The saves in flight: request id to the step at which it is reported."""
         return dict(self._pending)
+
+
+class DeadTierConnector(DelayedSaveConnector):
+    """A tier whose store can be down: :class:`DelayedSaveConnector` (``disk: false``: it holds
+    nothing, every lookup a miss) that, while its label is in :data:`DOWN`, waits
+    ``fail_seconds`` in each lookup (a remote store's connect timeout: the scheduler's thread
+    waits, using no CPU) and then raises ``ConnectionError``, and raises in each load. Its
+    lookups failing, it is never chosen to load; its saves are taken as before. ``DEAD`` counts,
+    in-process, its lookups and the failed ones (``label`` -> ``lookups`` / ``failed``)."""
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config
+        self._fail_seconds = float(extra.get("fail_seconds", 0.0))
+        self._counts = DEAD.setdefault(self._label, Counter())
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        self._counts["lookups"] += 1
+        if self._label in DOWN:
+            self._counts["failed"] += 1
+            time.sleep(self._fail_seconds)
+            raise ConnectionError(
+                f"{self._label}: its store did not answer within {self._fail_seconds:g} s"
+            )
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        if self._label in DOWN and self._get_connector_metadata().requests:
+            raise ConnectionError(f"{self._label}: its store is down")
+        super().start_load_kv(forward_context, **kwargs)
+
+
+#: In-process engines only: the labels of the :class:`DeadTierConnector` children whose store is
+#: down (the benchmark adds and removes them), and what each one was asked.
+DOWN: set[str] = set()
+DEAD: dict[str, Counter[str]] = {}
 
 
 class FaultyExampleConnector(RecordingExampleConnector):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,28 @@ def make_llm(model: Path, transfer: dict[str, Any] | None, workers: int = 1, **k
     if transfer is not None:
         options["kv_transfer_config"] = KVTransferConfig(**transfer)
     return LLM(**options)
+
+
+def bench_llm(
+    model: Path, transfer: dict[str, Any], ours: bool = True
+) -> tuple[Any, dict[str, Any]]:
+    """A benchmark's engine (``bench/engine_row.py``, ``bench/dead_tier_row.py``): in-process,
+    the whole engine on the main thread (one torch thread, OpenMP bound to the core
+    ``BENCH_ENGINE_BIND`` names, 0 by default), with ``transfer`` (``ours``: our class, else
+    vLLM's); and what its process says when ready (the connector's module, the threads)."""
+    engine_environment(in_process=True)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("BENCH_ENGINE_BIND", "0")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # an idle thread sleeps: no spinning
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    llm = make_llm(model, transfer)
+    module = type(engine_core(llm).scheduler.connector).__module__
+    assert module.startswith("multiconnector.vllm" if ours else "vllm.distributed"), module
+    import torch  # vLLM imported it already, with the environment set
+
+    torch.set_num_threads(1)  # the whole engine on the main thread: its CPU time is all
+    ready = {"ready": module, "torch_threads": torch.get_num_threads()}
+    ready["threads"] = threading.active_count()
+    return llm, ready
 
 
 def generate(llm: Any, token_prompts: Sequence[Sequence[int]], max_tokens: int) -> list[Any]:

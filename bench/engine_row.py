@@ -42,12 +42,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, NoReturn
@@ -142,20 +140,8 @@ def _fault_transfer(faulty: bool, storage: Path) -> dict[str, Any]:
 def serve(side: str, model: Path, prompts: int, tokens: int, *, hooks: bool = False) -> None:
     """One engine, one class: run a round per line on stdin, answer with its figures (with
     ``hooks``, its connectors' hooks timed too: :mod:`bench.engine_hooks`)."""
-    h.engine_environment(in_process=True)
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("BENCH_ENGINE_BIND", "0")
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # an idle thread sleeps: no spinning
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as storage:
-        llm = h.make_llm(model, _transfer(side, Path(storage)))
-        module = type(h.engine_core(llm).scheduler.connector).__module__
-        expected = "vllm.distributed" if side == "vllm" else "multiconnector.vllm"
-        assert module.startswith(expected), module
-        import torch  # noqa: PLC0415 - vLLM imported it already, with the environment set
-
-        torch.set_num_threads(1)  # the whole engine on the main thread: its CPU time is all
-        ready = {"ready": module, "torch_threads": torch.get_num_threads()}
-        ready["threads"] = threading.active_count()
+        llm, ready = h.bench_llm(model, _transfer(side, Path(storage)), ours=side != "vllm")
         timer = _timer(llm) if hooks else None
         print(MARK + json.dumps(ready), flush=True)
         # --faults: 3 full blocks of 32 and 4 tokens more, so ExampleConnector saves and loads
@@ -211,9 +197,15 @@ def _timer(llm: Any) -> HookTimer:
 
 
 def _start(
-    side: str, model: Path, prompts: int, tokens: int, hooks: bool = False
+    side: str,
+    model: Path,
+    prompts: int,
+    tokens: int,
+    hooks: bool = False,
+    *,
+    module: str = "bench.engine_row",
 ) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "bench.engine_row", "--serve", side, "--model", str(model)]
+    command = [sys.executable, "-m", module, "--serve", side, "--model", str(model)]
     command += ["--prompts", str(prompts), "--tokens", str(tokens)]
     if hooks:
         command.append("--hooks")
@@ -255,12 +247,17 @@ def measure(
     layers: int = h.LAYERS,
     pairs: int = 1,
     hooks: bool = False,
+    module: str = "bench.engine_row",
+    keep: bool = False,
 ) -> dict[str, Any]:
     """``pair``'s engines in turn, on a model of ``layers`` layers: the figures of ``pair[0]`` ÷
     ``pair[1]``. ``pairs``: that many fresh pairs of processes, one after the other, each for
     its share of the ``repeats`` (two processes of one class differ by a few percent: their
     hash seeds and memory layouts differ, and a pair keeps its draw for all its repeats).
-    ``hooks``: the connectors' hooks timed too (``figures["hooks"]``: :mod:`.engine_hooks`)."""
+    ``hooks``: the connectors' hooks timed too (``figures["hooks"]``: :mod:`.engine_hooks`).
+    ``module``: the module whose ``--serve`` runs each engine process (another row's, which
+    answers the same lines); ``keep``: each side's answers of the timed rounds, in order, in
+    ``figures["answers"]``."""
     a, b = pair
     per_token: dict[str, list[float]] = {a: [], b: []}
     process_cpu: dict[str, list[float]] = {a: [], b: []}
@@ -276,7 +273,10 @@ def measure(
             # The side started first swaps from one pair to the next (its process may be
             # placed differently: the order is not a side's advantage).
             starting = pair if number % 2 == 0 else pair[::-1]
-            sides = {side: _start(side, model, prompts, tokens, hooks) for side in starting}
+            sides = {
+                side: _start(side, model, prompts, tokens, hooks, module=module)
+                for side in starting
+            }
             try:
                 ready = {side: _ask(process) for side, process in sides.items()}
                 print(f"engines: {ready}", file=sys.stderr, flush=True)
@@ -297,7 +297,7 @@ def measure(
                         sums[side][3] += answer["wall"]
                         if "faults" in answer:
                             injected = answer["faults"]
-                        if repeat and hooks:
+                        if repeat and (hooks or keep):
                             rounds[side].append(answer)
                     if repeat:
                         for side, (main, cpu, generated, seconds) in sums.items():
@@ -340,6 +340,8 @@ def measure(
     }
     if hooks:
         figures["hooks"] = summary(rounds, pair)
+    if keep:
+        figures["answers"] = rounds
     return figures
 
 
@@ -481,24 +483,29 @@ def main(argv: list[str] | None = None) -> int:
         print("per hook, the largest differences first (the ratio above has the timers in):")
         print("\n".join(largest(figures["hooks"])))
     if args.json:
-        merged: dict[str, Any] = {}
-        if args.json.exists():
-            merged = json.loads(args.json.read_text())
         if args.hooks:
-            merged[key("engine_hooks", args.layers)] = figures
+            keys = {key("engine_hooks", args.layers): figures}
         elif args.faults:
-            merged[key("engine_faults", args.layers)] = figures
+            keys = {key("engine_faults", args.layers): figures}
         else:
-            merged[key("engine", args.layers)] = figures
-            merged[key("engine", args.layers) + "_ratio_vs_real_vllm"] = figures["ratio"]
-        names = {row["name"] for row in table}
-        merged["rows"] = [r for r in merged.get("rows", []) if r["name"] not in names]
-        merged["rows"] += table
-        met = [r["met"] for r in merged["rows"] if r.get("met") is not None]
-        merged["all_targets_met"] = all(met)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(merged, indent=2, default=str) + "\n")
+            keys = {key("engine", args.layers): figures}
+            keys[key("engine", args.layers) + "_ratio_vs_real_vllm"] = figures["ratio"]
+        merge(args.json, keys, table)
     return 0
+
+
+def merge(path: Path, keys: dict[str, Any], table: list[dict[str, Any]]) -> None:
+    """Merge ``keys`` and the rows of ``table`` into the bench.json at ``path`` (a row of the
+    same name replaced), and say again whether every target is met."""
+    merged: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    merged.update(keys)
+    names = {row["name"] for row in table}
+    merged["rows"] = [r for r in merged.get("rows", []) if r["name"] not in names]
+    merged["rows"] += table
+    met = [r["met"] for r in merged["rows"] if r.get("met") is not None]
+    merged["all_targets_met"] = all(met)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(merged, indent=2, default=str) + "\n")
 
 
 if __name__ == "__main__":
