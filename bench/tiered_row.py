@@ -36,7 +36,6 @@ import importlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,9 +44,11 @@ from pathlib import Path
 from typing import Any
 
 from . import engine_harness as h
-from .engine_row import _bounded, _line, _Parser, quartiles
+from .engine_row import MARK, _ask, _bounded, _line, _Parser, _start, merge, quartiles
 
 #: The sides, vLLM's class (the baseline) first.
+#: This module, run once per side as an engine process (``--serve``).
+MODULE = "bench.tiered_row"
 SIDES = ("vllm", "longest", "split")
 BASE = "vllm"
 #: Each prompt: this many full blocks, and a few tokens more (the last is always computed).
@@ -60,8 +61,6 @@ LARGE_BLOCKS = 6
 SEED = 48
 #: Where ``block_children`` is: vLLM loads it by module path (``"block_children"``).
 CHILDREN = h.REPO / "tests" / "engine"
-#: The start of an engine process's answer line on its stdout.
-MARK = "BENCH-TIERED "
 #: The figures of a repeat, per side: what each one is, and its unit.
 FIGURES = {
     "computed": ("prompt tokens computed", "tokens per prompt"),
@@ -177,31 +176,6 @@ def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
         h.shut(llm)
 
 
-def _start(side: str, model: Path, prompts: int, tokens: int) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "bench.tiered_row", "--serve", side, "--model", str(model)]
-    command += ["--prompts", str(prompts), "--tokens", str(tokens)]
-    return subprocess.Popen(
-        command,
-        cwd=h.REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-
-
-def _ask(process: subprocess.Popen[str], round_number: int | None = None) -> dict[str, Any]:
-    assert process.stdin is not None and process.stdout is not None
-    if round_number is not None:
-        process.stdin.write(f"{round_number}\n")
-        process.stdin.flush()
-    for line in process.stdout:  # vLLM logs to stdout too: only the marked lines are answers
-        if line.startswith(MARK):
-            answer: dict[str, Any] = json.loads(line.removeprefix(MARK))
-            return answer
-    raise RuntimeError(f"the engine process exited ({process.wait()})")
-
-
 def per_repeat(answers: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
     """One repeat's figures per side, from its rounds' answers (see ``FIGURES``; TTFT in ms,
     CPU in µs): the median time to first token over every request of the side's rounds, the
@@ -252,7 +226,9 @@ def measure(prompts: int, tokens: int, repeats: int, pairs: int = 1) -> dict[str
         model = h.write_tiny_llama(h.model_folder(Path(folder)))
         for group, share in enumerate(shares):
             started = SIDES[group % len(SIDES) :] + SIDES[: group % len(SIDES)]
-            processes = {side: _start(side, model, prompts, tokens) for side in started}
+            processes = {
+                side: _start(side, model, prompts, tokens, module=MODULE) for side in started
+            }
             try:
                 ready = {side: _ask(process) for side, process in processes.items()}
                 print(f"engines: {ready}", file=sys.stderr, flush=True)
@@ -372,16 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{figures['seconds']:.0f} s\n" + report(figures)
     )
     if args.json:
-        merged: dict[str, Any] = {}
-        if args.json.exists():
-            merged = json.loads(args.json.read_text())
-        merged["tiered"] = figures
-        names = {row["name"] for row in table}
-        merged["rows"] = [r for r in merged.get("rows", []) if r["name"] not in names] + table
-        met = [r["met"] for r in merged["rows"] if r.get("met") is not None]
-        merged["all_targets_met"] = all(met)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(merged, indent=2, default=str) + "\n")
+        merge(args.json, {"tiered": figures}, table)
     return 0
 
 

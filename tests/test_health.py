@@ -473,13 +473,7 @@ def test_any_sequence_keeps_to_the_declared_states_and_transitions(
         for src in ([t["source"]] if isinstance(t["source"], str) else t["source"])
     }
     for what, name, later in sequence:
-        clock.now += later
-        before = health.snapshot()
-        if what == "tick":
-            health.tick()
-        else:
-            getattr(health, what)(name)
-        after = health.snapshot()
+        before, after = fire(health, clock, what, name, later)
         for child in ("a", "b"):
             assert after[child] in HEALTH_STATES
             assert (before[child].value, after[child].value) in declared
@@ -503,13 +497,7 @@ def test_the_rate_rule_opens_a_closed_child_as_a_plain_recount_says(
     health, clock = book(failure_rate=rate, min_calls=min_calls)
     calls: dict[str, list[tuple[float, bool]]] = {"a": [], "b": []}
     for what, name, later in sequence:
-        clock.now += later
-        before = health.snapshot()
-        if what == "tick":
-            health.tick()
-        else:
-            getattr(health, what)(name)
-        after = health.snapshot()
+        before, after = fire(health, clock, what, name, later)
         if what != "tick" and before[name] is Health.closed:
             calls[name].append((clock.now, what == "failed"))
             window = [failed for t, failed in calls[name] if t > clock.now - 10.0]
@@ -602,3 +590,17 @@ def test_the_docs_page_shows_what_the_declaration_draws(capsys: pytest.CaptureFi
 
     assert edges(shown) == edges(drawn)
     assert edges(shown)
+
+
+def fire(
+    health: HealthBook, clock: Any, what: str, name: str, later: float
+) -> tuple[dict[str, Health], dict[str, Health]]:
+    """``later`` seconds on, the book's ``what`` (``tick``, or a method taking ``name``);
+    each child's state before and after."""
+    clock.now += later
+    before = health.snapshot()
+    if what == "tick":
+        health.tick()
+    else:
+        getattr(health, what)(name)
+    return before, health.snapshot()

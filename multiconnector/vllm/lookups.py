@@ -162,7 +162,6 @@ class Lookups:
         load_async = request_id in self._load_async
         failed_here = self._failed_by.get(request_id, ()) if self._failed_by else ()
         waits = self._waits.get(request_id, {}) if self._waits else {}
-        health = self._kids.health
         bypassed = self._bypassed()
         only = self.only(request)
         left = [
@@ -180,21 +179,12 @@ class Lookups:
         while left:
             best: tuple[str, int] | None = None
             for name in left:
-                self._hits.add(name, "asked")
-                try:
-                    child = self._kids.by_name[name]
-                    tokens, flag = (
-                        self._asked(name, child, request, start, waits=False)
-                        if health is None
-                        else self._probed(health, name, child, request, start, waits=False)
-                    )
-                except Exception as exc:
-                    failures.append((name, exc))
+                answer = self._again(name, self._kids.by_name[name], request, start, failures)
+                if answer is None:
                     continue
-                if tokens:
-                    self._hits.answered(name, tokens)
-                    if flag is load_async and (best is None or tokens > best[1]):
-                        best = (name, tokens)
+                tokens, flag = answer
+                if tokens and flag is load_async and (best is None or tokens > best[1]):
+                    best = (name, tokens)
             if best is None:
                 break
             parts.append((best[0], start, best[1]))
@@ -217,30 +207,40 @@ class Lookups:
         load_async = request_id in self._load_async
         failed_here = self._failed_by.get(request_id, ()) if self._failed_by else ()
         waits = self._waits.get(request_id, {}) if self._waits else {}
-        health = self._kids.health
         failures: list[tuple[str, Exception]] = []
         found = None
         for name, child in self.askable(request):
             if name in tried or name in failed_here or waits.get(name) == GAVE_UP:
                 continue
-            self._hits.add(name, "asked")
-            try:
-                answer, flag = (
-                    self._asked(name, child, request, start, waits=False)
-                    if health is None
-                    else self._probed(health, name, child, request, start, waits=False)
-                )
-            except Exception as exc:
-                failures.append((name, exc))
-                continue
-            if answer:
-                self._hits.answered(name, answer)
-            if answer is not None and answer >= tokens and flag is load_async:
+            answer = self._again(name, child, request, start, failures)
+            if answer is not None and (answer[0] or 0) >= tokens and answer[1] is load_async:
                 found = name
                 break
         if failures:
             self._kids.absorb("get_num_new_matched_tokens", failures, "counted as no hit")
         return found
+
+    def _again(
+        self, name: str, child: Any, request: Any, start: int, failures: list[tuple[str, Exception]]
+    ) -> tuple[int | None, bool] | None:
+        """Child ``name`` asked about ``request`` from ``start`` past its lookup (a split
+        load's further part, a stand-in): counted ``asked`` (and its hit), watched by the
+        health machine if any; ``None`` when it failed (in ``failures``). A ``None`` answer
+        counts against no patience."""
+        self._hits.add(name, "asked")
+        health = self._kids.health
+        try:
+            answer = (
+                self._asked(name, child, request, start, waits=False)
+                if health is None
+                else self._probed(health, name, child, request, start, waits=False)
+            )
+        except Exception as exc:
+            failures.append((name, exc))
+            return None
+        if answer[0]:
+            self._hits.answered(name, answer[0])
+        return answer
 
     def loads_async(self, request_id: str) -> bool:
         """Whether the loader last chosen for ``request_id`` loads asynchronously."""
