@@ -4,7 +4,7 @@ and a larger one, ours' ``lookup: longest`` and ``split_loads`` against vLLM's f
 Run in the engine environment (``.venv-engine``), after ``python -m bench.run``: it prints its rows
 and merges them into ``build/bench.json`` (``--json``, key ``tiered``).
 
-The scenario: two per-block children (``BlockStoreConnector``, ``tests/engine/block_children.py``:
+The scenario: two per-block children (``BlockStoreConnector``, ``bench/block_children.py``:
 one entry per block, so a child answers the longest stored run from a prompt's start and loads
 any block range), configured fast tier first: ``fast`` keeps the first ``FAST_BLOCKS`` blocks of
 each prompt, ``large`` the first ``LARGE_BLOCKS`` of its ``PROMPT_BLOCKS`` full blocks. Three
@@ -59,8 +59,6 @@ FAST_BLOCKS = 2
 LARGE_BLOCKS = 6
 #: The prompts' seed: every process generates the same prompts.
 SEED = 48
-#: Where ``block_children`` is: vLLM loads it by module path (``"block_children"``).
-CHILDREN = h.REPO / "tests" / "engine"
 #: The figures of a repeat, per side: what each one is, and its unit.
 FIGURES = {
     "computed": ("prompt tokens computed", "tokens per prompt"),
@@ -73,7 +71,7 @@ FIGURES = {
 def _child(storage: Path, label: str, blocks: int) -> dict[str, Any]:
     return {
         "kv_connector": "BlockStoreConnector",
-        "kv_connector_module_path": "block_children",
+        "kv_connector_module_path": "bench.block_children",
         "kv_role": "kv_both",
         "kv_connector_extra_config": {
             "shared_storage_path": str(storage / label),
@@ -137,7 +135,6 @@ def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("BENCH_ENGINE_BIND", "0")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.path.insert(0, str(CHILDREN))
     with tempfile.TemporaryDirectory() as folder:
         storage = Path(folder)
         llm = h.make_llm(model, transfer(side, storage))
@@ -147,7 +144,7 @@ def serve(side: str, model: Path, prompts: int, tokens: int) -> None:
         import torch  # noqa: PLC0415 - vLLM imported it already, with the environment set
 
         torch.set_num_threads(1)
-        children = importlib.import_module("block_children")  # the module vLLM loaded
+        children = importlib.import_module("bench.block_children")  # the module vLLM loaded
         batch = h.prompts(prompts, PROMPT_TOKENS, seed=SEED)
         step = max(1, h.MAX_BATCHED_TOKENS // PROMPT_TOKENS)  # a prompt's prefill in one step
         for start in range(0, prompts, step):  # each tier saves the blocks it keeps

@@ -22,7 +22,7 @@ def block_child(storage: Path, label: str, **extra: Any) -> dict[str, Any]:
     ``fail_loads``, ``never_knows``, ``multiconnector_role``, ...)."""
     return {
         "kv_connector": "BlockStoreConnector",
-        "kv_connector_module_path": "block_children",
+        "kv_connector_module_path": "bench.block_children",
         "kv_role": "kv_both",
         "kv_connector_extra_config": {
             "shared_storage_path": str(storage),

@@ -5,9 +5,9 @@ The engine, the tiny model and the children are ``bench.engine_harness`` and
 the repository's root makes them importable (``engine_environment`` sets ``PYTHONPATH`` for the
 processes the engine spawns).
 
-``block_children`` (the per-block child of ``test_engine_lookup.py``) is loaded by vLLM through
-``kv_connector_module_path="block_children"``: this folder is put on ``sys.path`` whatever
-pytest's import mode.
+``bench.block_children`` (the per-block child of ``test_engine_lookup.py`` and the others, shared
+with ``make bench``'s tiered row) is loaded by vLLM through its module path. This folder is put on
+``sys.path`` whatever pytest's import mode (``block_tiers``).
 
 Without a vLLM whose engine runs here the tests skip, with the reason; with
 ``MULTICONNECTOR_REQUIRE_ENGINE=1`` (``make test`` sets it for this step) they fail instead, so

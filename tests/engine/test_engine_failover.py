@@ -35,7 +35,7 @@ OUTPUT_TOKENS = 12
 def test_a_tier_that_cannot_take_a_load_hands_it_to_the_next(
     tiny_model: Path, tmp_path: Path, plain: list[list[int]], fallback: str, policy: str
 ) -> None:
-    import block_children as bc
+    import bench.block_children as bc
 
     count, size = len(PROMPTS), h.BLOCK_SIZE
     config = h.multi_config(

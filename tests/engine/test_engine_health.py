@@ -39,7 +39,7 @@ class Clock:
 def test_a_dead_tier_is_bypassed_then_readmitted(
     tiny_model: Path, tmp_path: Path, plain: list[list[int]]
 ) -> None:
-    import block_children as bc
+    import bench.block_children as bc
 
     count, size = len(PROMPTS), h.BLOCK_SIZE
     config = h.multi_config(

@@ -66,7 +66,7 @@ def test_longest_loads_the_second_childs_longer_prefix(
     ``short``'s 32 tokens are loaded, though ``long`` offers 96; a second engine over the same
     storage with ``lookup: longest`` loads ``long``'s 96. Both engines generate the tokens of
     an engine with no connector: the blocks each child loaded are the prompt's own."""
-    import block_children as bc
+    import bench.block_children as bc
 
     size = h.BLOCK_SIZE
     count = len(PROMPTS)
@@ -144,7 +144,7 @@ def test_save_only_child_saves_never_loads_sees_every_finish(
     allocation, and sees ``request_finished`` exactly once per request. With the loader's
     storage gone, nothing is loaded although the saver holds it all; every pass generates the
     tokens of an engine with no connector."""
-    import block_children as bc
+    import bench.block_children as bc
 
     size = h.BLOCK_SIZE
     count = len(PROMPTS)
@@ -224,7 +224,7 @@ def test_a_child_that_never_knows_holds_no_request_past_its_patience(
     goes on without it: ``long``'s 96 tokens are loaded, stuck is asked 4 times a request (its
     patience, and the answer past it) and never again, the tokens are those of an engine with
     no connector, and the scheduler counts each give-up once under stuck's name."""
-    import block_children as bc
+    import bench.block_children as bc
 
     count = len(PROMPTS)
     long = tmp_path / "long"
@@ -270,7 +270,7 @@ def test_hit_counts_reach_prometheus_on_every_step(tiny_model: Path, tmp_path: P
     ``child_hits()`` totals, over two passes: the first saves (every child asked, none hits), the
     second loads ``long``'s 96 tokens under ``lookup: longest``. Each step's new counts ride in
     that step's stats, so none may be lost between steps."""
-    import block_children as bc
+    import bench.block_children as bc
 
     count = len(PROMPTS)
     children = [

@@ -50,7 +50,7 @@ def _config(tmp_path: Path, *, split: bool, fail_long: bool = False) -> dict[str
 def _run(tiny_model: Path, config: dict[str, Any], *, passes: int) -> tuple[list[Any], Any]:
     """``passes`` generations of PROMPTS (the prefix cache emptied between them); the last
     one's outputs and the scheduler connector's per-child hits."""
-    import block_children as bc
+    import bench.block_children as bc
 
     bc.reset()
     llm = h.make_llm(tiny_model, config)
@@ -69,7 +69,7 @@ def _run(tiny_model: Path, config: dict[str, Any], *, passes: int) -> tuple[list
 def test_a_split_load_reads_each_tier_its_part_and_generates_the_same_tokens(
     tiny_model: Path, tmp_path: Path, plain: list[list[int]]
 ) -> None:
-    import block_children as bc
+    import bench.block_children as bc
 
     h.engine_environment(in_process=True)
     size, count = h.BLOCK_SIZE, len(PROMPTS)
@@ -100,7 +100,7 @@ def test_a_failed_part_is_recomputed_from_its_first_block_and_the_tokens_stay(
     """vLLM says how many tokens it recomputes ("tokens affected"): long's two blocks of each
     prompt, not short's block before them (``num_cached_tokens`` is counted when the request
     is scheduled, before any load ran, so it cannot tell)."""
-    import block_children as bc
+    import bench.block_children as bc
 
     h.engine_environment(in_process=True)
     size, count = h.BLOCK_SIZE, len(PROMPTS)

@@ -6,9 +6,11 @@ by a hash of the prompt's tokens up to that block's end, so it answers the longe
 blocks from a prompt's start, and loads any block range. Two of them over one prompt can hold
 prefixes of different lengths: what ``lookup: longest`` chooses between.
 
-vLLM loads it by module path (``kv_connector_module_path="block_children"``): ``conftest.py``
-puts this folder on ``sys.path``. The tests run the engine in-process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the counters below are read in the test's process.
+vLLM loads it by module path (``kv_connector_module_path="bench.block_children"``; the
+repository's root is on ``sys.path`` in the engine's processes, as for
+:mod:`bench.engine_children`): the engine tests and ``make bench``'s tiered row use it. The
+tests run the engine in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the counters below
+are read in the test's process.
 
 Extra config keys (each child's own ``kv_connector_extra_config``):
 
