@@ -239,7 +239,9 @@ mutate: setup $(MUTATE)
 #         alphabet (tests/adapter/test_scheduler_rule.py, also part of make test).
 #         Every line drives the told path (request_finished_by, the finish entry the vLLM
 #         adapter uses: in the default alphabet); the last one choose_loader with parts too
-#         (split loads), with a counted connector's rank names and a None slot.
+#         (split loads), with a counted connector's rank names and a None slot. Then each
+#         child's health machine explored beside the transfer machine (--health; docs/health.md,
+#         "Model-checked"), and with the load side.
 EIGHT_RANKS := lmcache,p2p@0,p2p@1,p2p@2,p2p@3,p2p@4,p2p@5,p2p@6,p2p@7
 check: setup $(VLLM)
 	$(VENV)/bin/multiconnector check
@@ -252,6 +254,8 @@ check: setup $(VLLM)
 	$(VENV)/bin/multiconnector check --params --requests 2 --per-request
 	$(VENV)/bin/multiconnector check --load --requests 2 --per-request
 	$(VENV)/bin/multiconnector check --requests 1 --connectors a,c=counted,none=none --load --split
+	$(VENV)/bin/multiconnector check --health --requests 1
+	$(VENV)/bin/multiconnector check --health --load --requests 1 --connectors a=saver
 	$(PY) -m pytest tests/adapter/test_scheduler_rule.py -q -p no:cacheprovider
 
 ## diagrams: the state diagrams, generated from the machine, into build/
