@@ -41,7 +41,13 @@ from ..outcome import Outcome
 from . import queries
 from .children import ANSWER_TYPES, Children, Failures, failed, wrong_answer
 from .closed import close
-from .config import connector_class, settings_of, specs_of, without_hma
+from .config import (
+    connector_class,
+    kv_role_disagreement,
+    settings_of,
+    specs_of,
+    without_hma,
+)
 from .counted import WORKERS
 from .errors import ChildrenConflictError, HMAUnsupportedError
 from .hits import LOOKUP
@@ -108,6 +114,9 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             )
         else:
             self._work = WorkerPart(self._kids, self._settings)
+        disagreement = kv_role_disagreement(self._kv_transfer_config.kv_role, specs)
+        if disagreement is not None and role == KVConnectorRole.SCHEDULER:
+            logger.warning(disagreement)  # served all the same, as vLLM's class serves
         try:  # a hook of a newer vLLM that ours cannot compose: refused, named (hooks.py)
             check_adopted(self, VLLM_VERSION)
         except Exception:
