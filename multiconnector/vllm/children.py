@@ -262,6 +262,11 @@ class Children:
         if self.closed:
             return
         self.closed = True  # first: a child being shut down is never asked again
+        # The hooks that still drain the books after shutdown call no child: no fan-out, and
+        # no count asked (a count never asked is none: reports awaited on every worker).
+        self.fan = Fanout((), self.roles)
+        if self._counted is None:
+            self._counted = {}
         failures: Failures = None
         for name, child in self.items:
             try:

@@ -55,6 +55,7 @@ __all__ = [
     "fails_over",
     "health_settings",
     "hit_metrics",
+    "kv_role_disagreement",
     "lookup_policy",
     "overdue_seconds",
     "patience_steps",
@@ -297,6 +298,58 @@ def _agreeing(role: Role, kv_role: Any, where: str, name: str) -> Role:
         f"{where}['kv_connector_extra_config'][{ROLE_KEY!r}]={role.value!r} contradicts "
         f"{where}['kv_role']={kv_role!r} (name={name!r}): a {role.value}-only child {does}, "
         f"and kv_role={kv_role!r} says it {only}; set kv_role='kv_both' or change one of them"
+    )
+
+
+#: Whether a ``kv_role`` produces KV (saves) and whether it consumes it (loads).
+_DOES: Final[dict[Any, tuple[bool, bool]]] = {
+    "kv_producer": (True, False),
+    "kv_consumer": (False, True),
+    "kv_both": (True, True),
+}
+_KV_ROLE_OF: Final = {does: kv_role for kv_role, does in _DOES.items()}
+_NEITHER: Final = (False, False)
+
+
+def kv_role_disagreement(kv_role: Any, specs: tuple[ChildSpec, ...]) -> str | None:
+    """What is wrong when the top-level ``kv_role`` disagrees with the children's (``None``
+    when it agrees): whether the engine produces and consumes KV, by the top-level one, is not
+    what the children's say together. vLLM 0.34 reads only the children's for a
+    ``MultiConnector`` (``KVTransferConfig.is_kv_producer``, ``is_kv_consumer``: offloading a
+    finished request's partial tail, deferring block frees under overlapping batches, ...);
+    0.33 reads only the top-level one. Each child still does what its own says."""
+    says = _DOES.get(kv_role)
+    if says is None or not specs:
+        return None
+    roles = {spec.name: spec.config.kv_role for spec in specs}
+    each = [_DOES.get(role, _NEITHER) for role in roles.values()]
+    union = (any(does[0] for does in each), any(does[1] for does in each))
+    if says == union:
+        return None
+    verbs = ("produces", "consumes")
+    wrong = [
+        f"child {name!r} ({role}) {verbs[i]} KV, which {kv_role} says this engine does not"
+        for name, role in roles.items()
+        for i in (0, 1)
+        if _DOES.get(role, _NEITHER)[i] and not says[i]
+    ]
+    lacking = [
+        f"no child {verbs[i]} KV, which {kv_role} says this engine does"
+        for i in (0, 1)
+        if says[i] and not union[i]
+    ]
+    reads = (
+        "the children's kv_role"
+        if hasattr(KVTransferConfig, "_connector_roles")
+        else "the top-level kv_role"
+    )
+    return (
+        f"kv_transfer_config.kv_role={kv_role!r} disagrees with the children's kv_role: "
+        f"{'; '.join(wrong + lacking)} (children: "
+        f"{', '.join(f'{name}={role}' for name, role in roles.items())}). This vLLM reads "
+        f"{reads} to decide whether the engine produces and consumes KV (vLLM 0.34 the "
+        "children's, 0.33 the top-level one); each child still does what its own says. Set "
+        f"kv_role={_KV_ROLE_OF.get(union, 'kv_both')!r}, what the children say together"
     )
 
 

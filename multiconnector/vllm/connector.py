@@ -40,7 +40,14 @@ from ..ledger import SaveLedger
 from ..outcome import Outcome
 from . import queries
 from .children import ANSWER_TYPES, Children, Failures, failed, wrong_answer
-from .config import connector_class, settings_of, specs_of, without_hma
+from .closed import close
+from .config import (
+    connector_class,
+    kv_role_disagreement,
+    settings_of,
+    specs_of,
+    without_hma,
+)
 from .counted import WORKERS
 from .errors import ChildrenConflictError, HMAUnsupportedError
 from .hits import LOOKUP
@@ -107,6 +114,9 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             )
         else:
             self._work = WorkerPart(self._kids, self._settings)
+        disagreement = kv_role_disagreement(self._kv_transfer_config.kv_role, specs)
+        if disagreement is not None and role == KVConnectorRole.SCHEDULER:
+            logger.warning(disagreement)  # served all the same, as vLLM's class serves
         try:  # a hook of a newer vLLM that ours cannot compose: refused, named (hooks.py)
             check_adopted(self, VLLM_VERSION)
         except Exception:
@@ -357,25 +367,8 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         labelnames: list[str],
         per_engine_labelvalues: dict[int, list[object]],
     ) -> NamedPromMetrics:
-        # One set of metrics per build_prom_metrics (Prometheus refuses a metric twice): classes
-        # that share it (vLLM's NixlPullConnector and NixlPushConnector) share its metrics.
-        per_class: dict[Any, Any] = {}
-        by_name: dict[str, Any] = {}
-        for spec in specs_of(vllm_config.kv_transfer_config):
-            child_cls = spec.connector_class()
-            key = getattr(child_cls.build_prom_metrics, "__func__", child_cls)
-            if key not in per_class:
-                per_class[key] = child_cls.build_prom_metrics(
-                    spec.vllm_config(vllm_config),
-                    metric_types,
-                    labelnames,
-                    per_engine_labelvalues,
-                )
-            if per_class[key] is not None:
-                by_name[spec.name] = per_class[key]
-        return NamedPromMetrics(
-            vllm_config, metric_types, labelnames, per_engine_labelvalues, by_name
-        )
+        """Each child's metrics by name (:func:`~multiconnector.vllm.queries.prom_metrics`)."""
+        return queries.prom_metrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # -- the scheduler's hooks -----------------------------------------------------------------
 
@@ -705,10 +698,13 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     # -- both roles ----------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Shut every child down, even after failures; raise them all as ConnectorFailures.
+        """Shut every child down once, even after failures; raise them all as ConnectorFailures.
+        From then on no child is asked again: every hook answers neutrally (:mod:`.closed`).
 
         First logs at DEBUG how many requests each of this role's books still holds
         (``multiconnector shutdown (<role>): held={...}``, all 0 on a drained engine)."""
+        if self._kids.closed:
+            return
         held: dict[str, int] = {}
         if self._sched is not None:
             held |= {"tracker": len(self._sched.tracker), "saving": len(self._sched.saving)}
@@ -718,7 +714,10 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             self._work.loads.shutdown()
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("multiconnector shutdown (%s): held=%s", self.role.name, json.dumps(held))
-        self._kids.shutdown()
+        try:
+            self._kids.shutdown()
+        finally:
+            close(self, self._kids.names, None if self._sched is None else self._sched._seal)
 
     def reset_cache(self) -> bool:
         """Whether every child reset (vLLM's rule: an answer that is not ``False``); a child

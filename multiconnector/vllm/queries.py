@@ -21,9 +21,11 @@ from .._validate import shown
 from ..errors import MultiConnectorError
 from .config import ChildSpec, child_specs, specs_of
 from .errors import ChildAnswerError, ChildrenConflictError
+from .wire import NamedPromMetrics
 
 __all__ = [
     "kv_cache_access",
+    "prom_metrics",
     "required_kvcache_layout",
     "requires_piecewise_for_cudagraph",
     "supports_lookahead_block_hashes",
@@ -176,3 +178,29 @@ def _access_flags(name: str, answer: Any, flags: type[Any]) -> Any:
 def _sleeps(kv_transfer_config: Any) -> bool:
     """vLLM 0.33's ``KVConnectorBase_V1.supports_sleep_mode`` default, for a child without it."""
     return True
+
+
+def prom_metrics(
+    vllm_config: Any,
+    metric_types: Any,
+    labelnames: list[str],
+    per_engine_labelvalues: dict[int, list[object]],
+) -> NamedPromMetrics:
+    """Each child's Prometheus metrics (its class's ``build_prom_metrics``), by name."""
+    # One set of metrics per build_prom_metrics (Prometheus refuses a metric twice): classes
+    # that share it (vLLM's NixlPullConnector and NixlPushConnector) share its metrics.
+    per_class: dict[Any, Any] = {}
+    by_name: dict[str, Any] = {}
+    for spec in specs_of(vllm_config.kv_transfer_config):
+        child_cls = spec.connector_class()
+        key = getattr(child_cls.build_prom_metrics, "__func__", child_cls)
+        if key not in per_class:
+            per_class[key] = child_cls.build_prom_metrics(
+                spec.vllm_config(vllm_config),
+                metric_types,
+                labelnames,
+                per_engine_labelvalues,
+            )
+        if per_class[key] is not None:
+            by_name[spec.name] = per_class[key]
+    return NamedPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues, by_name)

@@ -12,6 +12,7 @@ from vllm_support import require_vllm
 
 require_vllm()
 
+import logging  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -142,3 +143,97 @@ def test_a_load_only_partial_tail_offer_is_not_made(model: Path) -> None:
     assert connector.register_finished_partial_tail(request, ([1, 2],), [(0, 0, 1)]) is True
     assert pd.names("register_finished_partial_tail") == []
     assert len(disk.names("register_finished_partial_tail")) == 1
+
+
+# -- the top-level kv_role against the children's ---------------------------------------------
+
+
+def with_kv_role(name: str, kv_role: str) -> dict[str, Any]:
+    entry = child(name, script())
+    entry["kv_role"] = kv_role
+    return entry
+
+
+def role_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "multiconnector"
+        and r.levelno == logging.WARNING
+        and "kv_role" in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize(
+    ("parent", "children", "named", "advice"),
+    [
+        # a child produces KV where the top-level kv_role says the engine does not
+        ("kv_consumer", {"pd": "kv_consumer", "store": "kv_producer"}, ["store"], "kv_both"),
+        # a child consumes KV where the top-level kv_role says the engine does not
+        ("kv_producer", {"disk": "kv_both", "pd": "kv_producer"}, ["disk"], "kv_both"),
+        ("kv_producer", {"a": "kv_consumer", "b": "kv_both"}, ["a", "b"], "kv_both"),
+        # the top-level kv_role says more than every child together
+        ("kv_both", {"a": "kv_producer", "b": "kv_producer"}, [], "kv_producer"),
+    ],
+)
+def test_a_top_level_kv_role_the_children_disagree_with_is_warned_about_and_served(
+    model: Path,
+    caplog: pytest.LogCaptureFixture,
+    *,
+    parent: str,
+    children: dict[str, str],
+    named: list[str],
+    advice: str,
+) -> None:
+    config = make_config(
+        model, [with_kv_role(name, role) for name, role in children.items()], kv_role=parent
+    )
+    with caplog.at_level(logging.WARNING, logger="multiconnector"):
+        engine = Engine(config)  # the scheduler's connector and a worker's
+    (message,) = role_warnings(caplog)  # once: from the scheduler's connector
+    assert f"kv_transfer_config.kv_role={parent!r}" in message
+    for name, role in children.items():
+        assert (f"child {name!r} ({role})" in message) is (name in named)
+        assert f"{name}={role}" in message  # every child's kv_role listed
+    if not named:
+        assert "no child consumes KV, which kv_both says this engine does" in message
+    assert message.endswith(f"Set kv_role={advice!r}, what the children say together")
+    engine.add(make_request("r", num_tokens=PROMPT, max_tokens=2))  # and it serves
+    for _ in range(4):
+        engine.step()
+    assert "r" in engine.outputs
+
+
+@pytest.mark.parametrize(
+    ("parent", "children"),
+    [
+        ("kv_both", ["kv_both", "kv_both"]),
+        ("kv_both", ["kv_producer", "kv_consumer"]),
+        ("kv_producer", ["kv_producer", "kv_producer"]),
+        ("kv_consumer", ["kv_consumer"]),
+    ],
+)
+def test_a_top_level_kv_role_the_children_agree_with_is_not_warned_about(
+    model: Path, caplog: pytest.LogCaptureFixture, parent: str, children: list[str]
+) -> None:
+    config = make_config(
+        model, [with_kv_role(f"c{i}", role) for i, role in enumerate(children)], kv_role=parent
+    )
+    with caplog.at_level(logging.WARNING, logger="multiconnector"):
+        make_connector(config, KVConnectorRole.SCHEDULER)
+    assert role_warnings(caplog) == []
+
+
+def test_the_warning_says_which_kv_role_this_vllm_reads(
+    model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = make_config(model, [with_kv_role("pd", "kv_producer")], kv_role="kv_consumer")
+    assert config.kv_transfer_config is not None
+    # What this vLLM itself decides from the config: the children's kv_role (0.34) or the
+    # top-level one (0.33).
+    reads_children = config.kv_transfer_config.is_kv_producer
+    with caplog.at_level(logging.WARNING, logger="multiconnector"):
+        make_connector(config, KVConnectorRole.SCHEDULER)
+    (message,) = role_warnings(caplog)
+    expected = "the children's kv_role" if reads_children else "the top-level kv_role"
+    assert f"This vLLM reads {expected}" in message

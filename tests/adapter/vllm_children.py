@@ -70,6 +70,8 @@ class Script:
     calls: list[tuple[Any, ...]] = field(default_factory=list)
     instances: list[ScriptedConnector] = field(default_factory=list)
     shutdowns: int = 0
+    #: The hooks looked up on a :class:`WatchedConnector` after its shutdown().
+    late: list[str] = field(default_factory=list)
 
     def names(self, method: str) -> list[tuple[Any, ...]]:
         return [call for call in self.calls if call[0] == method]
@@ -400,3 +402,26 @@ class QuietConnector(ScriptedConnector):
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         return super().get_transfer_results(finished_req_ids)
+
+
+#: The methods of vLLM's connector interface (a child's hooks, its shutdown included).
+HOOK_NAMES: frozenset[str] = frozenset(
+    name
+    for name in dir(KVConnectorBase_V1)
+    if not name.startswith("_") and callable(getattr(KVConnectorBase_V1, name))
+)
+
+
+class WatchedConnector(ScriptedConnector):
+    """A scripted child that records in its script's ``late`` every hook of vLLM's interface
+    looked up on it after its own ``shutdown()`` (each instance for itself: the scheduler's
+    and a worker's share a script, not their shutdown)."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in HOOK_NAMES and object.__getattribute__(self, "__dict__").get("down"):
+            object.__getattribute__(self, "script").late.append(name)
+        return object.__getattribute__(self, name)
+
+    def shutdown(self) -> None:
+        self.down = True
+        super().shutdown()
