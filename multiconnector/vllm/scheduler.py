@@ -6,32 +6,23 @@ through :class:`~multiconnector.vllm.lookups.Lookups`) and *tells* its core book
 decided: the loader (:meth:`~multiconnector.MultiConnector.choose_loader`) and the savers
 (:meth:`~multiconnector.MultiConnector.request_finished_by`). The books hold each request until
 :meth:`~multiconnector.MultiConnector.take` hands it back, when vLLM may free its blocks. Each
-step's metadata tells the workers, by name, who loads and who saves what.
+step's metadata tells the workers, by name, who loads and who saves what; what they report back
+each step is applied by :class:`~multiconnector.vllm.reported.Reported`.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping
 from functools import partial
 from typing import Any, Final
 
 from .._validate import shown
 from ..aggregator import MultiConnector as Aggregator
-from ..errors import (
-    InvalidArgumentError,
-    InvalidParamsError,
-    InvalidValueError,
-    KeyClashError,
-    ShutDownError,
-)
+from ..errors import InvalidParamsError, KeyClashError, ShutDownError
 from ..healthbook import health_book
-from ..ledger import take_older
 from ..machine import State
-from ..outcome import Outcome
 from ..params import merge_transfer_params
 from ..registry import Role
-from ..rule import HOLD, PASS, finish_answer, one_completion
+from ..rule import finish_answer
 from .allocation import external_blocks, tell_allocation
 from .children import Children, Failures, Slot, failed
 from .config import Settings, without_hma
@@ -39,28 +30,14 @@ from .counted import WORKERS, Counted, not_taken
 from .errors import HMAUnsupportedError
 from .hits import Hits
 from .lookups import RANGE_HOOK, Lookups
-from .wire import (
-    NamedKVEvents,
-    NamedMultiConnectorMetadata,
-    NamedMultiConnectorWorkerMetadata,
-    Outbox,
-)
+from .reported import Reported
+from .wire import NamedMultiConnectorMetadata, Outbox
 
 __all__ = ["SchedulerPart"]
 
-#: A load report's outcomes that end a load owed: applied, or drained (the request finished
-#: while it loaded). Either way the child made that load: counted completed or failed.
-_LOAD_ENDED: Final = frozenset({Outcome.applied, Outcome.drained})
 _PENDING: Final = State.pending
 _FINISHING: Final = State.finishing
 _LOAD: Final = Role.load
-
-
-def _named(value: Any, kind: type[Any], what: str) -> Any:
-    """``value`` if it is ``None`` or a ``kind``; else an :class:`InvalidArgumentError`."""
-    if value is not None and not isinstance(value, kind):
-        raise InvalidArgumentError(f"{what}={shown(value)} must be a {kind.__name__}")
-    return value
 
 
 class SchedulerPart:
@@ -106,14 +83,21 @@ class SchedulerPart:
         self._sync_loads: dict[str, tuple[str, tuple[int, ...]]] = {}
         self._failed_loads: dict[str, str] = {}
         self._load_errors: list[int] = []
-        #: The asynchronous loads sent to the workers and not reported yet, with when each was
-        #: sent (``time.monotonic()``), until reported or found overdue.
-        self.loads_in_flight: set[str] = set()
-        self._load_since: dict[str, float] = {}
         self._saver_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
-        #: The requests with saves the core books handed back (:meth:`_take`), for vLLM to
-        #: see finished sending in the next ``update_connector_output``.
-        self._handed: list[str] = []
+        #: What the workers report each step: applied to the core books, passed on to vLLM;
+        #: the asynchronous loads whose report is awaited.
+        self.reported = Reported(
+            children,
+            self.tracker,
+            self.counted,
+            hits=self.hits,
+            lookups=self.lookups,
+            health=self.health,
+            live=self.live,
+            savers_of=self._savers_of,
+            fail_next=self._fail_next,
+            overdue=settings.overdue,
+        )
 
     @property
     def counted_outcomes(self) -> dict[tuple[Any, str], int]:
@@ -328,9 +312,8 @@ class SchedulerPart:
             self._new_splits[request_id] = tuple(shares)  # for a child failing on a worker
         elif shares:
             for name in bad.intersection(name for name, _, _ in parts):
-                self._part_failed(request_id, name)
-            self.loads_in_flight.add(request_id)
-            self._load_since[request_id] = time.monotonic()
+                self.reported.part_failed(request_id, name)
+            self.reported.load_sent(request_id)
             self._new_loads[request_id] = shares[0][0]
             self._new_splits[request_id] = tuple(shares)
         else:  # every part failed: the load, as one
@@ -339,8 +322,7 @@ class SchedulerPart:
     def _load_started(self, request_id: str, loader: str, loader_failed: bool) -> None:
         """An asynchronous load of ``request_id`` by ``loader`` is in flight from now on:
         sent to the workers, or reported failed through them (each worker reports it)."""
-        self.loads_in_flight.add(request_id)
-        self._load_since[request_id] = time.monotonic()
+        self.reported.load_sent(request_id)
         if loader_failed:
             self._failed_loads[request_id] = loader
             self.lookups.failed(loader, request_id)
@@ -368,8 +350,9 @@ class SchedulerPart:
                 "reported failed",
             )
             self._fail_step_loads({name for name, _ in failures})
-        if self._load_since:
-            self._overdue_loads()
+        reported = self.reported
+        if reported.load_since:
+            reported.overdue_loads()
         if self.health is not None:
             self.health.tick()  # open children whose cooldown is over go half-open
         return NamedMultiConnectorMetadata.owning(children, self._seal())
@@ -394,16 +377,6 @@ class SchedulerPart:
             self._failed_loads = {}
             self._load_errors = []
         return outbox
-
-    def _overdue_loads(self) -> None:
-        """Each loader still owing a load's report past ``report_overdue_seconds`` is counted
-        and warned about, once per request; vLLM keeps the request waiting for it."""
-        limit = self._settings.overdue
-        now = time.monotonic()
-        for request_id, began in take_older(self._load_since, now - limit):
-            loader = self.loader(request_id)
-            if loader is not None:
-                self._kids.overdue("load", loader, request_id, now - began, limit)
 
     def _fail_step_loads(self, names: set[str]) -> None:
         """The loads of this step by the children ``names`` (which sent their workers no
@@ -442,7 +415,7 @@ class SchedulerPart:
                     self._new_loads[request_id] = kept[0][0]
                     for name, _ in shares:
                         if name in names:
-                            self._part_failed(request_id, name)
+                            self.reported.part_failed(request_id, name)
                 else:
                     del self._new_splits[request_id]
                     del self._new_loads[request_id]
@@ -451,196 +424,12 @@ class SchedulerPart:
     # -- what the workers report ---------------------------------------------------------------
 
     def update_connector_output(self, connector_output: Any) -> None:
-        """Each child sees the output with its own worker metadata and its own KV cache events
-        (by name); the core books are told which saves and loads the workers reported; then
-        the completions vLLM acts on next are what the books hand back.
+        """What the workers reported this step: :meth:`Reported.update_connector_output`."""
+        self.reported.update_connector_output(connector_output)
 
-        vLLM calls this before it acts on ``finished_sending`` and ``finished_recving``, and
-        frees a request's blocks when it sees it there. So ``finished_sending`` becomes exactly
-        the requests with saves that :meth:`~multiconnector.MultiConnector.take` hands back in
-        this output (safe to free: nothing of them owed, their load's report included), and a
-        load completion of a request with saves is taken (its one completion is its save's).
-        """
-        worker_meta = connector_output.kv_connector_worker_meta
-        if worker_meta is not None:
-            if worker_meta.__class__ is not NamedMultiConnectorWorkerMetadata:
-                _named(worker_meta, NamedMultiConnectorWorkerMetadata, "kv_connector_worker_meta")
-            if worker_meta.failed:
-                self._merge_failed("build_connector_worker_meta", worker_meta.failed, "metadata")
-        events = connector_output.kv_cache_events
-        if events is not None:
-            if events.__class__ is not NamedKVEvents:
-                _named(events, NamedKVEvents, "kv_cache_events")
-            if events.failed:
-                self._merge_failed("get_kv_connector_kv_cache_events", events.failed, "events")
-        loaded = connector_output.finished_recving or ()  # as the workers reported them
-        if self._kids.fan.update_connector_output:
-            self._route_output(connector_output, worker_meta, events)
-        if connector_output.failed_recving:
-            self._mark_failed(connector_output.failed_recving)
-        if worker_meta is not None and worker_meta.load_failed:
-            self._parts_failed(worker_meta.load_failed)
-        counted = self.counted if self._kids.counted() else None
-        if counted is not None and worker_meta is not None and worker_meta.loaded:
-            counted.loads(worker_meta)
-        if loaded or (counted is not None and counted.active()):
-            loaded = self._one_completion(connector_output, counted)
-        sending = connector_output.finished_sending
-        sent = None if worker_meta is None else worker_meta.sent
-        unknown = self._saves_confirmed(sending) if sending else ()
-        if sent:
-            self.counted.saves(sent)
-        if loaded:
-            self._loads_reported(loaded, connector_output.failed_recving)
-        self._take()
-        handed = self._handed
-        if handed:
-            self._handed = []
-            savers_of = self._savers_of
-            for request_id in handed:
-                savers_of.pop(request_id, None)
-        if handed or sending:
-            connector_output.finished_sending = {*unknown, *handed} or None
-
-    def _one_completion(self, connector_output: Any, counted: Counted | None) -> set[str]:
-        """Each load completion the workers reported, or held back before, decided by
-        :func:`~multiconnector.rule.one_completion`: held back while a counted loader still
-        owes a report; else reported to the books (returned), and passed on to vLLM unless
-        the request saves (its one completion is then its save's) or a forwarded report said
-        its load failed (:meth:`Counted.failed_of`: every worker reports it failed next
-        step)."""
-        tracker = self.tracker
-        recving = connector_output.finished_recving or ()
-        held: set[str] = counted.held if counted is not None else set()
-        loaded: set[str] = set()
-        passed: set[str] = set()
-        for request_id in {*recving, *held} if held else recving:
-            record = tracker.peek(request_id)
-            due = one_completion(
-                load=True,
-                saves=record is not None and bool(record.expected),
-                owed=counted is not None and counted.counting(record),
-            )
-            if due is HOLD:
-                held.add(request_id)  # only when counted
-                continue
-            if held:
-                held.discard(request_id)
-            loaded.add(request_id)
-            if due is PASS:
-                passed.add(request_id)
-        if counted is not None:
-            for request_id, name in counted.failed_of(loaded).items():
-                loaded.discard(request_id)
-                passed.discard(request_id)
-                self._failed_loads[request_id] = name  # every worker reports it next step
-                self._load_failed(name, request_id)
-        if len(passed) != len(recving) or not passed.issuperset(recving):
-            connector_output.finished_recving = passed or None
-        return loaded
-
-    def _merge_failed(self, hook: str, why_of: Mapping[str, str], what: str) -> None:
-        """The children whose answers to ``hook`` raised while vLLM merged the workers' (their
-        ``what`` dropped there: :class:`NamedKVEvents`, worker metadata): their failure,
-        counted under their names."""
-        failures: list[tuple[str, BaseException]] = [
-            (name, InvalidValueError(f"child {name!r}'s {what} did not merge: {why}"))
-            for name, why in why_of.items()
-            if name in self._kids.by_name
-        ]
-        if failures:
-            self._kids.absorb(hook, failures, f"its {what} of this step dropped")
-
-    def _saves_confirmed(self, finished: Any) -> list[str]:
-        """Every worker reported ``finished`` sent (vLLM's output aggregator awaits every
-        worker): their confirmation, :data:`WORKERS`, applied on the core books. Returns the
-        requests the books do not hold (passed on to vLLM as they are)."""
-        tracker = self.tracker
-        held: list[str] = []
-        unknown: list[str] = []
-        for request_id in finished:
-            (held if request_id in tracker else unknown).append(request_id)
-        tracker.transfer_finished_many(WORKERS, held)
-        return unknown
-
-    def _loads_reported(self, loaded: Any, failed_now: Any) -> None:
-        """The loads of ``loaded`` reported to the core books, by their loaders."""
-        tracker = self.tracker
-        for request_id in loaded:
-            self.loads_in_flight.discard(request_id)
-            self._load_since.pop(request_id, None)
-            record = tracker.peek(request_id)
-            if record is None or record.loader is None:
-                continue
-            if record.loader in self.counted.owner:  # its reports came: counted.loads
-                if not (failed_now and request_id in failed_now):
-                    self.hits.add(self.child_of(record.loader), "loads_completed")
-                continue
-            for loader in (record.loader, *record.parts):
-                if tracker.load_finished(request_id, loader) in _LOAD_ENDED and not (
-                    failed_now and request_id in failed_now  # counted by _mark_failed
-                ):
-                    self.hits.add(loader, "loads_completed")
-
-    def _mark_failed(self, request_ids: Any) -> None:
-        """The loads of ``request_ids`` failed (a split load's, under its first part's
-        loader); a counted loader's were marked when its last report came (Counted.loads)."""
-        tracker, owner = self.tracker, self.counted.owner
-        for request_id in request_ids:
-            record = tracker.peek(request_id)
-            if record is not None and record.loader is not None and record.loader not in owner:
-                self._load_failed(record.loader, request_id)
-
-    def _load_failed(self, name: str, request_id: str) -> None:
-        """Child ``name``'s load (or part) of ``request_id`` failed: counted, and the child is
-        not asked to load it again (while it lives: a finished request is looked up no more,
-        and nothing of it kept)."""
-        if request_id in self.live:
-            self.lookups.failed(name, request_id)
-        self.hits.add(name, "loads_failed")
-        if self.health is not None:
-            self.health.failed(self.child_of(name), hook="finished_recving")
-
-    def _parts_failed(self, load_failed: Mapping[str, Mapping[str, int]]) -> None:
-        """The workers reported these children's parts of split loads failed (their blocks
-        came as load errors): those children are not asked to load those requests again."""
-        tracker = self.tracker
-        for name, request_ids in load_failed.items():
-            for request_id in request_ids:
-                record = tracker.peek(request_id)
-                if (
-                    record is not None
-                    and (name in record.parts or name == record.loader)
-                    and name not in self._kids.counted()  # counted loaders': Counted.loads
-                ):
-                    self._part_failed(request_id, name)
-
-    def _part_failed(self, request_id: str, name: str) -> None:
-        """Child ``name``'s part of split load ``request_id`` failed while the other parts
-        load: settled on the books now, and counted once (its report at the load's completion,
-        or another worker's of the same failure, is then a duplicate, not a completion)."""
-        if self.tracker.load_finished(request_id, name) in _LOAD_ENDED:
-            self._load_failed(name, request_id)
-
-    def _route_output(self, connector_output: Any, worker_meta: Any, events: Any) -> None:
-        """Every child's ``update_connector_output``, with its own entries of ``worker_meta``
-        and ``events`` in place of ours (put back afterwards); failures absorbed."""
-        failures: Failures = None
-        try:
-            for name, child in self._kids.fan.update_connector_output:
-                try:
-                    if worker_meta is not None:
-                        connector_output.kv_connector_worker_meta = worker_meta.children.get(name)
-                    if events is not None:
-                        connector_output.kv_cache_events = events.children.get(name)
-                    child.update_connector_output(connector_output)
-                except Exception as exc:
-                    failures = failed(failures, name, exc)
-        finally:
-            connector_output.kv_connector_worker_meta = worker_meta
-            connector_output.kv_cache_events = events
-        if failures is not None:
-            self._kids.absorb("update_connector_output", failures)
+    def _fail_next(self, request_id: str, loader: str) -> None:
+        """``loader``'s load of ``request_id`` failed: every worker reports it next step."""
+        self._failed_loads[request_id] = loader
 
     # -- a request finished --------------------------------------------------------------------
 
@@ -763,25 +552,15 @@ class SchedulerPart:
             self._savers_of[request_id] = savers
         self.forget(request_id)
         record = tracker.peek(request_id)
-        if record is not None and record.loading and request_id not in self.loads_in_flight:
+        in_flight = self.reported.loads_in_flight
+        if record is not None and record.loading and request_id not in in_flight:
             # No load of it is in flight, and no report of one will come: a synchronous load
             # ends within the step that scheduled it (vLLM reports none), and a load never
             # started never ends. The record would otherwise be held forever. Counted as each
             # loader's drained load (after shutdown too: the core accepts reports, they drain).
             for name in record.owed_loads:
                 tracker.load_finished(request_id, name)
-        self._take()
-
-    def _take(self) -> None:
-        """Drain the core books' hand-back queue (:meth:`~multiconnector.MultiConnector.take`),
-        the one place that does: a record with saves goes to :attr:`_handed`, which the next
-        ``update_connector_output`` passes on to vLLM as finished sending (vLLM frees its
-        blocks then); a record without is forgotten (its request finished without saves: vLLM
-        freed its blocks when it finished it). A record is thus never dropped unreported,
-        whichever of vLLM's calls settled it."""
-        for record in self.tracker.take():
-            if record.expected:
-                self._handed.append(record.request_id)
+        self.reported.take()
 
     def _shared_savers(self, names: tuple[str, ...]) -> tuple[str, ...]:
         """The one tuple equal to ``names`` that every request with these savers shares."""

@@ -588,13 +588,13 @@ class World:
         if self.ours:
             held["connector.tracker"] = len(c.tracker)
             held["connector.saving"] = dict(c.saving)
-            held["connector loads in flight"] = sorted(c._scheduler.loads_in_flight)
+            held["connector loads in flight"] = sorted(c._scheduler.reported.loads_in_flight)
             held["connector live"] = sorted(c._scheduler.live)
             held["connector savers"] = dict(c._scheduler._savers_of)
             part = c._scheduler
             held["connector split parts"] = dict(part._parts)
             held["connector matched at"] = dict(part._matched_at)
-            held["connector load clocks"] = sorted(part._load_since)
+            held["connector load clocks"] = sorted(part.reported.load_since)
             lookups = part.lookups
             held["connector lookups"] = {
                 what: found

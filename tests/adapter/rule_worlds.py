@@ -337,6 +337,8 @@ def _frozen(value: Any) -> Any:
         return ("metadata", _frozen(value._fields()))
     if type(value).__name__ == "Lookups":
         return ("lookups", _frozen([value._load_async, value._failed_by, value._waits]))
+    if type(value).__name__ == "Reported":  # the rest is the scheduler part's, compared there
+        return ("reported", _frozen([value.loads_in_flight, value.load_since, value._handed]))
     if type(value).__name__ == "Counted":  # its names are configuration, outcomes counters
         return ("counted", _frozen([value._held, value._failed]))
     if type(value).__name__ == "Forwarded":  # its outcomes are counters

@@ -100,7 +100,7 @@ from multiconnector import Outcome  # noqa: E402
 from multiconnector.rule import OTHER_NAMES  # noqa: E402
 from multiconnector.vllm import NamedMultiConnectorWorkerMetadata  # noqa: E402
 from multiconnector.vllm.counted import Counted  # noqa: E402
-from multiconnector.vllm.scheduler import SchedulerPart  # noqa: E402
+from multiconnector.vllm.reported import Reported  # noqa: E402
 
 # vLLM logs every connector it builds: thousands here.
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300), pytest.mark.usefixtures("quiet")]
@@ -185,14 +185,15 @@ def _workers_confirm_every_name(monkeypatch: pytest.MonkeyPatch) -> None:
     """The workers' confirmation is applied to every name the books await, a counted child's
     reports included."""
 
-    def planted(part: SchedulerPart, finished: Any) -> list[str]:
+    def planted(reported: Reported, finished: Any) -> list[str]:
+        tracker = reported._tracker
         for request_id in finished:
-            record = part.tracker.peek(request_id)
+            record = tracker.peek(request_id)
             for name in () if record is None else record.awaiting:
-                part.tracker.transfer_finished(request_id, name)
-        return [r for r in finished if r not in part.tracker]
+                tracker.transfer_finished(request_id, name)
+        return [r for r in finished if r not in tracker]
 
-    monkeypatch.setattr(SchedulerPart, "_saves_confirmed", planted)
+    monkeypatch.setattr(Reported, "_saves_confirmed", planted)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """The scheduler part drains the core books' hand-back queue in one place, under vLLM's real
-``Scheduler`` (``SchedulerPart._take``).
+``Scheduler`` (``Reported.take``).
 
 Both ``update_connector_output`` and ``request_finished`` drain it (a request finished without
 saves is handed back at once). vLLM applies the workers' reports in ``update_connector_output``

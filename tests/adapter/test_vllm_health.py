@@ -399,8 +399,8 @@ def test_a_load_report_overdue_is_a_failure_and_still_awaited(model: Path) -> No
     )
     loading = e.add(make_request("loading", num_tokens=40, max_tokens=2))
     e.step()
-    part = e.connector._scheduler
-    part._load_since["loading"] -= 60  # sent a minute ago (instead of sleeping)
+    reported = e.connector._scheduler.reported
+    reported.load_since["loading"] -= 60  # sent a minute ago (instead of sleeping)
     e.step()
     assert e.connector.child_failures() == {"c0": {"finished_recving_overdue": 1}}
     assert e.connector.child_health()["c0"] is Health.open
