@@ -27,7 +27,6 @@ step, from which the step it was readmitted (``half_open -> closed``) after its 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -39,7 +38,16 @@ from pathlib import Path
 from typing import Any
 
 from . import engine_harness as h
-from .engine_row import MARK, _bounded, _line, _Parser, measure, merge
+from .engine_row import (
+    MARK,
+    _bounded,
+    _line,
+    check_pairs,
+    measure,
+    merge,
+    row_parser,
+    serve_arguments,
+)
 
 #: The two sides: ours with ``health``, ours without it.
 SIDES = ("breaker", "none")
@@ -277,17 +285,15 @@ def rows(figures: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="bench.dead_tier_row", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", type=Path, help="merge the figures into this bench.json")
-    parser.add_argument(
-        "--prompts",
-        type=_bounded(2 * PER_STEP),
-        default=160,
-        help=f"requests a round, {PER_STEP} a step (at least {2 * PER_STEP})",
-    )
-    parser.add_argument("--tokens", type=_bounded(1), default=8, help="output tokens a request")
-    parser.add_argument(
-        "--repeats", type=_bounded(2), default=16, help="timed repeats (at least 2)"
+    parser = row_parser(
+        "bench.dead_tier_row",
+        __doc__,
+        prompts=160,
+        tokens=8,
+        repeats=16,
+        pairs=2,
+        least_prompts=2 * PER_STEP,
+        prompts_help=f"requests a round, {PER_STEP} a step (at least {2 * PER_STEP})",
     )
     parser.add_argument("--blocks", type=_bounded(1), default=2, help="ABBA blocks a repeat")
     parser.add_argument(
@@ -297,20 +303,14 @@ def main(argv: list[str] | None = None) -> int:
         help=f"how long a failing lookup waits before it raises (default {FAIL_SECONDS:g}; 0: "
         "at once)",
     )
-    parser.add_argument(
-        "--pairs", type=_bounded(1), default=2, help="fresh pairs of engine processes"
-    )
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: proves it runs")
-    parser.add_argument("--serve", choices=SIDES, help=argparse.SUPPRESS)
-    parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    serve_arguments(parser, SIDES)
     args = parser.parse_args(argv)
     if args.serve:
         serve(args.serve, args.model, args.prompts, args.tokens)
         return 0
     if args.quick:
         args.prompts, args.tokens, args.repeats, args.blocks, args.pairs = 16, 4, 2, 1, 1
-    if args.pairs > args.repeats:
-        parser.error(f"--pairs {args.pairs} must be at most --repeats ({args.repeats})")
+    check_pairs(parser, args)
     if not 0 <= args.fail_seconds <= 1:
         parser.error(f"--fail-seconds {args.fail_seconds:g} must be within 0 and 1")
     os.environ[FAIL_ENV] = repr(args.fail_seconds)  # the engine processes read it

@@ -394,25 +394,59 @@ def _line(row: dict[str, Any]) -> str:
     return f"| {row['name']} | {shown} | {row['target']} | {met} |"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="bench.engine_row", description=__doc__.splitlines()[0])
+def row_parser(
+    prog: str,
+    doc: str | None,
+    *,
+    prompts: int,
+    tokens: int,
+    repeats: int,
+    pairs: int,
+    least_prompts: int = 1,
+    prompts_help: str | None = None,
+) -> _Parser:
+    """A row's command line, with the options every engine row has: ``--json``, ``--prompts``,
+    ``--tokens``, ``--repeats`` (at least 2: the quartiles take two values) and ``--pairs``
+    (fresh sets of engine processes, at most ``--repeats``: :func:`check_pairs`)."""
+    parser = _Parser(prog=prog, description=(doc or "").splitlines()[0])
     parser.add_argument("--json", type=Path, help="merge the figures into this bench.json")
-    parser.add_argument("--prompts", type=_bounded(1), default=128)
-    parser.add_argument("--tokens", type=_bounded(1), default=32)
+    parser.add_argument(
+        "--prompts", type=_bounded(least_prompts), default=prompts, help=prompts_help
+    )
+    parser.add_argument("--tokens", type=_bounded(1), default=tokens)
     parser.add_argument(
         "--repeats",
-        type=_bounded(2),  # the quartiles take two values at least
-        default=16,
+        type=_bounded(2),
+        default=repeats,
         help="timed repeats, after one that warms up (at least 2)",
     )
-    parser.add_argument("--blocks", type=_bounded(1), default=2, help="ABBA blocks a repeat")
     parser.add_argument(
         "--pairs",
         type=_bounded(1),
-        default=8,
-        help="fresh pairs of engine processes, each for its share of the repeats (default 8; "
-        "at most --repeats)",
+        default=pairs,
+        help=f"fresh sets of engine processes, each for its share of the repeats (default "
+        f"{pairs}; at most --repeats)",
     )
+    return parser
+
+
+def serve_arguments(parser: _Parser, sides: tuple[str, ...]) -> None:
+    """``--quick`` (tiny sizes: proves it runs) and the hidden options by which the row runs
+    each side's engine process (``--serve SIDE --model PATH``)."""
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: proves it runs")
+    parser.add_argument("--serve", choices=sides, help=argparse.SUPPRESS)
+    parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+
+
+def check_pairs(parser: _Parser, args: argparse.Namespace) -> None:
+    """A usage error when ``--pairs`` is more than ``--repeats``."""
+    if args.pairs > args.repeats:
+        parser.error(f"--pairs {args.pairs} must be at most --repeats ({args.repeats})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = row_parser("bench.engine_row", __doc__, prompts=128, tokens=32, repeats=16, pairs=8)
+    parser.add_argument("--blocks", type=_bounded(1), default=2, help="ABBA blocks a repeat")
     parser.add_argument(
         "--layers",
         type=_bounded(1, MAX_LAYERS),
@@ -420,7 +454,6 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the model's layers, of the same tiny width (default {h.LAYERS}; "
         f"the many-layer row: {MANY_LAYERS})",
     )
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: proves it runs")
     parser.add_argument(
         "--faults", action="store_true", help="ours with failing children ÷ ours without"
     )
@@ -430,10 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         help="time the connectors' hooks in each engine (bench/engine_hooks.py): their rows "
         "instead of the ratio's",
     )
-    parser.add_argument(
-        "--serve", choices=("ours", "vllm", "faulty", "healthy"), help=argparse.SUPPRESS
-    )
-    parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    serve_arguments(parser, ("ours", "vllm", "faulty", "healthy"))
     args = parser.parse_args(argv)
     if args.serve:
         serve(args.serve, args.model, args.prompts, args.tokens, hooks=args.hooks)
@@ -442,8 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         args.prompts, args.tokens, args.repeats, args.blocks, args.pairs = 4, 4, 2, 1, 1
     if args.hooks and args.faults:
         parser.error("--hooks times ours against vLLM's: not with --faults")
-    if args.pairs > args.repeats:
-        parser.error(f"--pairs {args.pairs} must be at most --repeats ({args.repeats})")
+    check_pairs(parser, args)
     started = time.perf_counter()
     pair = ("faulty", "healthy") if args.faults else ("ours", "vllm")
     figures = measure(

@@ -30,7 +30,6 @@ tokens must be the same on every side (a block loaded into the wrong place would
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib
 import json
@@ -44,7 +43,17 @@ from pathlib import Path
 from typing import Any
 
 from . import engine_harness as h
-from .engine_row import MARK, _ask, _bounded, _line, _Parser, _start, merge, quartiles
+from .engine_row import (
+    MARK,
+    _ask,
+    _line,
+    _start,
+    check_pairs,
+    merge,
+    quartiles,
+    row_parser,
+    serve_arguments,
+)
 
 #: The sides, vLLM's class (the baseline) first.
 #: This module, run once per side as an engine process (``--serve``).
@@ -304,34 +313,15 @@ def report(figures: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="bench.tiered_row", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", type=Path, help="merge the figures into this bench.json")
-    parser.add_argument("--prompts", type=_bounded(1), default=16)
-    parser.add_argument("--tokens", type=_bounded(1), default=16)
-    parser.add_argument(
-        "--repeats",
-        type=_bounded(2),  # the quartiles take two values at least
-        default=8,
-        help="timed repeats, after one that warms up (at least 2)",
-    )
-    parser.add_argument(
-        "--pairs",
-        type=_bounded(1),
-        default=2,
-        help="fresh sets of the three engine processes, each for its share of the repeats "
-        "(default 2; at most --repeats)",
-    )
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: proves it runs")
-    parser.add_argument("--serve", choices=SIDES, help=argparse.SUPPRESS)
-    parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    parser = row_parser("bench.tiered_row", __doc__, prompts=16, tokens=16, repeats=8, pairs=2)
+    serve_arguments(parser, SIDES)
     args = parser.parse_args(argv)
     if args.serve:
         serve(args.serve, args.model, args.prompts, args.tokens)
         return 0
     if args.quick:
         args.prompts, args.tokens, args.repeats, args.pairs = 4, 4, 2, 1
-    if args.pairs > args.repeats:
-        parser.error(f"--pairs {args.pairs} must be at most --repeats ({args.repeats})")
+    check_pairs(parser, args)
     started = time.perf_counter()
     figures = measure(args.prompts, args.tokens, args.repeats, args.pairs)
     figures["seconds"] = time.perf_counter() - started

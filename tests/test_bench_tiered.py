@@ -5,8 +5,6 @@ answers."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -15,6 +13,7 @@ from typing import Any
 import pytest
 
 from bench import tiered_row
+from tests.bench_usage import refused
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,20 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_bad_count_is_one_line_on_stderr_and_exit_2(
     tmp_path: Path, options: list[str], says: str
 ) -> None:
-    out = tmp_path / "bench.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.tiered_row", *options, "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        check=False,
-    )
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.splitlines()
-    assert len(lines) == 1 and "Traceback" not in done.stderr, lines
-    assert options[-2] in lines[0] and says in lines[0], lines[0]
-    assert done.stdout == "" and not out.exists()  # nothing ran, nothing was written
+    line = refused("bench.tiered_row", options, tmp_path / "bench.json")
+    assert options[-2] in line and says in line, line
 
 
 def test_each_side_has_the_two_tiers_fast_first_and_its_own_rule(tmp_path: Path) -> None:
